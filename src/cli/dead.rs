@@ -1,0 +1,164 @@
+//! `pgoutbox dead list|show|retry|discard`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::bail;
+use pgoutbox::dead::{self, DeadFilter};
+use uuid::Uuid;
+
+use super::{parse_duration, Cli};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// List dead events, newest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Only events dead-lettered within this long (e.g. 1h, 2d).
+        #[arg(long, value_parser = parse_duration)]
+        since: Option<Duration>,
+        /// Most events listed.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead event with its payload, headers and last error.
+    Show {
+        /// Event id.
+        id: Uuid,
+    },
+    /// Put dead events back as due now, attempts reset.
+    Retry(Selection),
+    /// Delete dead events for good (asks for confirmation unless --yes).
+    Discard {
+        #[command(flatten)]
+        selection: Selection,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FilterArgs {
+    /// Only this topic.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Only this destination.
+    #[arg(long)]
+    destination: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Selection {
+    /// Event ids.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    ids: Vec<Uuid>,
+    /// Every dead event (narrowed by --topic / --destination).
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Say what would be done; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+impl Selection {
+    fn filter(&self) -> DeadFilter {
+        DeadFilter {
+            ids: (!self.all).then(|| self.ids.clone()),
+            topic: self.filter.topic.clone(),
+            destination: self.filter.destination.clone(),
+            since: None,
+        }
+    }
+}
+
+pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
+    let config = cli.load_config()?;
+    let pool = super::connect_checked(&config, 1).await?;
+    let table = &config.table;
+    match cmd {
+        Command::List {
+            filter,
+            since,
+            limit,
+            json,
+        } => {
+            let f = DeadFilter {
+                ids: None,
+                topic: filter.topic.clone(),
+                destination: filter.destination.clone(),
+                since: *since,
+            };
+            let events = dead::list(&pool, table, &f, *limit).await?;
+            let total = dead::count(&pool, table, &f).await?;
+            if *json {
+                for e in &events {
+                    println!("{}", serde_json::to_string(e)?);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            for e in &events {
+                println!(
+                    "{}  {}  {:<24} {:<16} attempts={}  {}",
+                    e.id,
+                    e.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    e.topic,
+                    e.destination.as_deref().unwrap_or("(unrouted)"),
+                    e.attempts,
+                    e.last_error.as_deref().unwrap_or("")
+                );
+            }
+            println!("{} dead events shown, {} match", events.len(), total);
+        }
+        Command::Show { id } => {
+            let Some(e) = dead::show(&pool, table, *id).await? else {
+                bail!("no dead event with id {id} in {table}");
+            };
+            println!("{}", serde_json::to_string_pretty(&e)?);
+        }
+        Command::Retry(sel) => {
+            let n = dead::retry(&pool, table, &sel.filter(), sel.dry_run).await?;
+            if sel.dry_run {
+                println!("dry run: {n} dead events would be put back as due");
+            } else {
+                println!("{n} dead events put back as due (attempts reset)");
+            }
+        }
+        Command::Discard { selection, yes } => {
+            let filter = selection.filter();
+            let n = dead::count(&pool, table, &filter).await?;
+            if selection.dry_run {
+                println!("dry run: {n} dead events would be discarded");
+                return Ok(ExitCode::SUCCESS);
+            }
+            if n > 0
+                && !yes
+                && !confirm(&format!("Discard {n} dead events from {table} for good?"))?
+            {
+                println!("nothing discarded");
+                return Ok(ExitCode::FAILURE);
+            }
+            let n = dead::discard(&pool, table, &filter, false).await?;
+            println!("{n} dead events discarded");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        bail!("refusing to discard without confirmation: pass --yes (or --dry-run to preview)");
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}

@@ -1,0 +1,162 @@
+//! `pgoutbox demo`: the main job end to end on the local database, with no configuration.
+//!
+//! It creates the `pgoutbox_demo` schema (orders table + outbox), commits some orders with their
+//! `order.created` events, rolls others back, relays everything to stdout, and checks that exactly
+//! the committed events were delivered.
+
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context};
+use async_trait::async_trait;
+use pgoutbox::config::{DestinationConfig, SinkConfig, StdoutConfig};
+use pgoutbox::publish::{Outcome, Sink, StdoutSink};
+use pgoutbox::relay::{Destination, Relay};
+use pgoutbox::retry::RetryPolicy;
+use pgoutbox::{Event, Outbox, OutboxEvent, OutboxTable};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Cli;
+
+/// Arguments of `demo`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Orders committed.
+    #[arg(long, default_value_t = 8)]
+    orders: usize,
+    /// Orders rolled back (their events must never be sent).
+    #[arg(long, default_value_t = 3)]
+    rollbacks: usize,
+}
+
+/// Stdout, remembering what it delivered so the demo can check it.
+struct Recording {
+    inner: StdoutSink,
+    delivered: Mutex<Vec<Uuid>>,
+}
+
+#[async_trait]
+impl Sink for Recording {
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
+        let outcomes = self.inner.publish(events).await;
+        if let Ok(mut d) = self.delivered.lock() {
+            d.extend(
+                events
+                    .iter()
+                    .zip(&outcomes)
+                    .filter(|(_, o)| **o == Outcome::Delivered)
+                    .map(|(e, _)| e.id),
+            );
+        }
+        outcomes
+    }
+}
+
+pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let mut config = cli.load_config()?;
+    if config.database_url.is_none() {
+        config.database_url = Some(pgoutbox::config::Secret(
+            pgoutbox::config::DEFAULT_DATABASE_URL.into(),
+        ));
+    }
+    config.table = OutboxTable::parse("pgoutbox_demo", "outbox")?;
+    config.retention = std::time::Duration::from_secs(3600);
+    config.destinations = vec![DestinationConfig {
+        name: "stdout".into(),
+        topics: vec![],
+        retry: RetryPolicy::default(),
+        sink: SinkConfig::Stdout(StdoutConfig::default()),
+    }];
+    let url = config.database_url()?.to_owned();
+    eprintln!("pgoutbox demo on {}", super::redact_url(&url));
+    let pool = super::connect(&url, 4).await?;
+
+    eprintln!("1. fresh schema pgoutbox_demo: orders table + outbox (pgoutbox migrate)");
+    sqlx::raw_sql(
+        "DROP SCHEMA IF EXISTS pgoutbox_demo CASCADE;
+         CREATE SCHEMA pgoutbox_demo;
+         CREATE TABLE pgoutbox_demo.orders (id bigint PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL);",
+    )
+    .execute(&pool)
+    .await
+    .context("cannot create the demo schema")?;
+    let mut conn = pool.acquire().await?;
+    pgoutbox::schema::migrate(&mut conn, &config.table).await?;
+    drop(conn);
+
+    eprintln!(
+        "2. {} orders committed with their order.created event, {} rolled back",
+        args.orders, args.rollbacks
+    );
+    let outbox = Outbox::new(config.table.clone());
+    let mut committed = HashSet::new();
+    let mut rolled_back = HashSet::new();
+    for n in 0..(args.orders + args.rollbacks) {
+        let order_id = n as i64 + 1;
+        let total = 1000 + 250 * order_id;
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO pgoutbox_demo.orders (id, customer, total_cents) VALUES ($1, $2, $3)",
+        )
+        .bind(order_id)
+        .bind(format!("customer-{}", order_id % 3))
+        .bind(total)
+        .execute(&mut *tx)
+        .await?;
+        let event = Event::new(
+            "order.created",
+            &json!({"order_id": order_id, "total_cents": total}),
+        )?
+        .key(format!("order-{order_id}"));
+        let id = outbox.enqueue(&mut tx, &event).await?;
+        if n < args.orders {
+            tx.commit().await?;
+            committed.insert(id);
+        } else {
+            tx.rollback().await?;
+            rolled_back.insert(id);
+        }
+    }
+
+    eprintln!("3. relay --once to stdout:");
+    let sink = Arc::new(Recording {
+        inner: StdoutSink::default(),
+        delivered: Mutex::new(Vec::new()),
+    });
+    let relay = Relay::with_destinations(
+        pool.clone(),
+        &config,
+        vec![Destination {
+            name: "stdout".into(),
+            sink: sink.clone(),
+            retry: RetryPolicy::default(),
+        }],
+    );
+    relay.run_once().await?;
+
+    let delivered: HashSet<Uuid> = sink
+        .delivered
+        .lock()
+        .map(|d| d.iter().copied().collect())
+        .unwrap_or_default();
+    let leaked = delivered.intersection(&rolled_back).count();
+    let missing = committed.difference(&delivered).count();
+    eprintln!(
+        "summary: committed {}, delivered {}, rolled back {} never sent{}",
+        committed.len(),
+        delivered.len(),
+        rolled_back.len(),
+        if leaked > 0 {
+            format!(" — but {leaked} WERE SENT")
+        } else {
+            String::new()
+        }
+    );
+    if leaked > 0 || missing > 0 {
+        bail!("demo check failed: {missing} committed events missing, {leaked} rolled-back events sent");
+    }
+    eprintln!("the outbox is in schema pgoutbox_demo; see it with: pgoutbox status --database-url {} --schema pgoutbox_demo", super::redact_url(&url));
+    Ok(ExitCode::SUCCESS)
+}

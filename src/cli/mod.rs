@@ -1,0 +1,204 @@
+//! Command-line interface: argument parsing, configuration layering and one module per command.
+
+mod cleanup;
+mod dead;
+mod demo;
+mod migrate;
+mod relay;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use pgoutbox::config::{Config, Secret};
+use pgoutbox::table::{Ident, OutboxTable};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+/// pgoutbox: a transactional outbox relay for PostgreSQL.
+///
+/// Applications write events into the outbox table in their own transactions; `pgoutbox relay`
+/// delivers every committed event to webhooks or brokers, at least once.
+#[derive(Debug, Parser)]
+#[command(name = "pgoutbox", version, propagate_version = true)]
+pub struct Cli {
+    /// Configuration file (TOML). Database-only commands work without one.
+    #[arg(long, short = 'c', global = true, env = "PGOUTBOX_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// PostgreSQL URL; overrides the config file and DATABASE_URL.
+    #[arg(long, global = true, value_name = "URL", hide_env_values = true)]
+    database_url: Option<String>,
+
+    /// Schema of the outbox table [default: public].
+    #[arg(long, global = true)]
+    schema: Option<String>,
+
+    /// Name of the outbox table [default: outbox].
+    #[arg(long, global = true)]
+    table: Option<String>,
+
+    /// Log format on standard error.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+
+    /// More logging (-v debug, -vv trace). RUST_LOG, when set, wins.
+    #[arg(long, short = 'v', global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or upgrade the outbox table (idempotent; safe to run from several processes).
+    Migrate(migrate::Args),
+    /// Run the relay: claim due events, publish them, settle them.
+    Relay(relay::Args),
+    /// Show pending, failing and dead events and the lag, per destination and topic.
+    Status(status::Args),
+    /// Inspect, redrive or discard dead-lettered events.
+    #[command(subcommand)]
+    Dead(dead::Command),
+    /// Delete published rows older than the retention, in short batches.
+    Cleanup(cleanup::Args),
+    /// End-to-end demo on the local database: commit and roll back orders, relay them to stdout.
+    Demo(demo::Args),
+}
+
+/// Sets up `tracing` on standard error.
+pub fn init_logging(cli: &Cli) {
+    let default = match cli.verbose {
+        0 => "pgoutbox=info,warn",
+        1 => "pgoutbox=debug,info",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Runs the chosen command.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Migrate(args) => migrate::run(&cli, args).await,
+        Command::Relay(args) => relay::run(&cli, args).await,
+        Command::Status(args) => status::run(&cli, args).await,
+        Command::Dead(cmd) => dead::run(&cli, cmd).await,
+        Command::Cleanup(args) => cleanup::run(&cli, args).await,
+        Command::Demo(args) => demo::run(&cli, args).await,
+    }
+}
+
+impl Cli {
+    /// The configuration: file (if any), then environment, then command-line flags.
+    fn load_config(&self) -> anyhow::Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::from_env()?,
+        };
+        if let Some(url) = &self.database_url {
+            config.database_url = Some(Secret(url.clone()));
+        }
+        if self.schema.is_some() || self.table.is_some() {
+            let schema = match &self.schema {
+                Some(s) => Ident::parse(s).context("invalid --schema")?,
+                None => config.table.schema().clone(),
+            };
+            let table = match &self.table {
+                Some(t) => Ident::parse(t).context("invalid --table")?,
+                None => config.table.table().clone(),
+            };
+            config.table = OutboxTable::new(schema, table);
+        }
+        Ok(config)
+    }
+}
+
+/// Hides the password of a database URL, for messages.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => "<unparsable URL>".to_owned(),
+    }
+}
+
+/// Opens a pool; errors name the (redacted) URL and the cause.
+pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| {
+            anyhow!(
+                "invalid database URL {}: {}",
+                redact_url(url),
+                strip_url(&e.to_string(), url)
+            )
+        })?
+        .application_name("pgoutbox");
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", redact_url(url)))
+}
+
+/// Makes sure an error text does not carry the raw URL (and so its password).
+fn strip_url(message: &str, url: &str) -> String {
+    message.replace(url, &redact_url(url))
+}
+
+/// Connects and checks that the outbox table is migrated.
+pub async fn connect_checked(config: &Config, max_connections: u32) -> anyhow::Result<PgPool> {
+    let pool = connect(config.database_url()?, max_connections).await?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("cannot get a database connection")?;
+    pgoutbox::schema::ensure_current(&mut conn, &config.table).await?;
+    Ok(pool)
+}
+
+/// Formats an age in seconds as `3d 4h`, `12m 5s`, `850ms`.
+pub fn human_age(seconds: Option<f64>) -> String {
+    let Some(s) = seconds else { return "-".into() };
+    if s < 1.0 {
+        return format!("{}ms", (s * 1000.0).max(0.0) as u64);
+    }
+    let secs = s as u64;
+    let (d, h, m, sec) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{sec}s"),
+        (0, 0, _) => format!("{m}m {sec}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// Parses a duration flag such as `30s`, `2h`, `7d`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}; write e.g. 30s, 5m, 2h, 7d"))
+}

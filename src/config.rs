@@ -1,0 +1,583 @@
+//! Configuration: a TOML file, then `DATABASE_URL` / `PGOUTBOX_*` environment overrides, then
+//! validation. Every error names the file, the key and the problem.
+//!
+//! ```toml
+//! database_url = "postgres://postgres@127.0.0.1:5432/app"
+//!
+//! [[destinations]]
+//! name = "billing"
+//! type = "webhook"
+//! url = "http://127.0.0.1:9000/events"
+//! secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"   # optional
+//! topics = ["order.*", "payment.*"]                    # optional glob list, default: all
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::retry::RetryPolicy;
+use crate::table::{Ident, OutboxTable};
+
+/// A configuration problem: where it is and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    /// The file, when the problem is in one.
+    pub file: Option<PathBuf>,
+    /// The key (dotted path), when known.
+    pub key: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "invalid configuration in {}", file.display())?,
+            None => f.write_str("invalid configuration")?,
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl ConfigError {
+    fn at(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            file: None,
+            key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+}
+
+/// A secret string whose `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Default PostgreSQL URL for commands run with no configuration at all (the local database).
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// The whole pgoutbox configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// PostgreSQL URL; `sslmode` (including `verify-full`) is honoured.
+    pub database_url: Option<Secret>,
+    /// The outbox table.
+    pub table: OutboxTable,
+    /// How long published rows are kept; zero deletes them at settle time.
+    pub retention: Duration,
+    /// How long dead rows are kept; `None` keeps them until discarded.
+    pub dead_retention: Option<Duration>,
+    /// How often the relay runs cleanup.
+    pub cleanup_interval: Duration,
+    /// Relay tuning.
+    pub relay: RelayConfig,
+    /// Where events go; an event goes to the first destination whose topics match.
+    pub destinations: Vec<DestinationConfig>,
+}
+
+/// How the relay holds claimed rows while it publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimMode {
+    /// Rows stay locked by the claiming transaction until settled (fast brokers).
+    Transaction,
+    /// Rows are leased (expiry + fencing token); no transaction is open while publishing.
+    Lease,
+}
+
+/// `[relay]`: the claim loop's tuning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// Most rows claimed per batch.
+    pub batch_size: usize,
+    /// Concurrent claim loops per relay process.
+    pub workers: usize,
+    /// How long an idle relay waits before it looks for due rows again.
+    #[serde(with = "duration_str")]
+    pub poll_interval: Duration,
+    /// Upper bound for publishing one batch; a row lock or lease is never held on the network longer.
+    #[serde(with = "duration_str")]
+    pub publish_timeout: Duration,
+    /// `transaction` (default) or `lease`.
+    pub claim: ClaimMode,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            workers: 2,
+            poll_interval: Duration::from_millis(250),
+            publish_timeout: Duration::from_secs(30),
+            claim: ClaimMode::Transaction,
+        }
+    }
+}
+
+/// One destination: its routing, its retry policy and its sink.
+#[derive(Debug, Clone)]
+pub struct DestinationConfig {
+    /// Unique name, recorded on each row it handles.
+    pub name: String,
+    /// Topic globs (`order.*`); empty matches every topic.
+    pub topics: Vec<String>,
+    /// Retry schedule and limits.
+    pub retry: RetryPolicy,
+    /// The sink and its own settings.
+    pub sink: SinkConfig,
+}
+
+/// A sink's own settings, by `type`.
+#[derive(Debug, Clone)]
+pub enum SinkConfig {
+    /// HTTP POST per event (Standard Webhooks).
+    Webhook(WebhookConfig),
+    /// One JSON line per event on standard output.
+    Stdout(StdoutConfig),
+    /// Accepts and drops every event (benchmarks, tests).
+    Null(NullConfig),
+}
+
+/// The sink types this build knows, for error messages.
+pub const SINK_TYPES: &[&str] = &["webhook", "stdout", "null"];
+
+/// What the webhook body holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyMode {
+    /// `{"id","type","timestamp","key","data"}`.
+    #[default]
+    Envelope,
+    /// The raw payload.
+    Payload,
+}
+
+/// `type = "webhook"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Endpoint URL (http or https).
+    pub url: String,
+    /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
+    pub secret: Option<Secret>,
+    /// `envelope` (default) or `payload`.
+    #[serde(default)]
+    pub body: BodyMode,
+    /// Per-request timeout.
+    #[serde(default = "default_webhook_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// Most requests in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Extra static headers sent with every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_webhook_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_concurrency() -> usize {
+    64
+}
+
+/// `type = "stdout"`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutConfig {}
+
+/// `type = "null"`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NullConfig {}
+
+/// The file as written, before validation.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    database_url: Option<Secret>,
+    schema: Option<String>,
+    table: Option<String>,
+    retention: Option<String>,
+    dead_retention: Option<String>,
+    cleanup_interval: Option<String>,
+    #[serde(default)]
+    relay: RelayConfig,
+    #[serde(default)]
+    destinations: Vec<toml::Table>,
+}
+
+/// Keys every destination has, whatever its type.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommonDestination {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    topics: Vec<String>,
+    retry_schedule: Option<Vec<String>>,
+    max_attempts: Option<u32>,
+    max_age: Option<String>,
+}
+
+const COMMON_KEYS: &[&str] = &[
+    "name",
+    "type",
+    "topics",
+    "retry_schedule",
+    "max_attempts",
+    "max_age",
+];
+
+impl Config {
+    /// Reads and validates a config file, then applies the process environment.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: Some(path.to_owned()),
+            key: None,
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Self::parse(&text, |k| std::env::var(k).ok()).map_err(|mut e| {
+            e.file = Some(path.to_owned());
+            e
+        })
+    }
+
+    /// A configuration with no file: defaults plus the environment (for database-only commands).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::parse("", |k| std::env::var(k).ok())
+    }
+
+    /// Parses TOML text, with `env` looked up for overrides.
+    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
+            file: None,
+            key: None,
+            message: format!("invalid TOML: {}", e.to_string().trim_end()),
+        })?;
+
+        // Environment overrides the file.
+        if let Some(url) = env("PGOUTBOX_DATABASE_URL").or_else(|| env("DATABASE_URL")) {
+            raw.database_url = Some(Secret(url));
+        }
+        let overrides: [(&str, &mut Option<String>); 5] = [
+            ("PGOUTBOX_SCHEMA", &mut raw.schema),
+            ("PGOUTBOX_TABLE", &mut raw.table),
+            ("PGOUTBOX_RETENTION", &mut raw.retention),
+            ("PGOUTBOX_DEAD_RETENTION", &mut raw.dead_retention),
+            ("PGOUTBOX_CLEANUP_INTERVAL", &mut raw.cleanup_interval),
+        ];
+        for (var, slot) in overrides {
+            if let Some(v) = env(var) {
+                *slot = Some(v);
+            }
+        }
+        if let Some(v) = env("PGOUTBOX_BATCH_SIZE") {
+            raw.relay.batch_size = v.parse().map_err(|_| {
+                ConfigError::at("PGOUTBOX_BATCH_SIZE", format!("not a number: {v:?}"))
+            })?;
+        }
+        if let Some(v) = env("PGOUTBOX_WORKERS") {
+            raw.relay.workers = v
+                .parse()
+                .map_err(|_| ConfigError::at("PGOUTBOX_WORKERS", format!("not a number: {v:?}")))?;
+        }
+
+        let schema = Ident::parse(raw.schema.as_deref().unwrap_or("public"))
+            .map_err(|e| ConfigError::at("schema", e.to_string()))?;
+        let table = Ident::parse(raw.table.as_deref().unwrap_or("outbox"))
+            .map_err(|e| ConfigError::at("table", e.to_string()))?;
+        let retention = parse_duration_key("retention", raw.retention.as_deref().unwrap_or("7d"))?;
+        let dead_retention = raw
+            .dead_retention
+            .as_deref()
+            .filter(|v| *v != "keep")
+            .map(|v| parse_duration_key("dead_retention", v))
+            .transpose()?;
+        let cleanup_interval = parse_duration_key(
+            "cleanup_interval",
+            raw.cleanup_interval.as_deref().unwrap_or("1m"),
+        )?;
+        if raw.relay.batch_size == 0 || raw.relay.batch_size > 10_000 {
+            return Err(ConfigError::at(
+                "relay.batch_size",
+                "must be between 1 and 10000",
+            ));
+        }
+        if raw.relay.workers == 0 || raw.relay.workers > 64 {
+            return Err(ConfigError::at("relay.workers", "must be between 1 and 64"));
+        }
+        if raw.relay.publish_timeout.is_zero() {
+            return Err(ConfigError::at(
+                "relay.publish_timeout",
+                "must be more than zero",
+            ));
+        }
+
+        let mut destinations: Vec<DestinationConfig> = Vec::new();
+        for (i, table) in raw.destinations.into_iter().enumerate() {
+            let dest = parse_destination(i, table)?;
+            if destinations.iter().any(|d| d.name == dest.name) {
+                return Err(ConfigError::at(
+                    format!("destinations[{i}].name"),
+                    format!("destination name {:?} is used twice", dest.name),
+                ));
+            }
+            destinations.push(dest);
+        }
+
+        Ok(Self {
+            database_url: raw.database_url,
+            table: OutboxTable::new(schema, table),
+            retention,
+            dead_retention,
+            cleanup_interval,
+            relay: raw.relay,
+            destinations,
+        })
+    }
+
+    /// The database URL, or an error saying how to give one.
+    pub fn database_url(&self) -> Result<&str, ConfigError> {
+        self.database_url.as_ref().map(|s| s.0.as_str()).ok_or_else(|| {
+            ConfigError::at(
+                "database_url",
+                "no database URL: set it in the config file, in DATABASE_URL, or with --database-url",
+            )
+        })
+    }
+}
+
+fn parse_destination(
+    index: usize,
+    mut table: toml::Table,
+) -> Result<DestinationConfig, ConfigError> {
+    let mut common = toml::Table::new();
+    for key in COMMON_KEYS {
+        if let Some(v) = table.remove(*key) {
+            common.insert((*key).to_owned(), v);
+        }
+    }
+    let at = |key: &str| format!("destinations[{index}].{key}");
+    let common: CommonDestination =
+        deserialize(common).map_err(|m| ConfigError::at(format!("destinations[{index}]"), m))?;
+    let label = format!("destinations[{index}] ({:?})", common.name);
+    if common.name.trim().is_empty() {
+        return Err(ConfigError::at(at("name"), "must not be empty"));
+    }
+
+    let sink = match common.kind.as_str() {
+        "webhook" => {
+            let cfg: WebhookConfig = deserialize(table).map_err(|m| ConfigError::at(&label, m))?;
+            validate_webhook(&cfg).map_err(|(k, m)| ConfigError::at(format!("{label}.{k}"), m))?;
+            SinkConfig::Webhook(cfg)
+        }
+        "stdout" => SinkConfig::Stdout(deserialize(table).map_err(|m| ConfigError::at(&label, m))?),
+        "null" => SinkConfig::Null(deserialize(table).map_err(|m| ConfigError::at(&label, m))?),
+        other => {
+            return Err(ConfigError::at(
+                at("type"),
+                format!(
+                    "unknown destination type {other:?}; known types: {}",
+                    SINK_TYPES.join(", ")
+                ),
+            ))
+        }
+    };
+
+    for glob in &common.topics {
+        glob::Pattern::new(glob)
+            .map_err(|e| ConfigError::at(at("topics"), format!("invalid glob {glob:?}: {e}")))?;
+    }
+
+    let mut retry = RetryPolicy::default();
+    if let Some(schedule) = common.retry_schedule {
+        if schedule.is_empty() {
+            return Err(ConfigError::at(
+                at("retry_schedule"),
+                "must list at least one delay",
+            ));
+        }
+        retry.schedule = schedule
+            .iter()
+            .map(|s| parse_duration_key(&at("retry_schedule"), s))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(max) = common.max_attempts {
+        if max == 0 {
+            return Err(ConfigError::at(at("max_attempts"), "must be at least 1"));
+        }
+        retry.max_attempts = Some(max);
+    }
+    if let Some(age) = common.max_age {
+        retry.max_age = Some(parse_duration_key(&at("max_age"), &age)?);
+    }
+
+    Ok(DestinationConfig {
+        name: common.name,
+        topics: common.topics,
+        retry,
+        sink,
+    })
+}
+
+fn validate_webhook(cfg: &WebhookConfig) -> Result<(), (&'static str, String)> {
+    let url = url::Url::parse(&cfg.url).map_err(|e| ("url", format!("not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err((
+            "url",
+            format!("scheme must be http or https, not {:?}", url.scheme()),
+        ));
+    }
+    if let Some(secret) = &cfg.secret {
+        crate::webhook::decode_secret(&secret.0).map_err(|e| ("secret", e.to_string()))?;
+    }
+    if cfg.concurrency == 0 {
+        return Err(("concurrency", "must be at least 1".into()));
+    }
+    if cfg.timeout.is_zero() {
+        return Err(("timeout", "must be more than zero".into()));
+    }
+    Ok(())
+}
+
+fn deserialize<T: DeserializeOwned>(table: toml::Table) -> Result<T, String> {
+    T::deserialize(toml::Value::Table(table)).map_err(|e| e.message().to_owned())
+}
+
+fn parse_duration_key(key: &str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value).map_err(|e| {
+        ConfigError::at(
+            key,
+            format!("invalid duration {value:?} ({e}); write e.g. \"30s\", \"5m\", \"7d\""),
+        )
+    })
+}
+
+/// Serde helper for durations written as `"30s"`, `"5m"`, `"7d"`.
+mod duration_str {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?} ({e}); write e.g. \"30s\", \"5m\""
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    const EXAMPLE: &str = r#"
+database_url = "postgres://postgres@127.0.0.1:5432/app"
+
+[[destinations]]
+name = "billing"
+type = "webhook"
+url = "http://127.0.0.1:9000/events"
+secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"   # optional
+topics = ["order.*", "payment.*"]                    # optional glob list, default: all
+retry_schedule = ["1s", "30s", "5m"]
+max_attempts = 10
+"#;
+
+    #[test]
+    fn the_documented_shape_parses() {
+        let c = Config::parse(EXAMPLE, no_env).expect("valid");
+        assert_eq!(
+            c.database_url().expect("set"),
+            "postgres://postgres@127.0.0.1:5432/app"
+        );
+        assert_eq!(c.destinations.len(), 1);
+        let d = &c.destinations[0];
+        assert_eq!(d.topics, vec!["order.*", "payment.*"]);
+        assert_eq!(d.retry.max_attempts, Some(10));
+        assert_eq!(d.retry.schedule[2], Duration::from_secs(300));
+        assert_eq!(c.retention, Duration::from_secs(7 * 86400));
+        assert!(matches!(d.sink, SinkConfig::Webhook(_)));
+        assert!(
+            !format!("{c:?}").contains("C2FVsBQIhrsc"),
+            "secrets must not show in Debug"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |k: &str| match k {
+            "DATABASE_URL" => Some("postgres://other/db".to_owned()),
+            "PGOUTBOX_TABLE" => Some("events".to_owned()),
+            _ => None,
+        };
+        let c = Config::parse(EXAMPLE, env).expect("valid");
+        assert_eq!(c.database_url().expect("set"), "postgres://other/db");
+        assert_eq!(c.table.table().as_str(), "events");
+    }
+
+    fn error_of(text: &str) -> String {
+        Config::parse(text, no_env)
+            .expect_err("must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn errors_name_the_key_and_problem() {
+        let e = error_of("database_url = ");
+        assert!(e.contains("invalid TOML"), "{e}");
+
+        let e = error_of("[[destinations]]\nname = \"x\"\ntype = \"carrier-pigeon\"\n");
+        assert!(
+            e.contains("destinations[0].type")
+                && e.contains("carrier-pigeon")
+                && e.contains("webhook"),
+            "{e}"
+        );
+
+        let e = error_of("table = \"x; drop table y\"\n");
+        assert!(
+            e.contains("`table`") && e.contains("invalid SQL identifier"),
+            "{e}"
+        );
+
+        let e = error_of(
+            "[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\nurll = 1\n",
+        );
+        assert!(e.contains("destinations[0]") && e.contains("urll"), "{e}");
+
+        let e = error_of("[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\nsecret = \"nope\"\n");
+        assert!(e.contains("secret") && !e.contains("nope\""), "{e}");
+
+        let e = error_of("retention = \"forever\"\n");
+        assert!(e.contains("`retention`") && e.contains("forever"), "{e}");
+
+        let e = error_of("bogus = 1\n");
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

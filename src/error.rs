@@ -1,0 +1,72 @@
+//! The library's error type: one enum, a variant per way things fail, causes kept as sources.
+
+/// Result alias used across the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the pgoutbox library can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A schema or table name from configuration is not a plain SQL identifier.
+    #[error("invalid SQL identifier {0:?}: use 1 to {max} ASCII letters, digits or underscores, not starting with a digit", max = crate::table::MAX_IDENT_LEN)]
+    InvalidIdentifier(String),
+
+    /// An event payload could not be turned into JSON.
+    #[error("event payload is not valid JSON")]
+    Payload(#[source] serde_json::Error),
+
+    /// An event topic is empty.
+    #[error("event topic must not be empty")]
+    EmptyTopic,
+
+    /// A statement against PostgreSQL failed.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+
+    /// A schema migration failed; the whole migration run was rolled back.
+    #[error("migration {version} ({description}) failed")]
+    Migration {
+        /// The migration's version number.
+        version: i32,
+        /// What the migration does.
+        description: &'static str,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// The outbox table is missing or older than this version of pgoutbox expects.
+    #[error("the outbox table {table} is at schema version {found}, this pgoutbox needs {needed}: run `pgoutbox migrate`")]
+    SchemaOutdated {
+        /// The qualified table name.
+        table: String,
+        /// The version found (0 when the table has never been migrated).
+        found: i32,
+        /// The version this build needs.
+        needed: i32,
+    },
+
+    /// A sink could not be built from its configuration.
+    #[error("destination {name:?}: {message}")]
+    SinkConfig {
+        /// The destination's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// An error and its sources on one line: `outer: cause: root cause`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // Some libraries repeat their source in their own message.
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = cause.source();
+    }
+    s
+}

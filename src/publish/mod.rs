@@ -1,0 +1,107 @@
+//! Publish: the [`Sink`] trait and the registry of sinks, one file each.
+//!
+//! A sink takes a batch and returns one [`Outcome`] per event, in order. Sinks only classify
+//! failures (retriable or not, with the receiver's `Retry-After`); when to retry is the retry
+//! policy's business ([`crate::retry`]). Adding a sink is one file plus one line in [`build`].
+
+mod null;
+mod stdout;
+mod webhook;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::config::{DestinationConfig, SinkConfig};
+use crate::error::Result;
+use crate::event::OutboxEvent;
+
+pub use null::NullSink;
+pub use stdout::StdoutSink;
+pub use webhook::WebhookSink;
+
+/// What happened to one event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The destination durably accepted the event.
+    Delivered,
+    /// A transient failure: try again per the retry policy.
+    Retry {
+        /// What went wrong, for `last_error`.
+        reason: String,
+        /// How long the destination asked us to wait, if it did.
+        retry_after: Option<Duration>,
+    },
+    /// A permanent failure: retrying cannot help, the event is dead-lettered.
+    Rejected {
+        /// What went wrong, for `last_error`.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// A transient failure with no `Retry-After`.
+    pub fn retry(reason: impl Into<String>) -> Self {
+        Outcome::Retry {
+            reason: reason.into(),
+            retry_after: None,
+        }
+    }
+}
+
+/// A destination events are published to.
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Publishes a batch; returns exactly one outcome per event, in the same order. Must not
+    /// report `Delivered` before the destination has durably accepted the event.
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome>;
+
+    /// A cheap check that the destination is reachable (start-up, readiness).
+    async fn healthcheck(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Builds the sink for a destination. The one registry line per sink type lives here.
+pub fn build(dest: &DestinationConfig) -> Result<Arc<dyn Sink>> {
+    Ok(match &dest.sink {
+        SinkConfig::Webhook(cfg) => Arc::new(WebhookSink::new(&dest.name, cfg)?),
+        SinkConfig::Stdout(_) => Arc::new(StdoutSink::default()),
+        SinkConfig::Null(_) => Arc::new(NullSink),
+    })
+}
+
+/// The JSON envelope shared by the webhook and stdout sinks.
+#[derive(Serialize)]
+pub struct Envelope<'a> {
+    /// Event id.
+    pub id: String,
+    /// Event type (the topic).
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    /// When the event was written, RFC 3339.
+    pub timestamp: String,
+    /// Message key, omitted when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<&'a str>,
+    /// The payload, verbatim.
+    pub data: &'a RawValue,
+}
+
+impl<'a> Envelope<'a> {
+    /// The envelope of one event.
+    pub fn of(event: &'a OutboxEvent) -> Self {
+        Self {
+            id: event.id.to_string(),
+            kind: &event.topic,
+            timestamp: event
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            key: event.key.as_deref(),
+            data: &event.payload,
+        }
+    }
+}

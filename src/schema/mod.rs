@@ -1,0 +1,141 @@
+//! Schema and migrations: numbered SQL files, embedded in the binary, applied in order.
+//!
+//! `migrate` is idempotent (applied versions are recorded in `pgoutbox_migrations`), safe to run from
+//! several processes at once (a transaction-scoped advisory lock serializes them), and all-or-nothing
+//! (every pending migration runs in one transaction: PostgreSQL DDL is transactional).
+
+use sqlx::{Connection, PgConnection};
+
+use crate::error::{Error, Result};
+use crate::table::OutboxTable;
+
+/// One numbered migration of the outbox table.
+struct Migration {
+    version: i32,
+    description: &'static str,
+    sql: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create the minimal outbox table",
+        sql: include_str!("migrations/0001_minimal_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "add relay columns and the pending-claim index",
+        sql: include_str!("migrations/0002_relay_columns.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "add the enqueue() SQL function",
+        sql: include_str!("migrations/0003_enqueue_function.sql"),
+    },
+];
+
+/// The schema version this build of pgoutbox needs.
+pub const CURRENT_VERSION: i32 = 3;
+
+/// Advisory lock key shared by every `migrate`, whatever the table: migrations are rare and short.
+const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
+
+/// What a `migrate` run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// Versions applied by this run, in order (empty when already up to date).
+    pub applied: Vec<(i32, &'static str)>,
+    /// The version the table is at now.
+    pub version: i32,
+}
+
+/// Brings `table` (and its schema) up to [`CURRENT_VERSION`].
+pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<MigrateReport> {
+    let mut tx = conn.begin().await?;
+    // Serializes concurrent migrate runs; released at commit or rollback.
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATE_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+
+    let schema_exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(table.schema().as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+    if !schema_exists {
+        sqlx::raw_sql(&table.render("CREATE SCHEMA {schema}"))
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::raw_sql(&table.render(
+        "CREATE TABLE IF NOT EXISTS {schema}.pgoutbox_migrations (
+            table_name  text NOT NULL,
+            version     int NOT NULL,
+            description text NOT NULL,
+            applied_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (table_name, version)
+        )",
+    ))
+    .execute(&mut *tx)
+    .await?;
+
+    let current = applied_version(&mut tx, table).await?;
+    let mut applied = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        sqlx::raw_sql(&table.render(m.sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(|source| Error::Migration {
+                version: m.version,
+                description: m.description,
+                source,
+            })?;
+        sqlx::query(&table.render(
+            "INSERT INTO {schema}.pgoutbox_migrations (table_name, version, description) VALUES ($1, $2, $3)",
+        ))
+        .bind(table.table().as_str())
+        .bind(m.version)
+        .bind(m.description)
+        .execute(&mut *tx)
+        .await?;
+        applied.push((m.version, m.description));
+    }
+    tx.commit().await?;
+    Ok(MigrateReport {
+        applied,
+        version: current.max(CURRENT_VERSION),
+    })
+}
+
+/// The version `table` is at: 0 when it was never migrated.
+pub async fn applied_version(conn: &mut PgConnection, table: &OutboxTable) -> Result<i32> {
+    let registry = format!("{}.pgoutbox_migrations", table.schema().quoted());
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&registry)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(0);
+    }
+    let version: Option<i32> = sqlx::query_scalar(&format!(
+        "SELECT max(version) FROM {registry} WHERE table_name = $1"
+    ))
+    .bind(table.table().as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(version.unwrap_or(0))
+}
+
+/// Fails with [`Error::SchemaOutdated`] unless `table` is at [`CURRENT_VERSION`] or later.
+pub async fn ensure_current(conn: &mut PgConnection, table: &OutboxTable) -> Result<()> {
+    let found = applied_version(conn, table).await?;
+    if found < CURRENT_VERSION {
+        return Err(Error::SchemaOutdated {
+            table: table.to_string(),
+            found,
+            needed: CURRENT_VERSION,
+        });
+    }
+    Ok(())
+}

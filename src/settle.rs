@@ -1,0 +1,288 @@
+//! Settle: recording what publishing did, in at most a few statements per batch.
+//!
+//! Successes are marked published (or deleted, when retention is zero) in one statement per
+//! destination; every failure of the batch, retried or dead-lettered, in one more. The decision per
+//! failure comes from the destination's [`RetryPolicy`]; this module turns outcomes into that plan
+//! ([`plan`], pure and unit-tested) and writes it ([`apply`]).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use uuid::Uuid;
+
+use crate::claim::Hold;
+use crate::error::Result;
+use crate::event::OutboxEvent;
+use crate::publish::Outcome;
+use crate::retry::{Decision, Failure, RetryPolicy};
+use crate::table::OutboxTable;
+
+/// Longest `last_error` kept, so a chatty receiver cannot bloat the table.
+const MAX_ERROR_LEN: usize = 1024;
+
+/// One failed event's new state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedRow {
+    /// The event.
+    pub id: Uuid,
+    /// What went wrong, for `last_error`.
+    pub error: String,
+    /// The destination that failed, if the event was routed.
+    pub destination: Option<String>,
+    /// Delay until the next attempt (ignored when dead).
+    pub delay_secs: f64,
+    /// Dead-lettered instead of retried.
+    pub dead: bool,
+}
+
+/// What a batch's settle writes.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct SettlePlan {
+    /// Delivered event ids, per destination name.
+    pub delivered: BTreeMap<String, Vec<Uuid>>,
+    /// Failures, retried or dead.
+    pub failed: Vec<FailedRow>,
+}
+
+impl SettlePlan {
+    /// Number of delivered events.
+    pub fn delivered_count(&self) -> usize {
+        self.delivered.values().map(Vec::len).sum()
+    }
+
+    /// Number of events dead-lettered by this plan.
+    pub fn dead_count(&self) -> usize {
+        self.failed.iter().filter(|f| f.dead).count()
+    }
+
+    /// Number of events scheduled for another attempt.
+    pub fn retry_count(&self) -> usize {
+        self.failed.len() - self.dead_count()
+    }
+}
+
+/// The destination an event was routed to, with its policy; `None` for an unroutable event.
+pub type Route<'a> = Option<(&'a str, &'a RetryPolicy)>;
+
+/// Turns outcomes into writes: `events`, `routes` and `outcomes` are parallel slices.
+pub fn plan(
+    events: &[OutboxEvent],
+    routes: &[Route<'_>],
+    outcomes: &[Outcome],
+    now: DateTime<Utc>,
+    rng: &mut impl Rng,
+) -> SettlePlan {
+    let mut plan = SettlePlan::default();
+    for ((event, route), outcome) in events.iter().zip(routes).zip(outcomes) {
+        let attempt = event.attempts + 1;
+        let Some((destination, policy)) = route else {
+            plan.failed.push(FailedRow {
+                id: event.id,
+                error: format!(
+                    "no destination takes topic {:?}: add it to a destination's `topics`, then `pgoutbox dead retry`",
+                    event.topic
+                ),
+                destination: None,
+                delay_secs: 0.0,
+                dead: true,
+            });
+            continue;
+        };
+        let (error, decision) = match outcome {
+            Outcome::Delivered => {
+                plan.delivered
+                    .entry((*destination).to_owned())
+                    .or_default()
+                    .push(event.id);
+                continue;
+            }
+            Outcome::Rejected { reason } => (reason, Decision::Dead("permanent failure".into())),
+            Outcome::Retry {
+                reason,
+                retry_after,
+            } => {
+                let failure = Failure {
+                    previous_attempts: event.attempts,
+                    created_at: event.created_at,
+                    retry_after: *retry_after,
+                };
+                (reason, policy.decide(&failure, now, rng))
+            }
+        };
+        let (delay_secs, dead, suffix) = match decision {
+            Decision::Retry(delay) => (delay.as_secs_f64(), false, String::new()),
+            Decision::Dead(why) => (0.0, true, format!(" [dead: {why}]")),
+        };
+        plan.failed.push(FailedRow {
+            id: event.id,
+            error: truncate(format!(
+                "attempt {attempt} to {destination}: {error}{suffix}"
+            )),
+            destination: Some((*destination).to_owned()),
+            delay_secs,
+            dead,
+        });
+    }
+    plan
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > MAX_ERROR_LEN {
+        let mut cut = MAX_ERROR_LEN;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// How a settle went.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SettleReport {
+    /// Rows written.
+    pub rows: u64,
+    /// Rows the plan named that were not written because the lease was lost (lease mode).
+    pub fenced: u64,
+}
+
+/// Writes `plan` under the batch's claim; `delete` settles successes by deleting the rows.
+pub async fn apply(
+    table: &OutboxTable,
+    pool: &sqlx::PgPool,
+    hold: Hold,
+    plan: &SettlePlan,
+    delete: bool,
+) -> Result<SettleReport> {
+    match hold {
+        Hold::Transaction(mut tx) => {
+            let rows = write(table, &mut tx, plan, delete, None).await?;
+            tx.commit().await?;
+            Ok(SettleReport { rows, fenced: 0 })
+        }
+        Hold::Lease(token) => {
+            let mut conn = pool.acquire().await?;
+            let rows = write(table, &mut conn, plan, delete, Some(token)).await?;
+            let expected = (plan.delivered_count() + plan.failed.len()) as u64;
+            Ok(SettleReport {
+                rows,
+                fenced: expected.saturating_sub(rows),
+            })
+        }
+    }
+}
+
+async fn write(
+    table: &OutboxTable,
+    conn: &mut sqlx::PgConnection,
+    plan: &SettlePlan,
+    delete: bool,
+    token: Option<Uuid>,
+) -> Result<u64> {
+    let mut rows = 0;
+    for (destination, ids) in &plan.delivered {
+        let done = if delete {
+            sqlx::query(&table.sql.delete_many)
+                .bind(ids)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?
+        } else {
+            sqlx::query(&table.sql.set_published_many)
+                .bind(ids)
+                .bind(destination)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?
+        };
+        rows += done.rows_affected();
+    }
+    if !plan.failed.is_empty() {
+        let f = &plan.failed;
+        let done = sqlx::query(&table.sql.set_failed_many)
+            .bind(f.iter().map(|r| r.id).collect::<Vec<_>>())
+            .bind(f.iter().map(|r| r.error.as_str()).collect::<Vec<_>>())
+            .bind(
+                f.iter()
+                    .map(|r| r.destination.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(f.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
+            .bind(f.iter().map(|r| r.dead).collect::<Vec<_>>())
+            .bind(token)
+            .execute(&mut *conn)
+            .await?;
+        rows += done.rows_affected();
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+    use serde_json::value::RawValue;
+    use std::time::Duration;
+
+    fn event(attempts: i32) -> OutboxEvent {
+        OutboxEvent {
+            id: Uuid::new_v4(),
+            seq: 1,
+            topic: "order.created".into(),
+            key: None,
+            payload: RawValue::from_string("{}".into()).expect("json"),
+            headers: vec![],
+            created_at: Utc::now(),
+            attempts,
+        }
+    }
+
+    #[test]
+    fn outcomes_become_one_plan() {
+        let policy = RetryPolicy {
+            schedule: vec![Duration::from_secs(1), Duration::from_secs(30)],
+            max_attempts: Some(3),
+            max_age: None,
+            jitter: 0.0,
+        };
+        let events = vec![event(0), event(0), event(2), event(0), event(0)];
+        let route = Some(("billing", &policy));
+        let routes = vec![route, route, route, route, None];
+        let outcomes = vec![
+            Outcome::Delivered,
+            Outcome::retry("HTTP 503"),
+            Outcome::retry("HTTP 503"),
+            Outcome::Rejected {
+                reason: "HTTP 400: bad".into(),
+            },
+            Outcome::Delivered,
+        ];
+        let plan = plan(
+            &events,
+            &routes,
+            &outcomes,
+            Utc::now(),
+            &mut StdRng::seed_from_u64(1),
+        );
+        assert_eq!(plan.delivered["billing"], vec![events[0].id]);
+        assert_eq!(plan.failed.len(), 4);
+        assert_eq!(
+            (plan.failed[0].dead, plan.failed[0].delay_secs),
+            (false, 1.0)
+        );
+        assert!(plan.failed[1].dead, "third attempt of max 3 dead-letters");
+        assert!(plan.failed[2].dead && plan.failed[2].error.contains("HTTP 400: bad"));
+        assert!(plan.failed[3].dead && plan.failed[3].error.contains("no destination"));
+        assert_eq!(
+            (
+                plan.delivered_count(),
+                plan.retry_count(),
+                plan.dead_count()
+            ),
+            (1, 1, 3)
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! Status: what is pending, failing, dead and how far behind the relay is, per destination and topic.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::route::Router;
+use crate::table::OutboxTable;
+
+/// OutboxStatus. One pass over the table grouped by (destination, topic). It reads published
+/// history too (for the published counts), so it is an operator's query, not a hot-path one.
+const STATUS: &str = "
+SELECT destination, topic,
+  count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()) AS due,
+  count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at > now()
+                   AND lease_token IS NULL) AS backoff,
+  count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at > now()
+                   AND lease_token IS NOT NULL) AS in_flight,
+  count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND attempts > 0) AS failing,
+  count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead,
+  extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL AND dead_at IS NULL))::float8
+    AS oldest_pending_age_seconds,
+  count(*) FILTER (WHERE published_at > now() - interval '1 minute') AS published_last_minute,
+  count(*) FILTER (WHERE published_at > now() - interval '1 hour') AS published_last_hour,
+  count(*) FILTER (WHERE published_at IS NOT NULL) AS published_retained
+FROM {outbox}
+GROUP BY destination, topic
+ORDER BY destination NULLS FIRST, topic";
+
+/// One (destination, topic) line of the status.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, sqlx::FromRow)]
+pub struct StatusRow {
+    /// The destination: recorded by the relay, or from the configuration's routing; `null` if unknown.
+    pub destination: Option<String>,
+    /// The topic.
+    pub topic: String,
+    /// Pending events due now.
+    pub due: i64,
+    /// Pending events waiting for a retry.
+    pub backoff: i64,
+    /// Events leased by a relay right now (lease mode).
+    pub in_flight: i64,
+    /// Pending events that have failed at least once.
+    pub failing: i64,
+    /// Dead-lettered events.
+    pub dead: i64,
+    /// Age of the oldest pending event: the lag.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Events published in the last minute (still retained).
+    pub published_last_minute: i64,
+    /// Events published in the last hour (still retained).
+    pub published_last_hour: i64,
+    /// Published events still in the table (delete mode keeps none).
+    pub published_retained: i64,
+}
+
+/// The whole status.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The table looked at.
+    pub table: String,
+    /// When it was read.
+    pub generated_at: DateTime<Utc>,
+    /// Sums over every row.
+    pub totals: StatusRow,
+    /// Per destination and topic.
+    pub rows: Vec<StatusRow>,
+}
+
+/// Reads the status; with a router, rows not yet tried get the destination routing would pick.
+pub async fn read(
+    pool: &PgPool,
+    table: &OutboxTable,
+    routing: Option<(&Router, &[String])>,
+) -> Result<Status> {
+    let mut raw: Vec<StatusRow> = sqlx::query_as(&table.render(STATUS))
+        .fetch_all(pool)
+        .await?;
+    if let Some((router, names)) = routing {
+        for row in raw.iter_mut().filter(|r| r.destination.is_none()) {
+            row.destination = router.route(&row.topic).and_then(|i| names.get(i).cloned());
+        }
+    }
+    // Merge rows that routing made identical.
+    let mut rows: Vec<StatusRow> = Vec::with_capacity(raw.len());
+    for row in raw {
+        match rows
+            .iter_mut()
+            .find(|r| r.destination == row.destination && r.topic == row.topic)
+        {
+            Some(existing) => add(existing, &row),
+            None => rows.push(row),
+        }
+    }
+    rows.sort_by(|a, b| (&a.destination, &a.topic).cmp(&(&b.destination, &b.topic)));
+    let mut totals = StatusRow {
+        topic: "*".into(),
+        ..StatusRow::default()
+    };
+    for row in &rows {
+        add(&mut totals, row);
+    }
+    Ok(Status {
+        table: table.to_string(),
+        generated_at: Utc::now(),
+        totals,
+        rows,
+    })
+}
+
+fn add(into: &mut StatusRow, row: &StatusRow) {
+    into.due += row.due;
+    into.backoff += row.backoff;
+    into.in_flight += row.in_flight;
+    into.failing += row.failing;
+    into.dead += row.dead;
+    into.published_last_minute += row.published_last_minute;
+    into.published_last_hour += row.published_last_hour;
+    into.published_retained += row.published_retained;
+    into.oldest_pending_age_seconds = match (
+        into.oldest_pending_age_seconds,
+        row.oldest_pending_age_seconds,
+    ) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+}

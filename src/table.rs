@@ -1,0 +1,291 @@
+//! The outbox table's name and every SQL statement the relay runs against it.
+//!
+//! Schema and table names come from configuration, so they are validated as plain identifiers and
+//! quoted once, here, when an [`OutboxTable`] is built; statements are then rendered once from the
+//! templates below. No other module formats SQL at run time.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// Longest accepted identifier: PostgreSQL's limit is 63 bytes and index names add a suffix.
+pub const MAX_IDENT_LEN: usize = 40;
+
+/// A validated SQL identifier (schema or table name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ident(String);
+
+impl Ident {
+    /// Validates `name` as `[A-Za-z_][A-Za-z0-9_]*` of at most [`MAX_IDENT_LEN`] characters.
+    pub fn parse(name: &str) -> Result<Self> {
+        let mut chars = name.chars();
+        let first_ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_');
+        let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if first_ok && rest_ok && name.len() <= MAX_IDENT_LEN {
+            Ok(Self(name.to_owned()))
+        } else {
+            Err(Error::InvalidIdentifier(name.to_owned()))
+        }
+    }
+
+    /// The bare name, as stored in the catalogs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name quoted for SQL (validation guarantees there is no quote inside).
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+}
+
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Columns the relay reads for each claimed event, in the order [`crate::OutboxEvent`] decodes them.
+const EVENT_COLUMNS: &str =
+    "id, seq, topic, key, payload::text AS payload, headers::text AS headers, created_at, attempts";
+
+/// An outbox table (schema + name) and its statements, rendered once.
+#[derive(Clone, Debug)]
+pub struct OutboxTable {
+    schema: Ident,
+    table: Ident,
+    /// Named statements, see [`Queries`].
+    pub sql: Queries,
+}
+
+impl OutboxTable {
+    /// The default table, `public.outbox`.
+    pub fn default_table() -> Self {
+        Self::new(Ident("public".into()), Ident("outbox".into()))
+    }
+
+    /// Builds the table handle from raw names, validating both.
+    pub fn parse(schema: &str, table: &str) -> Result<Self> {
+        Ok(Self::new(Ident::parse(schema)?, Ident::parse(table)?))
+    }
+
+    /// Builds the table handle from validated names.
+    pub fn new(schema: Ident, table: Ident) -> Self {
+        let sql = Queries::render(&schema, &table);
+        Self { schema, table, sql }
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Ident {
+        &self.schema
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &Ident {
+        &self.table
+    }
+
+    /// `"schema"."table"`, ready for SQL.
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", self.schema.quoted(), self.table.quoted())
+    }
+
+    /// An object name derived from the table's (index, function), quoted and schema-qualified.
+    pub fn derived(&self, suffix: &str) -> String {
+        format!(
+            "{}.\"{}_{}\"",
+            self.schema.quoted(),
+            self.table.as_str(),
+            suffix
+        )
+    }
+
+    /// An unqualified derived name (for `CREATE INDEX name`), quoted.
+    pub fn derived_bare(&self, suffix: &str) -> String {
+        format!("\"{}_{}\"", self.table.as_str(), suffix)
+    }
+
+    /// Replaces `{outbox}`, `{schema}`, `{name}` and `{name:SUFFIX}` placeholders in a template.
+    pub fn render(&self, template: &str) -> String {
+        render(template, &self.schema, &self.table)
+    }
+}
+
+impl fmt::Display for OutboxTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
+fn render(template: &str, schema: &Ident, table: &Ident) -> String {
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let Some(len) = rest[start..].find('}') else {
+            break;
+        };
+        let placeholder = &rest[start + 1..start + len];
+        let replacement = match placeholder {
+            "outbox" => Some(format!("{}.{}", schema.quoted(), table.quoted())),
+            "schema" => Some(schema.quoted()),
+            "table" => Some(table.quoted()),
+            p if p.starts_with("name:") => Some(format!("\"{}_{}\"", table.as_str(), &p[5..])),
+            p if p.starts_with("qname:") => Some(format!(
+                "{}.\"{}_{}\"",
+                schema.quoted(),
+                table.as_str(),
+                &p[6..]
+            )),
+            _ => None,
+        };
+        out.push_str(&rest[..start]);
+        match replacement {
+            Some(r) => out.push_str(&r),
+            // Not a placeholder (a JSON literal such as '{}'): keep it as written.
+            None => out.push_str(&rest[start..start + len + 1]),
+        }
+        rest = &rest[start + len + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every statement the relay and the CLI run against the outbox table, rendered for one table.
+///
+/// Each template says which index it uses and which locks it takes; that is the contract the
+/// migrations in [`crate::schema`] are built to serve.
+#[derive(Clone, Debug)]
+pub struct Queries {
+    /// `OutboxClaimDue`: the transaction-held claim.
+    pub claim_due: String,
+    /// `OutboxClaimLease`: the lease-mode claim.
+    pub claim_lease: String,
+    /// `OutboxSetPublishedMany`: keep-mode settle of successes.
+    pub set_published_many: String,
+    /// `OutboxDeleteMany`: delete-mode settle of successes (retention 0).
+    pub delete_many: String,
+    /// `OutboxSetFailedMany`: failures and dead letters, one row per event.
+    pub set_failed_many: String,
+    /// `OutboxInsert`: one event.
+    pub insert_one: String,
+    /// `OutboxInsertMany`: many events in one statement.
+    pub insert_many: String,
+}
+
+impl Queries {
+    fn render(schema: &Ident, table: &Ident) -> Self {
+        let r = |t: &str| render(&t.replace("{columns}", EVENT_COLUMNS), schema, table);
+        Self {
+            claim_due: r(CLAIM_DUE),
+            claim_lease: r(CLAIM_LEASE),
+            set_published_many: r(SET_PUBLISHED_MANY),
+            delete_many: r(DELETE_MANY),
+            set_failed_many: r(SET_FAILED_MANY),
+            insert_one: r(INSERT_ONE),
+            insert_many: r(INSERT_MANY),
+        }
+    }
+}
+
+/// OutboxClaimDue. Range scan of the partial index `{name:pending_idx}` on (next_attempt_at, seq):
+/// published, dead and backing-off rows are not in that range, so the cost does not grow with
+/// history or with events waiting for a retry. `FOR UPDATE SKIP LOCKED` takes row locks that last
+/// until the claiming transaction settles, and lets concurrent relays take disjoint rows without
+/// waiting on each other.
+const CLAIM_DUE: &str = "
+SELECT {columns}
+FROM {outbox}
+WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+ORDER BY next_attempt_at, seq
+LIMIT $1
+FOR UPDATE SKIP LOCKED";
+
+/// OutboxClaimLease. Same index and row choice as OutboxClaimDue, but commits at once: the lease is
+/// `next_attempt_at` pushed to the lease expiry (so the row leaves the due range until then) plus a
+/// fresh `lease_token` that every later settle must present (fencing).
+const CLAIM_LEASE: &str = "
+WITH due AS (
+    SELECT id FROM {outbox}
+    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {outbox} AS o
+SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
+FROM due
+WHERE o.id = due.id
+RETURNING o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::text AS headers,
+          o.created_at, o.attempts";
+
+/// OutboxSetPublishedMany. Primary-key lookups; the row leaves the pending index. `$3` is the
+/// lease token in lease mode (NULL in transaction mode, where the row lock already fences).
+const SET_PUBLISHED_MANY: &str = "
+UPDATE {outbox}
+SET published_at = now(), destination = $2, lease_token = NULL
+WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)";
+
+/// OutboxDeleteMany. Primary-key lookups; used when retention is zero, the cheapest settle.
+const DELETE_MANY: &str = "
+DELETE FROM {outbox}
+WHERE id = ANY($1) AND ($2::uuid IS NULL OR lease_token = $2)";
+
+/// OutboxSetFailedMany. One statement for every failure of a batch: the delay and the dead flag
+/// are decided by the retry policy in Rust, the clock is the database's.
+const SET_FAILED_MANY: &str = "
+UPDATE {outbox} AS o
+SET attempts = o.attempts + 1,
+    last_error = f.error,
+    destination = f.destination,
+    next_attempt_at = now() + make_interval(secs => f.delay_secs),
+    dead_at = CASE WHEN f.dead THEN now() END,
+    lease_token = NULL
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::float8[], $5::bool[])
+     AS f(id, error, destination, delay_secs, dead)
+WHERE o.id = f.id AND ($6::uuid IS NULL OR o.lease_token = $6)";
+
+/// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
+const INSERT_ONE: &str = "
+INSERT INTO {outbox} (topic, payload, key, headers)
+VALUES ($1, $2::text::jsonb, $3, $4::text::jsonb)
+RETURNING id";
+
+/// OutboxInsertMany. One round trip for a whole batch; unnest keeps the array order, and so `seq`.
+const INSERT_MANY: &str = "
+INSERT INTO {outbox} (topic, payload, key, headers)
+SELECT t, p::jsonb, k, h::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(t, p, k, h, n)
+ORDER BY n
+RETURNING id";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_validated() {
+        assert!(Ident::parse("outbox").is_ok());
+        assert!(Ident::parse("_events_2").is_ok());
+        for bad in [
+            "",
+            "x; drop table y",
+            "1abc",
+            "a\"b",
+            "a.b",
+            "ünïcode",
+            &"a".repeat(41),
+        ] {
+            assert!(Ident::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn templates_render_quoted_names_and_keep_json_literals() {
+        let t = OutboxTable::parse("app", "events").expect("valid");
+        assert_eq!(
+            t.render("CREATE INDEX {name:pending_idx} ON {outbox} DEFAULT '{}'"),
+            "CREATE INDEX \"events_pending_idx\" ON \"app\".\"events\" DEFAULT '{}'"
+        );
+        assert!(t.sql.claim_due.contains("FROM \"app\".\"events\""));
+    }
+}
