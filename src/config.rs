@@ -12,7 +12,6 @@
 //! topics = ["order.*", "payment.*"]                    # optional glob list, default: all
 //! ```
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -143,70 +142,47 @@ pub struct DestinationConfig {
     pub sink: SinkConfig,
 }
 
-/// A sink's own settings, by `type`.
-#[derive(Debug, Clone)]
-pub enum SinkConfig {
-    /// HTTP POST per event (Standard Webhooks).
-    Webhook(WebhookConfig),
-    /// One JSON line per event on standard output.
-    Stdout(StdoutConfig),
-    /// Accepts and drops every event (benchmarks, tests).
-    Null(NullConfig),
+/// A sink's type and its own settings (the destination table minus the common keys).
+///
+/// The settings are checked at load time by the sink's registry entry ([`crate::publish::registry`]),
+/// so a typo is reported before the relay starts.
+#[derive(Clone)]
+pub struct SinkConfig {
+    /// The `type` key: a name from the sink registry.
+    pub kind: String,
+    /// The sink's own keys.
+    pub settings: toml::Table,
 }
 
-/// The sink types this build knows, for error messages.
-pub const SINK_TYPES: &[&str] = &["webhook", "stdout", "null"];
-
-/// What the webhook body holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum BodyMode {
-    /// `{"id","type","timestamp","key","data"}`.
-    #[default]
-    Envelope,
-    /// The raw payload.
-    Payload,
+impl SinkConfig {
+    /// A sink with no settings of its own (`stdout`, `null`).
+    pub fn bare(kind: &str) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            settings: toml::Table::new(),
+        }
+    }
 }
 
-/// `type = "webhook"`.
-#[derive(Debug, Clone, Deserialize)]
+impl fmt::Debug for SinkConfig {
+    // Settings may hold secrets: show the keys only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkConfig")
+            .field("kind", &self.kind)
+            .field("keys", &self.settings.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Deserializes a sink's settings, rejecting unknown keys with the serde message.
+pub fn sink_settings<T: DeserializeOwned>(settings: &toml::Table) -> Result<T, String> {
+    deserialize(settings.clone())
+}
+
+/// The settings of a sink that has none: any key is an error.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WebhookConfig {
-    /// Endpoint URL (http or https).
-    pub url: String,
-    /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
-    pub secret: Option<Secret>,
-    /// `envelope` (default) or `payload`.
-    #[serde(default)]
-    pub body: BodyMode,
-    /// Per-request timeout.
-    #[serde(default = "default_webhook_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// Most requests in flight at once.
-    #[serde(default = "default_concurrency")]
-    pub concurrency: usize,
-    /// Extra static headers sent with every request.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-}
-
-fn default_webhook_timeout() -> Duration {
-    Duration::from_secs(10)
-}
-
-fn default_concurrency() -> usize {
-    64
-}
-
-/// `type = "stdout"`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StdoutConfig {}
-
-/// `type = "null"`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NullConfig {}
+pub struct NoSettings {}
 
 /// The file as written, before validation.
 #[derive(Debug, Default, Deserialize)]
@@ -384,23 +360,24 @@ fn parse_destination(
         return Err(ConfigError::at(at("name"), "must not be empty"));
     }
 
-    let sink = match common.kind.as_str() {
-        "webhook" => {
-            let cfg: WebhookConfig = deserialize(table).map_err(|m| ConfigError::at(&label, m))?;
-            validate_webhook(&cfg).map_err(|(k, m)| ConfigError::at(format!("{label}.{k}"), m))?;
-            SinkConfig::Webhook(cfg)
-        }
-        "stdout" => SinkConfig::Stdout(deserialize(table).map_err(|m| ConfigError::at(&label, m))?),
-        "null" => SinkConfig::Null(deserialize(table).map_err(|m| ConfigError::at(&label, m))?),
-        other => {
-            return Err(ConfigError::at(
-                at("type"),
-                format!(
-                    "unknown destination type {other:?}; known types: {}",
-                    SINK_TYPES.join(", ")
-                ),
-            ))
-        }
+    let Some(kind) = crate::publish::registry()
+        .into_iter()
+        .find(|k| k.name == common.kind)
+    else {
+        let known: Vec<&str> = crate::publish::registry().iter().map(|k| k.name).collect();
+        return Err(ConfigError::at(
+            at("type"),
+            format!(
+                "unknown destination type {:?}; known types: {}",
+                common.kind,
+                known.join(", ")
+            ),
+        ));
+    };
+    (kind.build)(&common.name, &table).map_err(|m| ConfigError::at(&label, m))?;
+    let sink = SinkConfig {
+        kind: common.kind.clone(),
+        settings: table,
     };
 
     for glob in &common.topics {
@@ -439,26 +416,6 @@ fn parse_destination(
     })
 }
 
-fn validate_webhook(cfg: &WebhookConfig) -> Result<(), (&'static str, String)> {
-    let url = url::Url::parse(&cfg.url).map_err(|e| ("url", format!("not a URL: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err((
-            "url",
-            format!("scheme must be http or https, not {:?}", url.scheme()),
-        ));
-    }
-    if let Some(secret) = &cfg.secret {
-        crate::webhook::decode_secret(&secret.0).map_err(|e| ("secret", e.to_string()))?;
-    }
-    if cfg.concurrency == 0 {
-        return Err(("concurrency", "must be at least 1".into()));
-    }
-    if cfg.timeout.is_zero() {
-        return Err(("timeout", "must be more than zero".into()));
-    }
-    Ok(())
-}
-
 fn deserialize<T: DeserializeOwned>(table: toml::Table) -> Result<T, String> {
     T::deserialize(toml::Value::Table(table)).map_err(|e| e.message().to_owned())
 }
@@ -473,11 +430,12 @@ fn parse_duration_key(key: &str, value: &str) -> Result<Duration, ConfigError> {
 }
 
 /// Serde helper for durations written as `"30s"`, `"5m"`, `"7d"`.
-mod duration_str {
+pub mod duration_str {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer};
 
+    /// Deserializes a humantime duration string.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_duration(&s).map_err(|e| {
@@ -522,7 +480,7 @@ max_attempts = 10
         assert_eq!(d.retry.max_attempts, Some(10));
         assert_eq!(d.retry.schedule[2], Duration::from_secs(300));
         assert_eq!(c.retention, Duration::from_secs(7 * 86400));
-        assert!(matches!(d.sink, SinkConfig::Webhook(_)));
+        assert_eq!(d.sink.kind, "webhook");
         assert!(
             !format!("{c:?}").contains("C2FVsBQIhrsc"),
             "secrets must not show in Debug"
@@ -571,8 +529,8 @@ max_attempts = 10
         );
         assert!(e.contains("destinations[0]") && e.contains("urll"), "{e}");
 
-        let e = error_of("[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\nsecret = \"nope\"\n");
-        assert!(e.contains("secret") && !e.contains("nope\""), "{e}");
+        let e = error_of("[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\nsecret = \"whsec_n0t-base64!\"\n");
+        assert!(e.contains("secret") && !e.contains("n0t-base64"), "{e}");
 
         let e = error_of("retention = \"forever\"\n");
         assert!(e.contains("`retention`") && e.contains("forever"), "{e}");

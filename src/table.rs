@@ -50,7 +50,7 @@ const EVENT_COLUMNS: &str =
     "id, seq, topic, key, payload::text AS payload, headers::text AS headers, created_at, attempts";
 
 /// An outbox table (schema + name) and its statements, rendered once.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct OutboxTable {
     schema: Ident,
     table: Ident,
@@ -108,6 +108,12 @@ impl OutboxTable {
     /// Replaces `{outbox}`, `{schema}`, `{name}` and `{name:SUFFIX}` placeholders in a template.
     pub fn render(&self, template: &str) -> String {
         render(template, &self.schema, &self.table)
+    }
+}
+
+impl fmt::Debug for OutboxTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OutboxTable({self})")
     }
 }
 

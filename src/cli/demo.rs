@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use async_trait::async_trait;
-use pgoutbox::config::{DestinationConfig, SinkConfig, StdoutConfig};
+use pgoutbox::config::{DestinationConfig, SinkConfig};
 use pgoutbox::publish::{Outcome, Sink, StdoutSink};
 use pgoutbox::relay::{Destination, Relay};
 use pgoutbox::retry::RetryPolicy;
@@ -67,7 +67,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         name: "stdout".into(),
         topics: vec![],
         retry: RetryPolicy::default(),
-        sink: SinkConfig::Stdout(StdoutConfig::default()),
+        sink: SinkConfig::bare("stdout"),
     }];
     let url = config.database_url()?.to_owned();
     eprintln!("pgoutbox demo on {}", super::redact_url(&url));

@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 
-use super::{Outcome, Sink};
+use std::sync::Arc;
+
+use super::{Outcome, Sink, SinkKind};
 use crate::event::OutboxEvent;
 
 /// Delivers everything instantly, nowhere.
@@ -15,3 +17,12 @@ impl Sink for NullSink {
         vec![Outcome::Delivered; events.len()]
     }
 }
+
+/// Registry entry: `type = "null"`, no settings.
+pub const KIND: SinkKind = SinkKind {
+    name: "null",
+    build: |_, settings| {
+        crate::config::sink_settings::<crate::config::NoSettings>(settings)?;
+        Ok(Arc::new(NullSink))
+    },
+};

@@ -5,7 +5,9 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use super::{Envelope, Outcome, Sink};
+use std::sync::Arc;
+
+use super::{Envelope, Outcome, Sink, SinkKind};
 use crate::event::OutboxEvent;
 
 /// Writes each event as a JSON line: the webhook envelope plus its headers.
@@ -56,3 +58,12 @@ impl Sink for StdoutSink {
         }
     }
 }
+
+/// Registry entry: `type = "stdout"`, no settings.
+pub const KIND: SinkKind = SinkKind {
+    name: "stdout",
+    build: |_, settings| {
+        crate::config::sink_settings::<crate::config::NoSettings>(settings)?;
+        Ok(Arc::new(StdoutSink::default()))
+    },
+};

@@ -4,6 +4,8 @@
 //! (honouring `Retry-After`); any other status rejected for good. Redirects are not followed: a
 //! 3xx is reported with its `Location`, as a misconfigured URL.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -11,14 +13,66 @@ use futures::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use reqwest::StatusCode;
 
-use super::{Envelope, Outcome, Sink};
-use crate::config::{BodyMode, WebhookConfig};
-use crate::error::{error_chain, Error, Result};
+use serde::Deserialize;
+
+use super::{Envelope, Outcome, Sink, SinkKind};
+use crate::config::{duration_str, Secret};
+use crate::error::error_chain;
 use crate::event::OutboxEvent;
 use crate::retry::parse_retry_after;
 
 /// How much of a failed response's body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 256;
+
+/// Registry entry: `type = "webhook"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "webhook",
+    build: |_, settings| {
+        let cfg: WebhookConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(WebhookSink::new(&cfg)?))
+    },
+};
+
+/// What the webhook body holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyMode {
+    /// `{"id","type","timestamp","key","data"}`.
+    #[default]
+    Envelope,
+    /// The raw payload.
+    Payload,
+}
+
+/// Settings of `type = "webhook"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Endpoint URL (http or https).
+    pub url: String,
+    /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
+    pub secret: Option<Secret>,
+    /// `envelope` (default) or `payload`.
+    #[serde(default)]
+    pub body: BodyMode,
+    /// Per-request timeout.
+    #[serde(default = "default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// Most requests in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Extra static headers sent with every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_concurrency() -> usize {
+    64
+}
 
 /// Posts events to one URL.
 #[derive(Debug)]
@@ -33,24 +87,33 @@ pub struct WebhookSink {
 
 impl WebhookSink {
     /// Builds the sink; the HTTP client keeps connections alive across batches.
-    pub fn new(name: &str, cfg: &WebhookConfig) -> Result<Self> {
-        let fail = |message: String| Error::SinkConfig {
-            name: name.to_owned(),
-            message,
-        };
-        let url = reqwest::Url::parse(&cfg.url).map_err(|e| fail(format!("invalid url: {e}")))?;
+    pub fn new(cfg: &WebhookConfig) -> Result<Self, String> {
+        let url =
+            reqwest::Url::parse(&cfg.url).map_err(|e| format!("key `url`: not a URL: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "key `url`: scheme must be http or https, not {:?}",
+                url.scheme()
+            ));
+        }
+        if cfg.concurrency == 0 {
+            return Err("key `concurrency`: must be at least 1".into());
+        }
+        if cfg.timeout.is_zero() {
+            return Err("key `timeout`: must be more than zero".into());
+        }
         let key = cfg
             .secret
             .as_ref()
             .map(|s| crate::webhook::decode_secret(&s.0))
             .transpose()
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| format!("key `secret`: {e}"))?;
         let mut static_headers = HeaderMap::new();
         for (k, v) in &cfg.headers {
-            let name =
-                HeaderName::try_from(k.as_str()).map_err(|e| fail(format!("header {k:?}: {e}")))?;
+            let name = HeaderName::try_from(k.as_str())
+                .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
             let value = HeaderValue::try_from(v.as_str())
-                .map_err(|e| fail(format!("header {k:?}: {e}")))?;
+                .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
             static_headers.insert(name, value);
         }
         let client = reqwest::Client::builder()
@@ -60,7 +123,7 @@ impl WebhookSink {
             .pool_max_idle_per_host(cfg.concurrency)
             .user_agent(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| fail(format!("cannot build the HTTP client: {e}")))?;
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Self {
             client,
             url,
