@@ -80,3 +80,18 @@ pub async fn claim_due(
         }
     }
 }
+
+/// Gives a claimed batch back untouched: rolls the claiming transaction back, or ends the lease.
+pub async fn release(pool: &PgPool, table: &OutboxTable, hold: Hold, ids: &[Uuid]) -> Result<()> {
+    match hold {
+        Hold::Transaction(tx) => tx.rollback().await?,
+        Hold::Lease(token) => {
+            sqlx::query(&table.sql.release_lease)
+                .bind(ids)
+                .bind(token)
+                .execute(pool)
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -115,6 +115,9 @@ pub struct RelayConfig {
     pub publish_timeout: Duration,
     /// `transaction` (default) or `lease`.
     pub claim: ClaimMode,
+    /// After SIGTERM, how long in-flight batches may take before they are released unsettled.
+    #[serde(with = "duration_str")]
+    pub shutdown_grace: Duration,
 }
 
 impl Default for RelayConfig {
@@ -125,6 +128,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(250),
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }

@@ -50,6 +50,8 @@ pub struct BatchReport {
     pub dead: usize,
     /// Settles refused because another relay took the lease over (lease mode).
     pub fenced: u64,
+    /// Events given back unpublished because the shutdown grace period ran out.
+    pub released: usize,
 }
 
 impl std::ops::AddAssign for BatchReport {
@@ -59,6 +61,7 @@ impl std::ops::AddAssign for BatchReport {
         self.retried += o.retried;
         self.dead += o.dead;
         self.fenced += o.fenced;
+        self.released += o.released;
     }
 }
 
@@ -71,6 +74,8 @@ pub struct Relay {
     settings: RelayConfig,
     delete_on_settle: bool,
     config: Config,
+    /// Cancelled when the shutdown grace period is over: in-flight batches are released.
+    abort: CancellationToken,
 }
 
 impl Relay {
@@ -104,6 +109,7 @@ impl Relay {
             settings: config.relay.clone(),
             delete_on_settle: config.retention.is_zero(),
             config: config.clone(),
+            abort: CancellationToken::new(),
         }
     }
 
@@ -175,7 +181,19 @@ impl Relay {
                     (members, outcomes)
                 })
             });
-        for (members, results) in join_all(publishes).await {
+        let published = tokio::select! {
+            results = join_all(publishes) => results,
+            _ = self.abort.cancelled() => {
+                // Shutdown grace is over: give the rows back untouched (no attempt counted); what was
+                // already delivered will be delivered again, which at-least-once allows.
+                let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+                crate::claim::release(&self.pool, &self.table, hold, &ids).await?;
+                warn!(released = events.len(), "shutdown grace period over: released an unfinished batch");
+                let report = BatchReport { claimed: events.len(), released: events.len(), ..BatchReport::default() };
+                return Ok((report, Vec::new()));
+            }
+        };
+        for (members, results) in published {
             for (i, outcome) in members.into_iter().zip(results) {
                 outcomes[i] = outcome;
             }
@@ -228,6 +246,7 @@ impl Relay {
             retried: plan.retry_count(),
             dead: plan.dead_count(),
             fenced: settled.fenced,
+            released: 0,
         };
         debug!(
             claimed = report.claimed,
@@ -247,8 +266,20 @@ impl Relay {
     }
 
     /// Runs until `shutdown` is cancelled: claim workers plus the periodic cleanup.
-    /// In-flight batches finish (bounded by `publish_timeout`) before it returns.
+    /// In-flight batches then get `shutdown_grace` to finish; past it they are released unsettled.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<BatchReport> {
+        let grace_timer = {
+            let (shutdown, abort, grace) = (
+                shutdown.clone(),
+                self.abort.clone(),
+                self.settings.shutdown_grace,
+            );
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                tokio::time::sleep(grace).await;
+                abort.cancel();
+            })
+        };
         let mut tasks = Vec::new();
         for worker in 0..self.settings.workers {
             let relay = Arc::clone(&self);
@@ -269,6 +300,7 @@ impl Relay {
             }
         }
         cleanup.abort();
+        grace_timer.abort();
         Ok(total)
     }
 

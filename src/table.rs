@@ -172,6 +172,8 @@ pub struct Queries {
     pub delete_many: String,
     /// `OutboxSetFailedMany`: failures and dead letters, one row per event.
     pub set_failed_many: String,
+    /// `OutboxReleaseLease`: gives leased rows back, due now.
+    pub release_lease: String,
     /// `OutboxInsert`: one event.
     pub insert_one: String,
     /// `OutboxInsertMany`: many events in one statement.
@@ -187,6 +189,7 @@ impl Queries {
             set_published_many: r(SET_PUBLISHED_MANY),
             delete_many: r(DELETE_MANY),
             set_failed_many: r(SET_FAILED_MANY),
+            release_lease: r(RELEASE_LEASE),
             insert_one: r(INSERT_ONE),
             insert_many: r(INSERT_MANY),
         }
@@ -249,6 +252,12 @@ SET attempts = o.attempts + 1,
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::float8[], $5::bool[])
      AS f(id, error, destination, delay_secs, dead)
 WHERE o.id = f.id AND ($6::uuid IS NULL OR o.lease_token = $6)";
+
+/// OutboxReleaseLease. Primary-key lookups, fenced by the token; used on shutdown so another
+/// relay need not wait for the lease to expire.
+const RELEASE_LEASE: &str = "
+UPDATE {outbox} SET next_attempt_at = now(), lease_token = NULL
+WHERE id = ANY($1) AND lease_token = $2";
 
 /// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
 const INSERT_ONE: &str = "

@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use pgoutbox::config::{Config, Secret};
 use pgoutbox::table::{Ident, OutboxTable};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 /// pgoutbox: a transactional outbox relay for PostgreSQL.
 ///
@@ -158,12 +158,24 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
             )
         })?
         .application_name("pgoutbox");
+    let failed = || format!("cannot connect to the database at {}", redact_url(url));
+    // One plain attempt first: the pool would retry a refused connection until its timeout, where
+    // an operator wants the cause at once.
+    let first = tokio::time::timeout(
+        Duration::from_secs(10),
+        PgConnection::connect_with(&options),
+    )
+    .await
+    .map_err(|_| anyhow!("no answer within 10 s"))
+    .with_context(failed)?
+    .with_context(failed)?;
+    first.close().await.ok();
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
-        .with_context(|| format!("cannot connect to the database at {}", redact_url(url)))
+        .with_context(failed)
 }
 
 /// Makes sure an error text does not carry the raw URL (and so its password).

@@ -74,8 +74,12 @@ pub struct SinkKind {
     /// The `type` value in the configuration.
     pub name: &'static str,
     /// Builds the sink for destination `name` from its settings; errors are one sentence.
-    pub build: fn(name: &str, settings: &toml::Table) -> std::result::Result<Arc<dyn Sink>, String>,
+    pub build: BuildSink,
 }
+
+/// Builds a sink for destination `name` from its settings; the error is one sentence.
+pub type BuildSink =
+    fn(name: &str, settings: &toml::Table) -> std::result::Result<Arc<dyn Sink>, String>;
 
 /// Every sink type this build has. Adding a sink: one file in this folder and one line here.
 pub fn registry() -> Vec<SinkKind> {

@@ -1,0 +1,368 @@
+//! Shared fixtures for the integration tests: a database per test, a real HTTP receiver, and
+//! helpers to run the `pgoutbox` binary.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use pgoutbox::config::Config;
+use pgoutbox::OutboxTable;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool};
+
+/// Server URL of the local test PostgreSQL (trust auth), without a database name.
+pub fn server_url() -> String {
+    std::env::var("PGOUTBOX_TEST_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// A database of its own for one test, dropped at the end.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    /// An empty database.
+    pub async fn empty() -> Self {
+        let name = format!("pgoutbox_t_{}", uuid::Uuid::new_v4().simple());
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&format!("{}/postgres", server_url()))
+            .await
+            .expect("connect to the local PostgreSQL (is it running?)");
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .expect("create test database");
+        admin.close().await;
+        let url = format!("{}/{name}", server_url());
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .expect("connect");
+        Self { name, url, pool }
+    }
+
+    /// A database with the default outbox table migrated.
+    pub async fn migrated() -> Self {
+        let db = Self::empty().await;
+        let mut conn = db.pool.acquire().await.expect("conn");
+        pgoutbox::schema::migrate(&mut conn, &OutboxTable::default_table())
+            .await
+            .expect("migrate");
+        db
+    }
+
+    /// Counts rows matching a WHERE clause of the default outbox table.
+    pub async fn count(&self, where_clause: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM outbox WHERE {where_clause}"))
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    /// Inserts `n` events with the plain SQL any language would use; returns their ids in order.
+    pub async fn insert_plain(&self, n: usize, topic: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "INSERT INTO outbox (topic, payload)
+             SELECT $1, jsonb_build_object('n', g) FROM generate_series(1, $2) g
+             RETURNING id::text",
+        )
+        .bind(topic)
+        .bind(n as i32)
+        .fetch_all(&self.pool)
+        .await
+        .expect("insert")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Async drop is not a thing: drop the database from a short-lived runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(admin) = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&format!("{}/postgres", server_url()))
+                    .await
+                {
+                    let _ = admin
+                        .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// What the receiver answers to one request.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub delay: Duration,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn ok() -> Self {
+        Self::status(200)
+    }
+
+    pub fn status(status: u16) -> Self {
+        Self {
+            status,
+            delay: Duration::ZERO,
+            headers: vec![],
+            body: String::new(),
+        }
+    }
+
+    pub fn body(mut self, body: &str) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    pub fn header(mut self, k: &str, v: &str) -> Self {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+}
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub id: String,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+    pub at: Instant,
+    pub status: u16,
+    /// How many requests with this webhook-id came before (0 for the first).
+    pub nth: usize,
+}
+
+impl Received {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("json body")
+    }
+}
+
+type Behaviour = Arc<dyn Fn(&Received) -> Reply + Send + Sync>;
+
+#[derive(Clone)]
+struct ReceiverState {
+    log: Arc<Mutex<Vec<Received>>>,
+    behaviour: Arc<Mutex<Behaviour>>,
+}
+
+/// A real HTTP server on 127.0.0.1 that records every request and answers per a behaviour.
+pub struct Receiver {
+    pub url: String,
+    state: ReceiverState,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    /// A receiver answering 200 to everything.
+    pub async fn start() -> Self {
+        Self::with(|_| Reply::ok()).await
+    }
+
+    /// A receiver answering per `behaviour`.
+    pub async fn with(behaviour: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> Self {
+        let state = ReceiverState {
+            log: Arc::new(Mutex::new(Vec::new())),
+            behaviour: Arc::new(Mutex::new(Arc::new(behaviour))),
+        };
+        let app = axum::Router::new()
+            .route("/events", axum::routing::post(handle))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr: SocketAddr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            url: format!("http://{addr}/events"),
+            state,
+            _server: server,
+        }
+    }
+
+    /// Changes the behaviour from now on.
+    pub fn set(&self, behaviour: impl Fn(&Received) -> Reply + Send + Sync + 'static) {
+        *self.state.behaviour.lock().expect("lock") = Arc::new(behaviour);
+    }
+
+    /// Every request so far.
+    pub fn log(&self) -> Vec<Received> {
+        self.state.log.lock().expect("lock").clone()
+    }
+
+    /// Requests answered with a 2xx.
+    pub fn delivered(&self) -> Vec<Received> {
+        self.log()
+            .into_iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .collect()
+    }
+
+    /// Distinct ids answered with a 2xx.
+    pub fn delivered_ids(&self) -> std::collections::HashSet<String> {
+        self.delivered().into_iter().map(|r| r.id).collect()
+    }
+}
+
+async fn handle(State(state): State<ReceiverState>, headers: HeaderMap, body: Bytes) -> Response {
+    let headers: HashMap<String, String> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let id = headers.get("webhook-id").cloned().unwrap_or_default();
+    let mut received = Received {
+        nth: 0,
+        id,
+        headers,
+        body: body.to_vec(),
+        at: Instant::now(),
+        status: 0,
+    };
+    let reply = {
+        let log = state.log.lock().expect("lock");
+        received.nth = log.iter().filter(|r| r.id == received.id).count();
+        let behaviour = state.behaviour.lock().expect("lock").clone();
+        behaviour(&received)
+    };
+    received.status = reply.status;
+    state.log.lock().expect("lock").push(received);
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    let mut response = (
+        StatusCode::from_u16(reply.status).expect("status"),
+        reply.body,
+    )
+        .into_response();
+    for (k, v) in reply.headers {
+        response.headers_mut().insert(
+            axum::http::HeaderName::try_from(k).expect("name"),
+            axum::http::HeaderValue::try_from(v).expect("value"),
+        );
+    }
+    response
+}
+
+/// Polls `check` every 50 ms until it holds or `timeout` passes; returns whether it held.
+pub async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A TOML config for `db` with one webhook destination at `url`, plus `extra` destination keys.
+pub fn webhook_config(db: &TestDb, url: &str, extra: &str) -> String {
+    format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n\n[[destinations]]\nname = \"hooks\"\ntype = \"webhook\"\nurl = \"{url}\"\n{extra}\n",
+        db.url
+    )
+}
+
+/// Parses a config text for in-process relays (no environment overrides).
+pub fn parse_config(text: &str) -> Config {
+    Config::parse(text, |_| None).expect("valid test config")
+}
+
+/// A scratch directory that lives as long as the value.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Writes `text` as `config.toml` in `dir`.
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// The `pgoutbox` binary, with the environment cleared of overrides that would leak in.
+pub fn pgoutbox() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    for var in [
+        "DATABASE_URL",
+        "PGOUTBOX_DATABASE_URL",
+        "PGOUTBOX_CONFIG",
+        "PGOUTBOX_SCHEMA",
+        "PGOUTBOX_TABLE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("RUST_LOG", "pgoutbox=debug,warn");
+    cmd
+}
+
+/// Starts `pgoutbox relay` with `config`, logs to `dir/relay-<tag>.log`.
+pub fn spawn_relay(dir: &Path, config: &Path, tag: &str) -> Child {
+    let log = std::fs::File::create(dir.join(format!("relay-{tag}.log"))).expect("log file");
+    pgoutbox()
+        .args(["relay", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn relay")
+}
+
+/// Runs the binary to completion; returns (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    let out = pgoutbox().args(args).output().expect("run pgoutbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sends a signal to a child process.
+pub fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on a pid we spawned; no memory is touched.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
