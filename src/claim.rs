@@ -14,6 +14,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::config::ClaimMode;
+
 use crate::error::Result;
 use crate::event::OutboxEvent;
 use crate::table::OutboxTable;
@@ -28,57 +29,108 @@ pub enum Hold {
 
 /// A batch of claimed events and what holds them.
 pub struct ClaimedBatch {
-    /// The events, in claim order.
+    /// The events to publish, in seq order.
     pub events: Vec<OutboxEvent>,
+    /// Ordered mode: rows claimed behind a key's first not-due or dead row, not to be published
+    /// now (released at settle: the transaction ends, or the lease is given back).
+    pub held_back: Vec<Uuid>,
     /// The claim to settle under.
     pub hold: Hold,
 }
 
-/// Claims up to `limit` due events. `lease` is the lease length (lease mode only).
+/// What to claim and how.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimOptions {
+    /// Transaction-held or leased.
+    pub mode: ClaimMode,
+    /// Most rows per batch.
+    pub limit: usize,
+    /// Lease length (lease mode).
+    pub lease: Duration,
+    /// Per-key ordering: `Some(block_on_dead)`; `None` claims without regard to keys.
+    pub ordered: Option<bool>,
+}
+
+/// Most later events of one key carried in a batch behind its head (ordered mode).
+pub const FOLLOWERS_PER_KEY: i64 = 100;
+
+/// Claims due events per `options`.
 pub async fn claim_due(
     pool: &PgPool,
     table: &OutboxTable,
-    mode: ClaimMode,
-    limit: usize,
-    lease: Duration,
+    options: &ClaimOptions,
 ) -> Result<ClaimedBatch> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    match mode {
-        ClaimMode::Transaction => {
+    let limit = i64::try_from(options.limit).unwrap_or(i64::MAX);
+    let lease = options.lease.as_secs_f64();
+    let (rows, hold) = match (options.mode, options.ordered) {
+        (ClaimMode::Transaction, None) => {
             let mut tx = pool.begin().await?;
             let rows = sqlx::query(&table.sql.claim_due)
                 .bind(limit)
                 .fetch_all(&mut *tx)
                 .await?;
-            let events = rows
-                .iter()
-                .map(OutboxEvent::from_row)
-                .collect::<Result<_, _>>()?;
-            Ok(ClaimedBatch {
-                events,
-                hold: Hold::Transaction(tx),
-            })
+            (rows, Hold::Transaction(tx))
         }
-        ClaimMode::Lease => {
+        (ClaimMode::Transaction, Some(block)) => {
+            let mut tx = pool.begin().await?;
+            let rows = sqlx::query(&table.sql.claim_due_ordered)
+                .bind(limit)
+                .bind(FOLLOWERS_PER_KEY)
+                .bind(block)
+                .fetch_all(&mut *tx)
+                .await?;
+            (rows, Hold::Transaction(tx))
+        }
+        (ClaimMode::Lease, None) => {
             let token = Uuid::new_v4();
             let rows = sqlx::query(&table.sql.claim_lease)
                 .bind(limit)
-                .bind(lease.as_secs_f64())
+                .bind(lease)
                 .bind(token)
                 .fetch_all(pool)
                 .await?;
-            let mut events: Vec<OutboxEvent> = rows
-                .iter()
-                .map(OutboxEvent::from_row)
-                .collect::<Result<_, _>>()?;
-            // UPDATE … RETURNING does not keep the CTE's order.
-            events.sort_by_key(|e| e.seq);
-            Ok(ClaimedBatch {
-                events,
-                hold: Hold::Lease(token),
-            })
+            (rows, Hold::Lease(token))
         }
+        (ClaimMode::Lease, Some(block)) => {
+            let token = Uuid::new_v4();
+            let rows = sqlx::query(&table.sql.claim_lease_ordered)
+                .bind(limit)
+                .bind(FOLLOWERS_PER_KEY)
+                .bind(block)
+                .bind(lease)
+                .bind(token)
+                .fetch_all(pool)
+                .await?;
+            (rows, Hold::Lease(token))
+        }
+    };
+    let mut events = Vec::with_capacity(rows.len());
+    let mut held_back = Vec::new();
+    // Ordered mode: a key's chain stops at its first row that is not due or dead; the rows behind
+    // it must wait for it, whatever their own state.
+    let mut stopped_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for row in &rows {
+        let event = OutboxEvent::from_row(row)?;
+        if options.ordered.is_some() {
+            let due: bool = sqlx::Row::try_get(row, "due")?;
+            let stopped = event.key.as_ref().is_some_and(|k| stopped_keys.contains(k));
+            if !due || stopped {
+                if let Some(k) = &event.key {
+                    stopped_keys.insert(k.clone());
+                }
+                held_back.push(event.id);
+                continue;
+            }
+        }
+        events.push(event);
     }
+    // UPDATE … RETURNING does not keep the CTE's order.
+    events.sort_by_key(|e| e.seq);
+    Ok(ClaimedBatch {
+        events,
+        held_back,
+        hold,
+    })
 }
 
 /// Gives a claimed batch back untouched: rolls the claiming transaction back, or ends the lease.

@@ -118,6 +118,16 @@ pub struct RelayConfig {
     /// After SIGTERM, how long in-flight batches may take before they are released unsettled.
     #[serde(with = "duration_str")]
     pub shutdown_grace: Duration,
+    /// Lease mode: how long a claim lasts (default: twice `publish_timeout`).
+    #[serde(with = "opt_duration_str")]
+    pub lease: Option<Duration>,
+}
+
+impl RelayConfig {
+    /// The lease length in force.
+    pub fn lease(&self) -> Duration {
+        self.lease.unwrap_or(self.publish_timeout * 2)
+    }
 }
 
 impl Default for RelayConfig {
@@ -129,6 +139,7 @@ impl Default for RelayConfig {
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,
             shutdown_grace: Duration::from_secs(10),
+            lease: None,
         }
     }
 }
@@ -142,8 +153,34 @@ pub struct DestinationConfig {
     pub topics: Vec<String>,
     /// Retry schedule and limits.
     pub retry: RetryPolicy,
+    /// Per-key ordering of this destination's events.
+    pub ordering: Ordering,
+    /// Ordered mode: what a dead-lettered event does to the later events of its key.
+    pub on_dead: OnDead,
     /// The sink and its own settings.
     pub sink: SinkConfig,
+}
+
+/// `ordering`: whether events of one key are published in insert order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ordering {
+    /// No ordering: events are published concurrently (fastest).
+    #[default]
+    None,
+    /// Events with the same `key` are published in `seq` order; keyless events are unordered.
+    Key,
+}
+
+/// `on_dead`: what happens to a key's later events when its head event is dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDead {
+    /// Later events wait until the dead event is retried (`dead retry`) or discarded (default).
+    #[default]
+    Block,
+    /// Later events go on; the dead event stays in the dead letters.
+    Skip,
 }
 
 /// A sink's type and its own settings (the destination table minus the common keys).
@@ -216,6 +253,10 @@ struct CommonDestination {
     retry_schedule: Option<Vec<String>>,
     max_attempts: Option<u32>,
     max_age: Option<String>,
+    #[serde(default)]
+    ordering: Ordering,
+    #[serde(default)]
+    on_dead: OnDead,
 }
 
 const COMMON_KEYS: &[&str] = &[
@@ -304,6 +345,12 @@ impl Config {
         }
         if raw.relay.workers == 0 || raw.relay.workers > 64 {
             return Err(ConfigError::at("relay.workers", "must be between 1 and 64"));
+        }
+        if raw.relay.lease() <= raw.relay.publish_timeout {
+            return Err(ConfigError::at(
+                "relay.lease",
+                "must be longer than relay.publish_timeout, or a lease could expire mid-publish",
+            ));
         }
         if raw.relay.publish_timeout.is_zero() {
             return Err(ConfigError::at(
@@ -416,6 +463,8 @@ fn parse_destination(
         name: common.name,
         topics: common.topics,
         retry,
+        ordering: common.ordering,
+        on_dead: common.on_dead,
         sink,
     })
 }
@@ -447,6 +496,18 @@ pub mod duration_str {
                 "invalid duration {s:?} ({e}); write e.g. \"30s\", \"5m\""
             ))
         })
+    }
+}
+
+/// Serde helper for optional durations.
+pub mod opt_duration_str {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    /// Deserializes an optional humantime duration string.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::duration_str::deserialize(d).map(Some)
     }
 }
 

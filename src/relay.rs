@@ -5,7 +5,7 @@
 //! statements. Database errors (a PostgreSQL restart) are logged and retried with backoff; a bad
 //! event never stops the relay: it is retried or dead-lettered.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,13 +15,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::claim::{claim_due, ClaimedBatch};
-use crate::config::{Config, RelayConfig};
+use crate::claim::{claim_due, ClaimOptions, ClaimedBatch};
+use crate::config::{Config, OnDead, Ordering, RelayConfig};
 use crate::error::Result;
+use crate::event::OutboxEvent;
 use crate::publish::{self, Outcome, Sink};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
-use crate::settle::{self, Route};
+use crate::settle;
 use crate::table::OutboxTable;
 
 /// Longest pause between retries while the database is unreachable.
@@ -76,6 +77,7 @@ pub struct Relay {
     config: Config,
     /// Cancelled when the shutdown grace period is over: in-flight batches are released.
     abort: CancellationToken,
+    claim: ClaimOptions,
 }
 
 impl Relay {
@@ -110,6 +112,22 @@ impl Relay {
             delete_on_settle: config.retention.is_zero(),
             config: config.clone(),
             abort: CancellationToken::new(),
+            claim: ClaimOptions {
+                mode: config.relay.claim,
+                limit: config.relay.batch_size,
+                lease: config.relay.lease(),
+                ordered: config
+                    .destinations
+                    .iter()
+                    .any(|d| d.ordering == Ordering::Key)
+                    .then(|| {
+                        // One claim serves every destination: block wins if any ordered one asks for it.
+                        config
+                            .destinations
+                            .iter()
+                            .any(|d| d.ordering == Ordering::Key && d.on_dead == OnDead::Block)
+                    }),
+            },
         }
     }
 
@@ -125,103 +143,52 @@ impl Relay {
 
     /// One batch; also returns the ids scheduled for another attempt.
     async fn process_batch(&self) -> Result<(BatchReport, Vec<Uuid>)> {
-        let ClaimedBatch { events, hold } = claim_due(
-            &self.pool,
-            &self.table,
-            self.settings.claim,
-            self.settings.batch_size,
-            self.settings.publish_timeout * 2,
-        )
-        .await?;
+        let ClaimedBatch {
+            events,
+            held_back,
+            hold,
+        } = claim_due(&self.pool, &self.table, &self.claim).await?;
         if events.is_empty() {
-            if let crate::claim::Hold::Transaction(tx) = hold {
-                tx.commit().await?;
-            }
+            crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
         let started = Instant::now();
-
-        // Route: one index list per destination; unroutable events get no route.
         let route_of: Vec<Option<usize>> =
             events.iter().map(|e| self.router.route(&e.topic)).collect();
-        let mut outcomes: Vec<Outcome> = vec![Outcome::retry("not published"); events.len()];
-        let publishes = self
-            .destinations
-            .iter()
-            .enumerate()
-            .filter_map(|(d, dest)| {
-                let members: Vec<usize> = (0..events.len())
-                    .filter(|&i| route_of[i] == Some(d))
-                    .collect();
-                if members.is_empty() {
-                    return None;
-                }
-                let batch: Vec<_> = members.iter().map(|&i| &events[i]).collect();
-                let timeout = self.settings.publish_timeout;
-                Some(async move {
-                    let result = tokio::time::timeout(timeout, dest.sink.publish(&batch)).await;
-                    let outcomes = match result {
-                        Ok(o) if o.len() == members.len() => o,
-                        Ok(o) => vec![
-                            Outcome::retry(format!(
-                                "sink returned {} outcomes for {} events",
-                                o.len(),
-                                members.len()
-                            ));
-                            members.len()
-                        ],
-                        Err(_) => vec![
-                            Outcome::retry(format!(
-                                "publish_timeout of {} reached",
-                                humantime::format_duration(timeout)
-                            ));
-                            members.len()
-                        ],
-                    };
-                    (members, outcomes)
-                })
-            });
-        let published = tokio::select! {
-            results = join_all(publishes) => results,
+
+        let outcomes = tokio::select! {
+            outcomes = self.publish_chains(&events, &route_of) => outcomes,
             _ = self.abort.cancelled() => {
                 // Shutdown grace is over: give the rows back untouched (no attempt counted); what was
                 // already delivered will be delivered again, which at-least-once allows.
-                let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+                let ids: Vec<Uuid> = events.iter().map(|e| e.id).chain(held_back).collect();
                 crate::claim::release(&self.pool, &self.table, hold, &ids).await?;
                 warn!(released = events.len(), "shutdown grace period over: released an unfinished batch");
                 let report = BatchReport { claimed: events.len(), released: events.len(), ..BatchReport::default() };
                 return Ok((report, Vec::new()));
             }
         };
-        for (members, results) in published {
-            for (i, outcome) in members.into_iter().zip(results) {
-                outcomes[i] = outcome;
-            }
-        }
 
-        let routes: Vec<Route<'_>> = route_of
-            .iter()
-            .map(|r| {
-                r.map(|d| {
-                    (
-                        self.destinations[d].name.as_str(),
-                        &self.destinations[d].retry,
-                    )
-                })
-            })
-            .collect();
-        let plan = settle::plan(
-            &events,
-            &routes,
-            &outcomes,
-            chrono::Utc::now(),
-            &mut rand::thread_rng(),
-        );
-        for (event, failed) in plan
-            .failed
-            .iter()
-            .filter_map(|f| events.iter().find(|e| e.id == f.id).map(|e| (e, f)))
-        {
+        let attempted =
+            events
+                .iter()
+                .zip(&route_of)
+                .zip(&outcomes)
+                .filter_map(|((event, route), outcome)| {
+                    let outcome = outcome.as_ref()?;
+                    let route = route.map(|d| {
+                        (
+                            self.destinations[d].name.as_str(),
+                            &self.destinations[d].retry,
+                        )
+                    });
+                    Some((event, route, outcome))
+                });
+        let plan = settle::plan(attempted, chrono::Utc::now(), &mut rand::thread_rng());
+        for failed in &plan.failed {
+            let Some(event) = events.iter().find(|e| e.id == failed.id) else {
+                continue;
+            };
             warn!(
                 event_id = %event.id,
                 topic = %event.topic,
@@ -232,8 +199,23 @@ impl Relay {
                 "publish failed"
             );
         }
-        let settled =
-            settle::apply(&self.table, &self.pool, hold, &plan, self.delete_on_settle).await?;
+        // Events not attempted (behind a failure of their key) and held-back rows go back as they were.
+        let mut untouched: Vec<Uuid> = events
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| o.is_none())
+            .map(|(e, _)| e.id)
+            .collect();
+        untouched.extend(held_back);
+        let settled = settle::apply(
+            &self.table,
+            &self.pool,
+            hold,
+            &plan,
+            self.delete_on_settle,
+            &untouched,
+        )
+        .await?;
         if settled.fenced > 0 {
             warn!(
                 fenced = settled.fenced,
@@ -246,13 +228,14 @@ impl Relay {
             retried: plan.retry_count(),
             dead: plan.dead_count(),
             fenced: settled.fenced,
-            released: 0,
+            released: untouched.len(),
         };
         debug!(
             claimed = report.claimed,
             delivered = report.delivered,
             retried = report.retried,
             dead = report.dead,
+            held_back = report.released,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "batch settled"
         );
@@ -263,6 +246,125 @@ impl Relay {
             .map(|f| f.id)
             .collect();
         Ok((report, retried))
+    }
+
+    /// Publishes a batch and returns an outcome per event, `None` for events not attempted.
+    ///
+    /// Events of an ordered destination that share a key form a chain, published one wave at a time
+    /// (the first event of every chain, then the second, …); a chain stops at its first failure, so
+    /// a later event of a key is never published before an earlier one succeeded. Every other event
+    /// is a chain of one, so an unordered batch is a single wave.
+    async fn publish_chains(
+        &self,
+        events: &[OutboxEvent],
+        route_of: &[Option<usize>],
+    ) -> Vec<Option<Outcome>> {
+        let mut chains: Vec<Vec<usize>> = Vec::new();
+        let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
+        for (i, event) in events.iter().enumerate() {
+            let ordered_key = match (route_of[i], event.key.as_deref()) {
+                (Some(d), Some(key)) if self.config.destinations[d].ordering == Ordering::Key => {
+                    Some((d, key))
+                }
+                _ => None,
+            };
+            match ordered_key.and_then(|k| chain_of_key.get(&k).copied()) {
+                Some(c) => chains[c].push(i),
+                None => {
+                    if let Some(k) = ordered_key {
+                        chain_of_key.insert(k, chains.len());
+                    }
+                    chains.push(vec![i]);
+                }
+            }
+        }
+
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        let mut position = vec![0usize; chains.len()];
+        let mut live: Vec<usize> = (0..chains.len()).collect();
+        while !live.is_empty() {
+            let wave: Vec<usize> = live.iter().map(|&c| chains[c][position[c]]).collect();
+            for (i, outcome) in self.publish_wave(events, route_of, &wave).await {
+                outcomes[i] = Some(outcome);
+            }
+            live.retain(|&c| {
+                let i = chains[c][position[c]];
+                let go_on = match &outcomes[i] {
+                    Some(Outcome::Delivered) => true,
+                    Some(Outcome::Rejected { .. }) => route_of[i]
+                        .is_some_and(|d| self.config.destinations[d].on_dead == OnDead::Skip),
+                    _ => false,
+                };
+                position[c] += 1;
+                go_on && position[c] < chains[c].len()
+            });
+        }
+        outcomes
+    }
+
+    /// Publishes the events at `indexes`: each destination's share concurrently, each bounded by
+    /// `publish_timeout`. Unroutable events get no outcome here (settle dead-letters them).
+    async fn publish_wave(
+        &self,
+        events: &[OutboxEvent],
+        route_of: &[Option<usize>],
+        indexes: &[usize],
+    ) -> Vec<(usize, Outcome)> {
+        let timeout = self.settings.publish_timeout;
+        let publishes = self
+            .destinations
+            .iter()
+            .enumerate()
+            .filter_map(|(d, dest)| {
+                let members: Vec<usize> = indexes
+                    .iter()
+                    .copied()
+                    .filter(|&i| route_of[i] == Some(d))
+                    .collect();
+                if members.is_empty() {
+                    return None;
+                }
+                Some(async move {
+                    let batch: Vec<&OutboxEvent> = members.iter().map(|&i| &events[i]).collect();
+                    let outcomes =
+                        match tokio::time::timeout(timeout, dest.sink.publish(&batch)).await {
+                            Ok(o) if o.len() == members.len() => o,
+                            Ok(o) => vec![
+                                Outcome::retry(format!(
+                                    "sink returned {} outcomes for {} events",
+                                    o.len(),
+                                    members.len()
+                                ));
+                                members.len()
+                            ],
+                            Err(_) => vec![
+                                Outcome::retry(format!(
+                                    "publish_timeout of {} reached",
+                                    humantime::format_duration(timeout)
+                                ));
+                                members.len()
+                            ],
+                        };
+                    members.into_iter().zip(outcomes).collect::<Vec<_>>()
+                })
+            });
+        let mut results: Vec<(usize, Outcome)> =
+            join_all(publishes).await.into_iter().flatten().collect();
+        // Unroutable events: an outcome is still needed to settle them (as dead).
+        results.extend(
+            indexes
+                .iter()
+                .filter(|&&i| route_of[i].is_none())
+                .map(|&i| {
+                    (
+                        i,
+                        Outcome::Rejected {
+                            reason: "unroutable".into(),
+                        },
+                    )
+                }),
+        );
+        results
     }
 
     /// Runs until `shutdown` is cancelled: claim workers plus the periodic cleanup.

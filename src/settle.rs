@@ -65,16 +65,14 @@ impl SettlePlan {
 /// The destination an event was routed to, with its policy; `None` for an unroutable event.
 pub type Route<'a> = Option<(&'a str, &'a RetryPolicy)>;
 
-/// Turns outcomes into writes: `events`, `routes` and `outcomes` are parallel slices.
-pub fn plan(
-    events: &[OutboxEvent],
-    routes: &[Route<'_>],
-    outcomes: &[Outcome],
+/// Turns the outcomes of the events that were attempted into writes.
+pub fn plan<'a>(
+    attempted: impl IntoIterator<Item = (&'a OutboxEvent, Route<'a>, &'a Outcome)>,
     now: DateTime<Utc>,
     rng: &mut impl Rng,
 ) -> SettlePlan {
     let mut plan = SettlePlan::default();
-    for ((event, route), outcome) in events.iter().zip(routes).zip(outcomes) {
+    for (event, route, outcome) in attempted {
         let attempt = event.attempts + 1;
         let Some((destination, policy)) = route else {
             plan.failed.push(FailedRow {
@@ -149,15 +147,18 @@ pub struct SettleReport {
 }
 
 /// Writes `plan` under the batch's claim; `delete` settles successes by deleting the rows.
+/// `untouched` rows were claimed but not attempted: they are given back as they were.
 pub async fn apply(
     table: &OutboxTable,
     pool: &sqlx::PgPool,
     hold: Hold,
     plan: &SettlePlan,
     delete: bool,
+    untouched: &[Uuid],
 ) -> Result<SettleReport> {
     match hold {
         Hold::Transaction(mut tx) => {
+            // Untouched rows need nothing: their locks end with the transaction.
             let rows = write(table, &mut tx, plan, delete, None).await?;
             tx.commit().await?;
             Ok(SettleReport { rows, fenced: 0 })
@@ -165,6 +166,13 @@ pub async fn apply(
         Hold::Lease(token) => {
             let mut conn = pool.acquire().await?;
             let rows = write(table, &mut conn, plan, delete, Some(token)).await?;
+            if !untouched.is_empty() {
+                sqlx::query(&table.sql.release_lease)
+                    .bind(untouched)
+                    .bind(token)
+                    .execute(&mut *conn)
+                    .await?;
+            }
             let expected = (plan.delivered_count() + plan.failed.len()) as u64;
             Ok(SettleReport {
                 rows,
@@ -260,13 +268,12 @@ mod tests {
             },
             Outcome::Delivered,
         ];
-        let plan = plan(
-            &events,
-            &routes,
-            &outcomes,
-            Utc::now(),
-            &mut StdRng::seed_from_u64(1),
-        );
+        let attempted = events
+            .iter()
+            .zip(routes)
+            .zip(&outcomes)
+            .map(|((e, r), o)| (e, r, o));
+        let plan = plan(attempted, Utc::now(), &mut StdRng::seed_from_u64(1));
         assert_eq!(plan.delivered["billing"], vec![events[0].id]);
         assert_eq!(plan.failed.len(), 4);
         assert_eq!(

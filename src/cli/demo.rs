@@ -67,6 +67,8 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         name: "stdout".into(),
         topics: vec![],
         retry: RetryPolicy::default(),
+        ordering: Default::default(),
+        on_dead: Default::default(),
         sink: SinkConfig::bare("stdout"),
     }];
     let url = config.database_url()?.to_owned();

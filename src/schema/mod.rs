@@ -32,10 +32,15 @@ const MIGRATIONS: &[Migration] = &[
         description: "add the enqueue() SQL function",
         sql: include_str!("migrations/0003_enqueue_function.sql"),
     },
+    Migration {
+        version: 4,
+        description: "add the per-key ordering index",
+        sql: include_str!("migrations/0004_key_order_index.sql"),
+    },
 ];
 
 /// The schema version this build of pgoutbox needs.
-pub const CURRENT_VERSION: i32 = 3;
+pub const CURRENT_VERSION: i32 = 4;
 
 /// Advisory lock key shared by every `migrate`, whatever the table: migrations are rare and short.
 const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
