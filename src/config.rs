@@ -266,6 +266,8 @@ const COMMON_KEYS: &[&str] = &[
     "retry_schedule",
     "max_attempts",
     "max_age",
+    "ordering",
+    "on_dead",
 ];
 
 impl Config {

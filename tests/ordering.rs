@@ -1,0 +1,317 @@
+//! Per-key ordering and lease mode.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use pgoutbox::relay::Relay;
+use tokio_util::sync::CancellationToken;
+
+/// Inserts `per_key` events for each of `keys` keys, interleaved, payload `{"k": key, "n": i}`.
+async fn insert_keyed(db: &TestDb, keys: usize, per_key: usize) {
+    sqlx::query(
+        "INSERT INTO outbox (topic, key, payload)
+         SELECT 'order.updated', 'order-' || k, jsonb_build_object('k', k, 'n', n)
+         FROM generate_series(0, $2 - 1) n, generate_series(0, $1 - 1) k
+         ORDER BY n, k",
+    )
+    .bind(keys as i32)
+    .bind(per_key as i32)
+    .execute(&db.pool)
+    .await
+    .expect("insert");
+}
+
+/// Per key, the `n` values in the order of their first successful delivery.
+fn first_delivery_order(rx: &Receiver) -> HashMap<i64, Vec<i64>> {
+    let mut seen = HashSet::new();
+    let mut order: HashMap<i64, Vec<i64>> = HashMap::new();
+    for r in rx.delivered() {
+        if seen.insert(r.id.clone()) {
+            let data = &r.json()["data"];
+            order
+                .entry(data["k"].as_i64().expect("k"))
+                .or_default()
+                .push(data["n"].as_i64().expect("n"));
+        }
+    }
+    order
+}
+
+fn violations(order: &HashMap<i64, Vec<i64>>) -> usize {
+    order
+        .values()
+        .map(|ns| ns.windows(2).filter(|w| w[0] > w[1]).count())
+        .sum()
+}
+
+/// Starts `n` in-process relays, each with its own pool.
+async fn start_relays(
+    db: &TestDb,
+    text: &str,
+    n: usize,
+) -> (
+    CancellationToken,
+    Vec<tokio::task::JoinHandle<pgoutbox::Result<pgoutbox::relay::BatchReport>>>,
+) {
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&db.url)
+            .await
+            .expect("pool");
+        let relay = Arc::new(Relay::new(pool, &parse_config(text)).expect("relay"));
+        tasks.push(tokio::spawn(relay.run(stop.clone())));
+    }
+    (stop, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_keys_keep_seq_order_across_four_relays_and_retries() {
+    let db = TestDb::migrated().await;
+    // One request in five fails, pseudo-randomly but reproducibly.
+    let counter = Arc::new(AtomicU64::new(0));
+    let c = counter.clone();
+    let rx = Receiver::with(move |_| {
+        let n = c.fetch_add(1, AtomicOrdering::Relaxed);
+        if n.wrapping_mul(2654435761) % 5 == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    insert_keyed(&db, 100, 12).await;
+    let text = webhook_config(
+        &db,
+        &rx.url,
+        "ordering = \"key\"\nretry_schedule = [\"50ms\"]\nmax_attempts = 100",
+    )
+    .replace("[relay]\n", "[relay]\nbatch_size = 100\n");
+    let (stop, tasks) = start_relays(&db, &text, 4).await;
+    let drained = wait_for(Duration::from_secs(90), || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    stop.cancel();
+    for t in tasks {
+        t.await.expect("join").expect("relay");
+    }
+    assert!(drained, "backlog drained");
+    let order = first_delivery_order(&rx);
+    assert_eq!(order.len(), 100);
+    assert!(
+        order.values().all(|ns| ns.len() == 12),
+        "every event delivered"
+    );
+    assert_eq!(violations(&order), 0, "per-key order holds");
+    assert!(rx.log().iter().any(|r| r.status == 503), "retries happened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_head_holds_back_only_its_own_key() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::with(|r| {
+        if r.json()["data"]["k"] == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    insert_keyed(&db, 5, 4).await;
+    let config = parse_config(&webhook_config(
+        &db,
+        &rx.url,
+        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
+    ));
+    let relay = Relay::new(db.pool.clone(), &config).expect("relay");
+    relay.run_once().await.expect("run");
+    let order = first_delivery_order(&rx);
+    assert_eq!(order.get(&0), None, "key 0 delivered nothing");
+    for k in 1..5 {
+        assert_eq!(order[&k], vec![0, 1, 2, 3], "key {k} flows in order");
+    }
+    let attempted_k0: Vec<_> = rx
+        .log()
+        .into_iter()
+        .filter(|r| r.json()["data"]["k"] == 0)
+        .collect();
+    assert_eq!(attempted_k0.len(), 1, "only the head of key 0 was tried");
+    assert_eq!(
+        db.count("key = 'order-0' AND attempts = 0 AND published_at IS NULL")
+            .await,
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_move_many_events_per_batch() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    insert_keyed(&db, 1, 300).await;
+    let config = parse_config(&webhook_config(&db, &rx.url, "ordering = \"key\""));
+    let relay = Relay::new(db.pool.clone(), &config).expect("relay");
+    let first = relay.run_batch().await.expect("batch");
+    assert_eq!(
+        first.delivered,
+        1 + pgoutbox::claim::FOLLOWERS_PER_KEY as usize,
+        "head plus followers in one batch"
+    );
+    relay.run_once().await.expect("rest");
+    assert_eq!(first_delivery_order(&rx)[&0], (0..300).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_dead_block_and_skip() {
+    for (policy, expect_after_dead) in [("block", false), ("skip", true)] {
+        let db = TestDb::migrated().await;
+        let rx = Receiver::with(|r| {
+            if r.json()["data"]["n"] == 1 {
+                Reply::status(400)
+            } else {
+                Reply::ok()
+            }
+        })
+        .await;
+        insert_keyed(&db, 2, 4).await;
+        let config = parse_config(&webhook_config(
+            &db,
+            &rx.url,
+            &format!("ordering = \"key\"\non_dead = \"{policy}\""),
+        ));
+        let relay = Relay::new(db.pool.clone(), &config).expect("relay");
+        relay.run_once().await.expect("run");
+        relay.run_once().await.expect("run again");
+        let order = first_delivery_order(&rx);
+        let expected = if expect_after_dead {
+            vec![0, 2, 3]
+        } else {
+            vec![0]
+        };
+        assert_eq!(order[&0], expected, "on_dead = {policy}");
+        assert_eq!(
+            db.count("dead_at IS NOT NULL").await,
+            2,
+            "on_dead = {policy}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_lease_holder_cannot_settle_after_another_relay_took_over() {
+    let db = TestDb::migrated().await;
+    // Phase 1: every request hangs 3 s, then fails: the stalled relay would record failures.
+    let rx = Receiver::with(|_| Reply::status(503).delay(Duration::from_secs(3))).await;
+    let ids: HashSet<String> = db
+        .insert_plain(20, "order.created")
+        .await
+        .into_iter()
+        .collect();
+    let dir = scratch();
+    let lease_cfg = |tag: &str| {
+        webhook_config(&db, &rx.url, "timeout = \"20s\"")
+            .replace(
+                "[relay]\n",
+                "[relay]\nclaim = \"lease\"\npublish_timeout = \"25s\"\nlease = \"26s\"\n",
+            )
+            .replace("name = \"hooks\"", &format!("name = \"hooks-{tag}\""))
+    };
+    let config_a = write_config(dir.path(), &lease_cfg("a"));
+    let mut a = spawn_relay(dir.path(), &config_a, "a");
+    assert!(
+        wait_for(Duration::from_secs(20), || async { rx.log().len() == 20 }).await,
+        "A claimed and sent all"
+    );
+    signal(&a, libc::SIGSTOP);
+    // The lease expires while A is frozen: make it expire now rather than wait 26 s.
+    sqlx::query("UPDATE outbox SET next_attempt_at = now() WHERE lease_token IS NOT NULL")
+        .execute(&db.pool)
+        .await
+        .expect("expire lease");
+
+    // Phase 2: B re-claims and delivers everything.
+    rx.set(|_| Reply::ok());
+    let dir_b = scratch();
+    let config_b = write_config(dir_b.path(), &lease_cfg("b"));
+    let mut b = spawn_relay(dir_b.path(), &config_b, "b");
+    let delivered = wait_for(Duration::from_secs(20), || async {
+        db.count("published_at IS NOT NULL").await == 20
+    })
+    .await;
+    signal(&b, libc::SIGTERM);
+    b.wait().expect("b");
+    assert!(delivered);
+
+    // A wakes up, its requests fail, and its settle is fenced off.
+    signal(&a, libc::SIGCONT);
+    let log_a = dir.path().join("relay-a.log");
+    let fenced = wait_for(Duration::from_secs(20), || async {
+        std::fs::read_to_string(&log_a)
+            .unwrap_or_default()
+            .contains("lease lost before settle")
+    })
+    .await;
+    signal(&a, libc::SIGTERM);
+    a.wait().expect("a");
+    assert!(fenced, "A noticed it lost the lease");
+    assert_eq!(rx.delivered_ids(), ids);
+    assert_eq!(
+        db.count("published_at IS NOT NULL AND attempts = 0 AND last_error IS NULL AND destination = 'hooks-b'").await,
+        20,
+        "A's late failures did not overwrite B's settles"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_holds_no_transaction_while_a_slow_destination_answers() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::with(|_| Reply::ok().delay(Duration::from_secs(5))).await;
+    db.insert_plain(400, "order.created").await;
+    let dir = scratch();
+    let text = webhook_config(&db, &rx.url, "concurrency = 200\ntimeout = \"20s\"").replace(
+        "[relay]\n",
+        "[relay]\nclaim = \"lease\"\nbatch_size = 200\nworkers = 1\n",
+    );
+    let config = write_config(dir.path(), &text);
+    let started = std::time::Instant::now();
+    let mut relay = spawn_relay(dir.path(), &config, "lease");
+    let longest = std::sync::Mutex::new(0f64);
+    let done = wait_for(Duration::from_secs(40), || {
+        let pool = db.pool.clone();
+        let (db, longest) = (&db, &longest);
+        async move {
+            let age: Option<f64> = sqlx::query_scalar(
+                "SELECT extract(epoch FROM max(now() - xact_start))::float8 FROM pg_stat_activity
+                 WHERE application_name = 'pgoutbox' AND xact_start IS NOT NULL",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_activity");
+            let mut l = longest.lock().expect("lock");
+            *l = l.max(age.unwrap_or(0.0));
+            drop(l);
+            db.count("published_at IS NULL").await == 0
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    signal(&relay, libc::SIGTERM);
+    relay.wait().expect("wait");
+    let longest_xact = *longest.lock().expect("lock");
+    assert!(done, "all delivered");
+    assert!(
+        longest_xact < 1.0,
+        "no transaction stays open while publishing: longest {longest_xact:.3} s"
+    );
+    println!(
+        "lease mode, 5 s per request, concurrency 200: 400 events in {elapsed:?} = {:.1} events/s",
+        400.0 / elapsed.as_secs_f64()
+    );
+}
