@@ -256,7 +256,7 @@ mod tests {
             max_age: None,
             jitter: 0.0,
         };
-        let events = vec![event(0), event(0), event(2), event(0), event(0)];
+        let events = [event(0), event(0), event(2), event(0), event(0)];
         let route = Some(("billing", &policy));
         let routes = vec![route, route, route, route, None];
         let outcomes = vec![

@@ -294,9 +294,10 @@ async fn lease_mode_holds_no_transaction_while_a_slow_destination_answers() {
             .fetch_one(&pool)
             .await
             .expect("pg_stat_activity");
-            let mut l = longest.lock().expect("lock");
-            *l = l.max(age.unwrap_or(0.0));
-            drop(l);
+            {
+                let mut l = longest.lock().expect("lock");
+                *l = l.max(age.unwrap_or(0.0));
+            }
             db.count("published_at IS NULL").await == 0
         }
     })
