@@ -107,9 +107,13 @@ pub struct RelayConfig {
     pub batch_size: usize,
     /// Concurrent claim loops per relay process.
     pub workers: usize,
-    /// How long an idle relay waits before it looks for due rows again.
+    /// The longest an idle relay waits before it looks for due rows again.
     #[serde(with = "duration_str")]
     pub poll_interval: Duration,
+    /// The first wait after an empty claim; it doubles on each empty claim up to `poll_interval`.
+    /// Set it equal to `poll_interval` for fixed-interval polling.
+    #[serde(with = "duration_str")]
+    pub min_poll_interval: Duration,
     /// Upper bound for publishing one batch; a row lock or lease is never held on the network longer.
     #[serde(with = "duration_str")]
     pub publish_timeout: Duration,
@@ -136,6 +140,7 @@ impl Default for RelayConfig {
             batch_size: 500,
             workers: 2,
             poll_interval: Duration::from_millis(250),
+            min_poll_interval: Duration::from_millis(1),
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,
             shutdown_grace: Duration::from_secs(10),
@@ -347,6 +352,12 @@ impl Config {
         }
         if raw.relay.workers == 0 || raw.relay.workers > 64 {
             return Err(ConfigError::at("relay.workers", "must be between 1 and 64"));
+        }
+        if raw.relay.min_poll_interval > raw.relay.poll_interval {
+            return Err(ConfigError::at(
+                "relay.min_poll_interval",
+                "must not exceed relay.poll_interval",
+            ));
         }
         if raw.relay.lease() <= raw.relay.publish_timeout {
             return Err(ConfigError::at(

@@ -409,6 +409,7 @@ impl Relay {
     async fn worker(&self, worker: usize, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
         let mut backoff = Duration::from_millis(100);
+        let mut idle_pause = self.settings.min_poll_interval;
         let mut db_down = false;
         while !shutdown.is_cancelled() {
             let pause = match self.run_batch().await {
@@ -419,10 +420,17 @@ impl Relay {
                     }
                     backoff = Duration::from_millis(100);
                     total += report;
-                    if report.claimed >= self.settings.batch_size {
+                    if report.claimed > 0 {
+                        // Busy: look again at once. The claim is an index range scan that finds
+                        // nothing quickly, so this costs little and keeps latency at milliseconds.
+                        idle_pause = self.settings.min_poll_interval;
                         continue;
                     }
-                    self.settings.poll_interval
+                    // Idle: back off exponentially up to poll_interval, so an idle relay costs
+                    // a few cheap queries per second and no measurable CPU.
+                    let pause = idle_pause;
+                    idle_pause = (idle_pause * 2).min(self.settings.poll_interval);
+                    pause
                 }
                 Err(e) => {
                     warn!(worker, error = %crate::error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "claim or settle failed; retrying");

@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing, configuration layering and one module per command.
 
+mod bench;
 mod cleanup;
 mod dead;
 mod demo;
@@ -76,6 +77,8 @@ enum Command {
     Dead(dead::Command),
     /// Delete published rows older than the retention, in short batches.
     Cleanup(cleanup::Args),
+    /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history.
+    Bench(bench::Args),
     /// End-to-end demo on the local database: commit and roll back orders, relay them to stdout.
     Demo(demo::Args),
 }
@@ -83,8 +86,9 @@ enum Command {
 /// Sets up `tracing` on standard error.
 pub fn init_logging(cli: &Cli) {
     let default = match cli.verbose {
-        0 => "pgoutbox=info,warn",
-        1 => "pgoutbox=debug,info",
+        // sqlx's own slow-statement warnings would drown the relay's logs (bulk work is slow by design).
+        0 => "pgoutbox=info,sqlx=error,warn",
+        1 => "pgoutbox=debug,sqlx=error,info",
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -107,6 +111,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dead(cmd) => dead::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
+        Command::Bench(args) => bench::run(&cli, args).await,
     }
 }
 

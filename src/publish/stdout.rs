@@ -11,16 +11,22 @@ use super::{Envelope, Outcome, Sink, SinkKind};
 use crate::event::OutboxEvent;
 
 /// Writes each event as a JSON line: the webhook envelope plus its headers.
-#[derive(Debug)]
 pub struct StdoutSink {
     // Concurrent batches must not interleave their lines.
-    out: Mutex<tokio::io::Stdout>,
+    out: Mutex<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
 }
 
 impl Default for StdoutSink {
     fn default() -> Self {
+        Self::to_writer(tokio::io::stdout())
+    }
+}
+
+impl StdoutSink {
+    /// The same JSON lines to any writer (a file, `/dev/null` in benchmarks).
+    pub fn to_writer(out: impl tokio::io::AsyncWrite + Send + Unpin + 'static) -> Self {
         Self {
-            out: Mutex::new(tokio::io::stdout()),
+            out: Mutex::new(Box::new(out)),
         }
     }
 }

@@ -1,0 +1,303 @@
+//! `bench drain` and `bench sql-limit`: how fast a prefilled backlog drains, against the ceiling.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgoutbox::claim::{claim_due, ClaimOptions};
+use pgoutbox::config::{ClaimMode, Config};
+use pgoutbox::publish::Outcome;
+use pgoutbox::relay::Relay;
+use pgoutbox::settle::{self, SettlePlan};
+use tokio_util::sync::CancellationToken;
+
+use super::{rate, Output, Row, Scratch};
+
+/// Arguments of `bench drain` / `bench sql-limit`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Events prefilled for each run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub events: u64,
+    /// Sinks to drain to (null, stdout, webhook).
+    #[arg(long, value_delimiter = ',', default_value = "null,stdout,webhook")]
+    pub sinks: Vec<String>,
+    /// Settle modes (keep = set published_at, delete = retention 0).
+    #[arg(long, value_delimiter = ',', default_value = "delete,keep")]
+    pub settle: Vec<String>,
+    /// Rows per claim.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// Claim loops.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Skip the baseline comparison.
+    #[arg(long)]
+    pub no_baseline: bool,
+}
+
+impl Args {
+    /// Small sizes for `bench quick` and the CI smoke test.
+    pub fn quick() -> Self {
+        Self {
+            events: 50_000,
+            sinks: vec!["null".into()],
+            settle: vec!["delete".into(), "keep".into()],
+            batch_size: 1000,
+            workers: 2,
+            no_baseline: false,
+        }
+    }
+}
+
+pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
+    for mode in &args.settle {
+        let delete = settle_mode(mode)?;
+        let r = sql_limit(scratch, out, args, delete).await?;
+        out.row(Row {
+            scenario: "sql-limit".into(),
+            variant: format!("{mode}, batch {}", args.batch_size),
+            value: r,
+            unit: "ev/s",
+            detail: format!("{} events, {} workers", args.events, args.workers),
+        });
+    }
+    Ok(())
+}
+
+pub async fn run(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    compare: bool,
+) -> anyhow::Result<()> {
+    for mode in &args.settle {
+        let delete = settle_mode(mode)?;
+        let ceiling = sql_limit(scratch, out, args, delete).await?;
+        out.row(Row {
+            scenario: "sql-limit".into(),
+            variant: format!("{mode}, batch {}", args.batch_size),
+            value: ceiling,
+            unit: "ev/s",
+            detail: format!(
+                "{} events, {} workers: claim + settle statements only",
+                args.events, args.workers
+            ),
+        });
+        for sink in &args.sinks {
+            let r = drain(scratch, out, args, delete, sink).await?;
+            out.row(Row {
+                scenario: "drain".into(),
+                variant: format!("{sink}, {mode}"),
+                value: r,
+                unit: "ev/s",
+                detail: format!("{:.0} % of sql-limit ({mode})", r / ceiling * 100.0),
+            });
+        }
+    }
+    if compare && !args.no_baseline {
+        let base = super::baseline::measure(
+            scratch,
+            out,
+            args.events.min(200_000),
+            Duration::from_secs(10),
+        )
+        .await?;
+        out.row(Row {
+            scenario: "baseline".into(),
+            variant: "minimal design, 10/tx, per-row UPDATE".into(),
+            value: base,
+            unit: "ev/s",
+            detail: "no index, ORDER BY created_at, 10 s sample".into(),
+        });
+    }
+    Ok(())
+}
+
+fn settle_mode(mode: &str) -> anyhow::Result<bool> {
+    match mode {
+        "delete" => Ok(true),
+        "keep" => Ok(false),
+        other => anyhow::bail!("unknown settle mode {other:?}: use keep or delete"),
+    }
+}
+
+/// The claim + settle statements back to back, no publishing; returns events/s.
+async fn sql_limit(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    delete: bool,
+) -> anyhow::Result<f64> {
+    scratch.fresh_outbox().await?;
+    scratch.prefill(args.events, out).await?;
+    let table = pgoutbox::OutboxTable::default_table();
+    let options = ClaimOptions {
+        mode: ClaimMode::Transaction,
+        limit: args.batch_size,
+        lease: Duration::from_secs(60),
+        ordered: None,
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let bar = out.bar(args.events, "sql-limit");
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..args.workers {
+        let (pool, table, done) = (scratch.pool.clone(), table.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let policy = pgoutbox::retry::RetryPolicy::default();
+            loop {
+                let batch = claim_due(&pool, &table, &options).await?;
+                if batch.events.is_empty() {
+                    return Ok::<_, pgoutbox::Error>(());
+                }
+                let delivered = vec![Outcome::Delivered; batch.events.len()];
+                let plan: SettlePlan = settle::plan(
+                    batch
+                        .events
+                        .iter()
+                        .zip(&delivered)
+                        .map(|(e, o)| (e, Some(("null", &policy)), o)),
+                    chrono::Utc::now(),
+                    &mut rand::thread_rng(),
+                );
+                settle::apply(&table, &pool, batch.hold, &plan, delete, &[]).await?;
+                done.fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    let ticker = tick(bar.clone(), done.clone());
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = started.elapsed();
+    ticker.abort();
+    bar.finish_and_clear();
+    Ok(rate(done.load(Ordering::Relaxed), elapsed))
+}
+
+fn tick(bar: indicatif::ProgressBar, done: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            bar.set_position(done.load(Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// The relay draining the prefilled backlog to `sink`; returns events/s.
+async fn drain(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    delete: bool,
+    sink: &str,
+) -> anyhow::Result<f64> {
+    scratch.fresh_outbox().await?;
+    scratch.prefill(args.events, out).await?;
+    let receiver = match sink {
+        "webhook" => Some(Receiver::start().await?),
+        _ => None,
+    };
+    let destination = match sink {
+        "null" => "type = \"null\"".to_owned(),
+        "stdout" => "type = \"null\"".to_owned(), // replaced below by a stdout sink writing to /dev/null
+        "webhook" => format!(
+            "type = \"webhook\"\nurl = \"{}\"\nconcurrency = 128",
+            receiver
+                .as_ref()
+                .map(|r| r.url.as_str())
+                .unwrap_or_default()
+        ),
+        other => anyhow::bail!("unknown bench sink {other:?}: use null, stdout or webhook"),
+    };
+    let text = format!(
+        "retention = \"{}\"\n[relay]\nbatch_size = {}\nworkers = {}\n[[destinations]]\nname = \"{sink}\"\n{destination}\n",
+        if delete { "0s" } else { "7d" },
+        args.batch_size,
+        args.workers
+    );
+    let config = Config::parse(&text, |_| None)?;
+    let relay = if sink == "stdout" {
+        let devnull = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .await?;
+        let sink = Arc::new(pgoutbox::publish::StdoutSink::to_writer(devnull));
+        Relay::with_destinations(
+            scratch.pool.clone(),
+            &config,
+            vec![pgoutbox::relay::Destination {
+                name: "stdout".into(),
+                sink,
+                retry: Default::default(),
+            }],
+        )
+    } else {
+        Relay::new(scratch.pool.clone(), &config)?
+    };
+    let relay = Arc::new(relay);
+    let bar = out.bar(args.events, &format!("drain {sink}"));
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
+    loop {
+        let pending = scratch.pending().await?;
+        bar.set_position(args.events - pending as u64);
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    task.await??;
+    bar.finish_and_clear();
+    Ok(rate(args.events, elapsed))
+}
+
+/// A local HTTP receiver answering 200 to every POST, for the webhook sink.
+pub struct Receiver {
+    /// Its URL.
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    /// Starts the receiver on 127.0.0.1, on a free port.
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::with_hook(|_| {}).await
+    }
+
+    /// Starts the receiver, calling `hook` with each request's `webhook-id`.
+    pub async fn with_hook(hook: impl Fn(&str) + Send + Sync + 'static) -> anyhow::Result<Self> {
+        let hook = Arc::new(hook);
+        let app = axum::Router::new().route(
+            "/events",
+            axum::routing::post(move |headers: axum::http::HeaderMap| {
+                let hook = hook.clone();
+                async move {
+                    if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
+                        hook(id);
+                    }
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            url: format!("http://{addr}/events"),
+            task,
+        })
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,120 @@
+//! `bench history`: does claim cost grow with retained published history? (It should not: the
+//! claim reads a partial index of pending rows only.)
+
+use std::time::{Duration, Instant};
+
+use pgoutbox::claim::{claim_due, ClaimOptions};
+use pgoutbox::config::ClaimMode;
+use pgoutbox::publish::Outcome;
+use pgoutbox::settle;
+
+use super::{Output, Row, Scratch};
+
+/// Arguments of `bench history`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Published rows retained in the second run.
+    #[arg(long, default_value_t = 10_000_000)]
+    history_rows: u64,
+    /// Pending events claimed in each run.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Rows per claim.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: usize,
+}
+
+impl Args {
+    /// Small sizes for `bench quick`.
+    pub fn quick() -> Self {
+        Self {
+            history_rows: 1_000_000,
+            events: 20_000,
+            batch_size: 1000,
+        }
+    }
+}
+
+pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
+    scratch.fresh_outbox().await?;
+    scratch.prefill(args.events, out).await?;
+    let empty = claim_times(scratch, args).await?;
+
+    scratch.fresh_outbox().await?;
+    let bar = out.bar(args.history_rows, "history");
+    let mut done = 0;
+    while done < args.history_rows {
+        let chunk = (args.history_rows - done).min(1_000_000);
+        sqlx::query(
+            "INSERT INTO outbox (topic, payload, created_at, published_at)
+             SELECT 'bench.old', jsonb_build_object('n', g), now() - interval '2 days', now() - interval '2 days'
+             FROM generate_series(1, $1) g",
+        )
+        .bind(chunk as i64)
+        .execute(&scratch.pool)
+        .await?;
+        done += chunk;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    scratch.prefill(args.events, out).await?;
+    let with_history = claim_times(scratch, args).await?;
+
+    for (variant, t) in [
+        ("0 published rows retained".to_owned(), empty),
+        (
+            format!("{} published rows retained", args.history_rows),
+            with_history,
+        ),
+    ] {
+        out.row(Row {
+            scenario: "history".into(),
+            variant,
+            value: t.as_secs_f64() * 1000.0,
+            unit: "ms/claim",
+            detail: format!("median claim of {} rows, keep mode", args.batch_size),
+        });
+    }
+    out.row(Row {
+        scenario: "history".into(),
+        variant: "ratio".into(),
+        value: with_history.as_secs_f64() / empty.as_secs_f64().max(1e-9),
+        unit: "x",
+        detail: "claim cost with history / empty".into(),
+    });
+    Ok(())
+}
+
+/// Drains the pending rows claim by claim (keep mode) and returns the median claim duration.
+async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration> {
+    let table = pgoutbox::OutboxTable::default_table();
+    let options = ClaimOptions {
+        mode: ClaimMode::Transaction,
+        limit: args.batch_size,
+        lease: Duration::from_secs(60),
+        ordered: None,
+    };
+    let policy = pgoutbox::retry::RetryPolicy::default();
+    let mut times = Vec::new();
+    loop {
+        let started = Instant::now();
+        let batch = claim_due(&scratch.pool, &table, &options).await?;
+        times.push(started.elapsed());
+        if batch.events.is_empty() {
+            break;
+        }
+        let delivered = vec![Outcome::Delivered; batch.events.len()];
+        let plan = settle::plan(
+            batch
+                .events
+                .iter()
+                .zip(&delivered)
+                .map(|(e, o)| (e, Some(("bench", &policy)), o)),
+            chrono::Utc::now(),
+            &mut rand::thread_rng(),
+        );
+        settle::apply(&table, &scratch.pool, batch.hold, &plan, false, &[]).await?;
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}

@@ -1,0 +1,256 @@
+//! `pgoutbox bench`: measures the relay on the user's own database and hardware.
+//!
+//! Every scenario works in a scratch database it creates (`pgoutbox_bench_<pid>`) on the configured
+//! server and drops at the end. Results are a readable table on stdout (or JSON lines with
+//! `--json`), each run headed by what matters to read them: PostgreSQL version, the settings that
+//! move the numbers, and the cores.
+
+mod baseline;
+mod drain;
+mod history;
+mod steady;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{Executor, PgPool};
+
+use super::Cli;
+
+/// Arguments of `bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Print JSON lines instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Scenario {
+    /// Prefill N events, then time the relay draining them, per sink and settle mode; also runs
+    /// sql-limit and baseline on the same data for comparison.
+    Drain(drain::Args),
+    /// The claim + settle statements back to back with no publishing: the ceiling.
+    SqlLimit(drain::Args),
+    /// The minimal design (10 per transaction, per-row UPDATE, no index, ORDER BY created_at).
+    Baseline(baseline::Args),
+    /// Producers commit single-event transactions at a target rate while the relay runs:
+    /// commit→publish latency, relay CPU, and what the wake-up mechanism costs producers.
+    Steady(steady::Args),
+    /// Claim cost with 0 vs many already-published rows retained.
+    History(history::Args),
+    /// drain (null sink, both settle modes, with sql-limit and baseline), steady and history at
+    /// reduced sizes: a quick tour.
+    Quick,
+}
+
+pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let config = cli.load_config()?;
+    let url = config
+        .database_url
+        .as_ref()
+        .map(|s| s.0.clone())
+        .unwrap_or_else(|| pgoutbox::config::DEFAULT_DATABASE_URL.to_owned());
+    let scratch = Scratch::create(&url).await?;
+    let out = Output { json: args.json };
+    out.header(&scratch.pool).await?;
+    let result = match &args.scenario {
+        Scenario::Drain(a) => drain::run(&scratch, &out, a, true).await,
+        Scenario::SqlLimit(a) => drain::sql_limit_only(&scratch, &out, a).await,
+        Scenario::Baseline(a) => baseline::run(&scratch, &out, a).await,
+        Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
+        Scenario::History(a) => history::run(&scratch, &out, a).await,
+        Scenario::Quick => quick(&scratch, &out).await,
+    };
+    scratch.drop_database().await;
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+async fn quick(scratch: &Scratch, out: &Output) -> anyhow::Result<()> {
+    drain::run(scratch, out, &drain::Args::quick(), true).await?;
+    steady::run(scratch, out, &steady::Args::quick()).await?;
+    history::run(scratch, out, &history::Args::quick()).await
+}
+
+/// The scratch database of one bench run.
+pub struct Scratch {
+    /// URL of the scratch database.
+    pub url: String,
+    /// A pool on it.
+    pub pool: PgPool,
+    admin_url: String,
+    name: String,
+}
+
+impl Scratch {
+    async fn create(url: &str) -> anyhow::Result<Self> {
+        let name = format!("pgoutbox_bench_{}", std::process::id());
+        let admin = super::connect(url, 1).await?;
+        admin
+            .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
+            .await?;
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .context("cannot create the scratch database (the bench needs CREATEDB)")?;
+        admin.close().await;
+        let mut scratch_url = url::Url::parse(url).context("invalid database URL")?;
+        scratch_url.set_path(&format!("/{name}"));
+        let pool = super::connect(scratch_url.as_str(), 16).await?;
+        Ok(Self {
+            url: scratch_url.to_string(),
+            pool,
+            admin_url: url.to_owned(),
+            name,
+        })
+    }
+
+    async fn drop_database(&self) {
+        self.pool.close().await;
+        if let Ok(admin) = super::connect(&self.admin_url, 1).await {
+            let _ = admin
+                .execute(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name).as_str())
+                .await;
+        }
+    }
+
+    /// Drops and re-creates the outbox table (default name) with pgoutbox's schema.
+    pub async fn fresh_outbox(&self) -> anyhow::Result<()> {
+        sqlx::raw_sql("DROP TABLE IF EXISTS outbox; DROP TABLE IF EXISTS pgoutbox_migrations;")
+            .execute(&self.pool)
+            .await?;
+        let mut conn = self.pool.acquire().await?;
+        pgoutbox::schema::migrate(&mut conn, &pgoutbox::OutboxTable::default_table()).await?;
+        Ok(())
+    }
+
+    /// Inserts `n` pending events server-side (one statement per 100k rows), with a progress bar.
+    pub async fn prefill(&self, n: u64, out: &Output) -> anyhow::Result<()> {
+        let bar = out.bar(n, "prefill");
+        let mut done = 0;
+        while done < n {
+            let chunk = (n - done).min(100_000);
+            sqlx::query(
+                "INSERT INTO outbox (topic, payload)
+                 SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
+                 FROM generate_series(1, $1) g",
+            )
+            .bind(chunk as i64)
+            .execute(&self.pool)
+            .await?;
+            done += chunk;
+            bar.set_position(done);
+        }
+        bar.finish_and_clear();
+        sqlx::query("VACUUM ANALYZE outbox")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Pending rows (uses the claim index).
+    pub async fn pending(&self) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+/// Where results go: a table on stdout, or JSON lines.
+pub struct Output {
+    json: bool,
+}
+
+/// One result line.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    /// Scenario name.
+    pub scenario: String,
+    /// Variant (sink, settle mode, …).
+    pub variant: String,
+    /// The headline figure.
+    pub value: f64,
+    /// Its unit.
+    pub unit: &'static str,
+    /// Anything else worth printing.
+    pub detail: String,
+}
+
+impl Output {
+    async fn header(&self, pool: &PgPool) -> anyhow::Result<()> {
+        let version: String = sqlx::query_scalar("SHOW server_version")
+            .fetch_one(pool)
+            .await?;
+        let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(pool)
+            .await?;
+        let buffers: String = sqlx::query_scalar("SHOW shared_buffers")
+            .fetch_one(pool)
+            .await?;
+        let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(pool).await?;
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        if self.json {
+            println!(
+                "{}",
+                json!({"postgres": version, "synchronous_commit": sync, "shared_buffers": buffers, "fsync": fsync, "cores": cores, "pgoutbox": env!("CARGO_PKG_VERSION")})
+            );
+        } else {
+            println!(
+                "pgoutbox {} bench — PostgreSQL {version}, synchronous_commit={sync}, fsync={fsync}, shared_buffers={buffers}, {cores} cores",
+                env!("CARGO_PKG_VERSION")
+            );
+            println!(
+                "{:<12} {:<40} {:>16}  DETAIL",
+                "SCENARIO", "VARIANT", "RESULT"
+            );
+        }
+        Ok(())
+    }
+
+    /// Prints one result line.
+    pub fn row(&self, row: Row) {
+        if self.json {
+            println!("{}", serde_json::to_string(&row).unwrap_or_default());
+        } else {
+            let value = if row.value >= 100.0 {
+                format!("{:.0}", row.value)
+            } else {
+                format!("{:.2}", row.value)
+            };
+            println!(
+                "{:<12} {:<40} {:>16}  {}",
+                row.scenario,
+                row.variant,
+                format!("{value} {}", row.unit),
+                row.detail
+            );
+        }
+    }
+
+    /// A progress bar on stderr (hidden when stderr is not a terminal).
+    pub fn bar(&self, len: u64, label: &str) -> ProgressBar {
+        let bar = ProgressBar::new(len);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>10} [{bar:40}] {pos}/{len} {per_sec} {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(label.to_owned());
+        bar
+    }
+}
+
+/// Events per second.
+pub fn rate(events: u64, elapsed: Duration) -> f64 {
+    events as f64 / elapsed.as_secs_f64().max(1e-9)
+}
