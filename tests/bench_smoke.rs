@@ -1,0 +1,81 @@
+//! A quick smoke run of `pgoutbox bench` at small sizes: every scenario runs and reports. The
+//! numbers themselves are for humans (docs/performance.md), never asserted here.
+
+mod common;
+
+use common::*;
+
+fn bench(args: &[&str]) -> Vec<serde_json::Value> {
+    let url = format!("{}/postgres", server_url());
+    let mut full = vec!["bench", "--database-url", &url, "--json"];
+    full.extend_from_slice(args);
+    let (code, out, err) = run(&full);
+    assert_eq!(code, 0, "bench {args:?} failed: {err}");
+    out.lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+#[test]
+fn drain_sql_limit_and_baseline_report() {
+    let rows = bench(&[
+        "drain",
+        "--events",
+        "3000",
+        "--sinks",
+        "null,stdout,webhook",
+    ]);
+    assert!(
+        rows[0]["postgres"].is_string() && rows[0]["cores"].is_number(),
+        "header first: {:?}",
+        rows[0]
+    );
+    let variants: Vec<String> = rows[1..]
+        .iter()
+        .map(|r| format!("{} {}", r["scenario"], r["variant"]))
+        .collect();
+    for expected in [
+        "\"drain\" \"null, delete\"",
+        "\"drain\" \"webhook, keep\"",
+        "\"drain\" \"stdout, delete\"",
+        "\"sql-limit\" \"keep, batch 1000\"",
+        "\"baseline\"",
+    ] {
+        assert!(
+            variants.iter().any(|v| v.starts_with(expected)),
+            "{expected} missing from {variants:?}"
+        );
+    }
+    assert!(rows[1..]
+        .iter()
+        .all(|r| r["value"].as_f64().is_some_and(|v| v > 0.0)));
+}
+
+#[test]
+fn steady_and_history_report() {
+    let rows = bench(&[
+        "steady",
+        "--rate",
+        "200",
+        "--duration",
+        "2s",
+        "--cost-connections",
+        "4",
+        "--cost-duration",
+        "1s",
+        "--idle",
+        "1s",
+    ]);
+    let scenarios: Vec<&str> = rows[1..]
+        .iter()
+        .filter_map(|r| r["scenario"].as_str())
+        .collect();
+    assert!(
+        scenarios.contains(&"steady")
+            && scenarios.contains(&"idle")
+            && scenarios.contains(&"producers"),
+        "{scenarios:?}"
+    );
+    let rows = bench(&["history", "--history-rows", "20000", "--events", "3000"]);
+    assert!(rows.iter().any(|r| r["variant"] == "ratio"));
+}
