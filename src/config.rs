@@ -85,6 +85,8 @@ pub struct Config {
     pub cleanup_interval: Duration,
     /// Relay tuning.
     pub relay: RelayConfig,
+    /// Metrics and health endpoints.
+    pub observability: ObservabilityConfig,
     /// Where events go; an event goes to the first destination whose topics match.
     pub destinations: Vec<DestinationConfig>,
 }
@@ -145,6 +147,26 @@ impl Default for RelayConfig {
             claim: ClaimMode::Transaction,
             shutdown_grace: Duration::from_secs(10),
             lease: None,
+        }
+    }
+}
+
+/// `[observability]`: the metrics and health endpoints.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObservabilityConfig {
+    /// Address serving `/metrics`, `/healthz` and `/readyz` (e.g. "127.0.0.1:9187"); off when absent.
+    pub listen: Option<std::net::SocketAddr>,
+    /// How often each relay refreshes the backlog gauges (one query on the pending index).
+    #[serde(with = "duration_str")]
+    pub gauge_interval: Duration,
+}
+
+impl Default for ObservabilityConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            gauge_interval: Duration::from_secs(15),
         }
     }
 }
@@ -243,6 +265,8 @@ struct RawConfig {
     #[serde(default)]
     relay: RelayConfig,
     #[serde(default)]
+    observability: ObservabilityConfig,
+    #[serde(default)]
     destinations: Vec<toml::Table>,
 }
 
@@ -323,6 +347,14 @@ impl Config {
                 ConfigError::at("PGOUTBOX_BATCH_SIZE", format!("not a number: {v:?}"))
             })?;
         }
+        if let Some(v) = env("PGOUTBOX_METRICS_LISTEN") {
+            raw.observability.listen = Some(v.parse().map_err(|_| {
+                ConfigError::at(
+                    "PGOUTBOX_METRICS_LISTEN",
+                    format!("not an address like 127.0.0.1:9187: {v:?}"),
+                )
+            })?);
+        }
         if let Some(v) = env("PGOUTBOX_WORKERS") {
             raw.relay.workers = v
                 .parse()
@@ -391,6 +423,7 @@ impl Config {
             dead_retention,
             cleanup_interval,
             relay: raw.relay,
+            observability: raw.observability,
             destinations,
         })
     }

@@ -19,6 +19,7 @@ use crate::claim::{claim_due, ClaimOptions, ClaimedBatch};
 use crate::config::{Config, OnDead, Ordering, RelayConfig};
 use crate::error::Result;
 use crate::event::OutboxEvent;
+use crate::observe;
 use crate::publish::{self, Outcome, Sink};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
@@ -103,6 +104,12 @@ impl Relay {
         config: &Config,
         destinations: Vec<Destination>,
     ) -> Self {
+        // Counters that may never move still show up at zero, so dashboards and alerts see them.
+        metrics::counter!(observe::DB_ERRORS_TOTAL).absolute(0);
+        for d in &destinations {
+            metrics::counter!(observe::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
+                .absolute(0);
+        }
         Self {
             pool,
             table: config.table.clone(),
@@ -136,6 +143,30 @@ impl Relay {
         &self.pool
     }
 
+    /// Readiness: the database answers and every sink passes its healthcheck (2 s each).
+    pub async fn readiness(&self) -> std::result::Result<(), Vec<String>> {
+        let limit = Duration::from_secs(2);
+        let mut problems = Vec::new();
+        let db = tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(&self.pool)).await;
+        match db {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => problems.push(format!("database: {}", crate::error_chain(&e))),
+            Err(_) => problems.push("database: no answer within 2 s".into()),
+        }
+        for dest in &self.destinations {
+            match tokio::time::timeout(limit, dest.sink.healthcheck()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => problems.push(format!("destination {}: {e}", dest.name)),
+                Err(_) => problems.push(format!("destination {}: no answer within 2 s", dest.name)),
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
     /// Claims, publishes and settles one batch.
     pub async fn run_batch(&self) -> Result<BatchReport> {
         Ok(self.process_batch().await?.0)
@@ -143,15 +174,18 @@ impl Relay {
 
     /// One batch; also returns the ids scheduled for another attempt.
     async fn process_batch(&self) -> Result<(BatchReport, Vec<Uuid>)> {
+        let claim_started = Instant::now();
         let ClaimedBatch {
             events,
             held_back,
             hold,
         } = claim_due(&self.pool, &self.table, &self.claim).await?;
+        metrics::histogram!(observe::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
         if events.is_empty() {
             crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
+        metrics::histogram!(observe::BATCH_SIZE).record(events.len() as f64);
         let started = Instant::now();
         let route_of: Vec<Option<usize>> =
             events.iter().map(|e| self.router.route(&e.topic)).collect();
@@ -207,6 +241,7 @@ impl Relay {
             .map(|(e, _)| e.id)
             .collect();
         untouched.extend(held_back);
+        let settle_started = Instant::now();
         let settled = settle::apply(
             &self.table,
             &self.pool,
@@ -216,6 +251,8 @@ impl Relay {
             &untouched,
         )
         .await?;
+        metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
+        record_outcomes(&events, &plan);
         if settled.fenced > 0 {
             warn!(
                 fenced = settled.fenced,
@@ -326,8 +363,12 @@ impl Relay {
                 }
                 Some(async move {
                     let batch: Vec<&OutboxEvent> = members.iter().map(|&i| &events[i]).collect();
+                    let started = Instant::now();
+                    let result = tokio::time::timeout(timeout, dest.sink.publish(&batch)).await;
+                    metrics::histogram!(observe::PUBLISH_SECONDS, "destination" => dest.name.clone())
+                        .record(started.elapsed().as_secs_f64());
                     let outcomes =
-                        match tokio::time::timeout(timeout, dest.sink.publish(&batch)).await {
+                        match result {
                             Ok(o) if o.len() == members.len() => o,
                             Ok(o) => vec![
                                 Outcome::retry(format!(
@@ -433,6 +474,7 @@ impl Relay {
                     pause
                 }
                 Err(e) => {
+                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
                     warn!(worker, error = %crate::error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "claim or settle failed; retrying");
                     db_down = true;
                     let pause = backoff;
@@ -488,5 +530,48 @@ impl Relay {
             }
             failed_before.extend(retried);
         }
+    }
+}
+
+/// Counts a settled batch's outcomes per (destination, topic): one metric update per group, not
+/// per event, to keep the hot path cheap.
+fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
+    let by_id: HashMap<Uuid, &OutboxEvent> = events.iter().map(|e| (e.id, e)).collect();
+    let now = chrono::Utc::now();
+    for (destination, ids) in &plan.delivered {
+        let mut per_topic: HashMap<&str, u64> = HashMap::new();
+        let latency = metrics::histogram!(observe::COMMIT_TO_PUBLISH_SECONDS, "destination" => destination.clone());
+        for id in ids {
+            if let Some(e) = by_id.get(id) {
+                *per_topic.entry(e.topic.as_str()).or_default() += 1;
+                latency.record(
+                    (now - e.created_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6,
+                );
+            }
+        }
+        for (topic, n) in per_topic {
+            metrics::counter!(observe::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
+                .increment(n);
+        }
+    }
+    let mut failures: HashMap<(&str, &str, bool), u64> = HashMap::new();
+    for f in &plan.failed {
+        if let Some(e) = by_id.get(&f.id) {
+            *failures
+                .entry((
+                    f.destination.as_deref().unwrap_or("(unrouted)"),
+                    e.topic.as_str(),
+                    f.dead,
+                ))
+                .or_default() += 1;
+        }
+    }
+    for ((destination, topic, dead), n) in failures {
+        let name = if dead {
+            observe::DEAD_LETTERED_TOTAL
+        } else {
+            observe::FAILED_TOTAL
+        };
+        metrics::counter!(name, "destination" => destination.to_owned(), "topic" => topic.to_owned()).increment(n);
     }
 }

@@ -8,9 +8,16 @@ use super::Cli;
 
 /// Arguments of `migrate`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Also grant ROLE exactly what the relay needs (run as the table owner).
+    #[arg(long, value_name = "ROLE")]
+    grant_relay: Option<String>,
+    /// Also grant ROLE what a producer needs (INSERT, the enqueue function).
+    #[arg(long, value_name = "ROLE")]
+    grant_producer: Option<String>,
+}
 
-pub async fn run(cli: &Cli, _args: &Args) -> anyhow::Result<ExitCode> {
+pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect(config.database_url()?, 1).await?;
     let mut conn = pool.acquire().await?;
@@ -30,6 +37,28 @@ pub async fn run(cli: &Cli, _args: &Args) -> anyhow::Result<ExitCode> {
         for (version, description) in &report.applied {
             println!("  applied {version}: {description}");
         }
+    }
+    if let Some(role) = &args.grant_relay {
+        let role = pgoutbox::Ident::parse(role).context("invalid --grant-relay role")?;
+        pgoutbox::schema::grant_relay(&mut conn, &config.table, &role)
+            .await
+            .with_context(|| format!("cannot grant the relay's privileges to {role}"))?;
+        println!(
+            "granted {role}: USAGE on schema {}, {} on {}, SELECT on the migrations registry",
+            config.table.schema(),
+            pgoutbox::schema::RELAY_TABLE_PRIVILEGES.join(", "),
+            config.table
+        );
+    }
+    if let Some(role) = &args.grant_producer {
+        let role = pgoutbox::Ident::parse(role).context("invalid --grant-producer role")?;
+        pgoutbox::schema::grant_producer(&mut conn, &config.table, &role)
+            .await
+            .with_context(|| format!("cannot grant the producer's privileges to {role}"))?;
+        println!(
+            "granted {role}: INSERT on {}, EXECUTE on its enqueue function",
+            config.table
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

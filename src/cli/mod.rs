@@ -177,7 +177,8 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
     first.close().await.ok();
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+        // Short: while PostgreSQL is down the relay should say so and back off, not sit silent.
+        .acquire_timeout(Duration::from_secs(3))
         .connect_with(options)
         .await
         .with_context(failed)
@@ -197,6 +198,23 @@ pub async fn connect_checked(config: &Config, max_connections: u32) -> anyhow::R
         .context("cannot get a database connection")?;
     pgoutbox::schema::ensure_current(&mut conn, &config.table).await?;
     Ok(pool)
+}
+
+/// Fails with a sentence naming the missing grants when the role cannot run the relay.
+pub async fn check_relay_privileges(pool: &PgPool, config: &Config) -> anyhow::Result<()> {
+    let mut conn = pool.acquire().await?;
+    let missing = pgoutbox::schema::missing_relay_privileges(&mut conn, &config.table).await?;
+    if !missing.is_empty() {
+        let role: String = sqlx::query_scalar("SELECT current_user::text")
+            .fetch_one(&mut *conn)
+            .await?;
+        anyhow::bail!(
+            "role {role} lacks {} on {}: as the table owner, run `pgoutbox migrate --grant-relay {role}`",
+            missing.join(", "),
+            config.table
+        );
+    }
+    Ok(())
 }
 
 /// Formats an age in seconds as `3d 4h`, `12m 5s`, `850ms`.

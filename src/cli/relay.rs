@@ -29,6 +29,12 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     let workers = config.relay.workers as u32;
     let pool = super::connect_checked(&config, workers + 2).await?;
+    super::check_relay_privileges(&pool, &config).await?;
+    // The recorder goes first: metrics registered while the relay is built must reach it.
+    let metrics = match config.observability.listen {
+        Some(_) => Some(pgoutbox::observe::install_recorder().map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     let relay = Arc::new(Relay::new(pool, &config).context("cannot set up the destinations")?);
 
     if args.once {
@@ -53,6 +59,28 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     );
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
+    if let (Some(addr), Some(handle)) = (config.observability.listen, metrics) {
+        let names = config.destinations.iter().map(|d| d.name.clone()).collect();
+        tokio::spawn(pgoutbox::observe::refresh_gauges(
+            relay.pool().clone(),
+            config.table.clone(),
+            pgoutbox::route::Router::new(&config.destinations),
+            names,
+            config.observability.gauge_interval,
+            shutdown.clone(),
+        ));
+        // Bind before relaying, so a taken port is an error at start rather than a silent loss.
+        let listener_check = std::net::TcpListener::bind(addr)
+            .with_context(|| format!("cannot listen on {addr} for metrics and health"))?;
+        drop(listener_check);
+        let (relay, stop) = (Arc::clone(&relay), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = pgoutbox::observe::serve(addr, handle, relay, stop).await {
+                warn!(error = %e, "metrics and health endpoint stopped");
+            }
+        });
+        info!(%addr, "serving /metrics, /healthz and /readyz");
+    }
     let total = relay.run(shutdown).await?;
     info!(
         delivered = total.delivered,

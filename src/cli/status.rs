@@ -10,20 +10,109 @@ use super::{human_age, Cli};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print JSON (documented in README.md) instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     json: bool,
+    /// Live view: refresh every --interval (Ctrl-C to quit).
+    #[arg(long, short = 'w')]
+    watch: bool,
+    /// Refresh interval of --watch.
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
+    interval: std::time::Duration,
 }
+
+/// RecentErrors. Newest failures first: backing-off rows by due time (a backwards scan of the
+/// pending index), dead rows by dead_at (the dead index).
+const RECENT_ERRORS: &str = "
+(SELECT coalesce(destination, '-'), topic, last_error, 'retrying' AS state, next_attempt_at AS at
+   FROM {outbox} WHERE published_at IS NULL AND dead_at IS NULL AND attempts > 0
+   ORDER BY next_attempt_at DESC LIMIT 5)
+UNION ALL
+(SELECT coalesce(destination, '-'), topic, last_error, 'dead', dead_at
+   FROM {outbox} WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT 5)
+ORDER BY at DESC LIMIT 5";
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect_checked(&config, 1).await?;
     let router = Router::new(&config.destinations);
     let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
+    if args.watch {
+        return watch(&pool, &config.table, &router, &names, args.interval).await;
+    }
     let status = pgoutbox::status::read(&pool, &config.table, Some((&router, &names))).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(ExitCode::SUCCESS);
     }
+    print_table(&status);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The live view: the status table, throughput per destination and the newest errors.
+async fn watch(
+    pool: &sqlx::PgPool,
+    table: &pgoutbox::OutboxTable,
+    router: &Router,
+    names: &[String],
+    interval: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
+    let errors_sql = table.render(RECENT_ERRORS);
+    let mut previous: Option<(std::time::Instant, std::collections::HashMap<String, i64>)> = None;
+    loop {
+        let status = pgoutbox::status::read(pool, table, Some((router, names))).await?;
+        let now = std::time::Instant::now();
+        let mut published: std::collections::HashMap<String, i64> = Default::default();
+        for row in &status.rows {
+            *published
+                .entry(row.destination.clone().unwrap_or_default())
+                .or_default() += row.published_retained;
+        }
+        // Clear the screen and go home, like top.
+        print!("\x1b[2J\x1b[H");
+        print_table(&status);
+        println!();
+        println!("THROUGHPUT (published per second since the last refresh; needs retention > 0)");
+        for (destination, count) in &published {
+            let rate = previous
+                .as_ref()
+                .and_then(|(at, prev)| {
+                    prev.get(destination)
+                        .map(|p| (count - p) as f64 / now.duration_since(*at).as_secs_f64())
+                })
+                .map(|r| format!("{:.0}/s", r.max(0.0)))
+                .unwrap_or_else(|| "…".into());
+            println!(
+                "  {:<24} {rate}",
+                if destination.is_empty() {
+                    "(unrouted)"
+                } else {
+                    destination
+                }
+            );
+        }
+        println!();
+        println!("RECENT ERRORS");
+        let errors: Vec<(
+            String,
+            String,
+            Option<String>,
+            String,
+            chrono::DateTime<chrono::Utc>,
+        )> = sqlx::query_as(&errors_sql).fetch_all(pool).await?;
+        if errors.is_empty() {
+            println!("  none");
+        }
+        for (destination, topic, error, state, _) in errors {
+            let mut error = error.unwrap_or_default();
+            error.truncate(120);
+            println!("  [{state}] {destination} {topic}: {error}");
+        }
+        previous = Some((now, published));
+        tokio::time::sleep(interval).await;
+    }
+}
+
+fn print_table(status: &pgoutbox::status::Status) {
     println!(
         "{}  (at {})",
         status.table,
@@ -88,5 +177,4 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             .collect();
         println!("{}", cells.join("  ").trim_end());
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -144,3 +144,60 @@ pub async fn ensure_current(conn: &mut PgConnection, table: &OutboxTable) -> Res
     }
     Ok(())
 }
+
+/// Privileges the relay's role needs on the outbox table (DELETE: retention 0 and cleanup).
+pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
+
+/// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
+/// DELETE on the outbox table, SELECT on the migrations registry. Run as the table's owner.
+pub async fn grant_relay(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    role: &crate::table::Ident,
+) -> Result<()> {
+    let sql = table.render(&format!(
+        "GRANT USAGE ON SCHEMA {{schema}} TO {role};
+         GRANT {privileges} ON {{outbox}} TO {role};
+         GRANT SELECT ON {{schema}}.pgoutbox_migrations TO {role};",
+        role = role.quoted(),
+        privileges = RELAY_TABLE_PRIVILEGES.join(", ")
+    ));
+    sqlx::raw_sql(&sql).execute(conn).await?;
+    Ok(())
+}
+
+/// Grants `role` what a producer needs: USAGE on the schema, INSERT on the outbox table and
+/// EXECUTE on the enqueue function.
+pub async fn grant_producer(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    role: &crate::table::Ident,
+) -> Result<()> {
+    let sql = table.render(&format!(
+        "GRANT USAGE ON SCHEMA {{schema}} TO {role};
+         GRANT INSERT ON {{outbox}} TO {role};
+         GRANT EXECUTE ON FUNCTION {{qname:enqueue}}(text, jsonb, text, jsonb) TO {role};",
+        role = role.quoted()
+    ));
+    sqlx::raw_sql(&sql).execute(conn).await?;
+    Ok(())
+}
+
+/// The relay privileges the current role lacks on `table` (empty when all are there).
+pub async fn missing_relay_privileges(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+) -> Result<Vec<&'static str>> {
+    let mut missing = Vec::new();
+    for privilege in RELAY_TABLE_PRIVILEGES {
+        let has: bool = sqlx::query_scalar("SELECT has_table_privilege(current_user, $1, $2)")
+            .bind(table.qualified())
+            .bind(privilege)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !has {
+            missing.push(*privilege);
+        }
+    }
+    Ok(missing)
+}

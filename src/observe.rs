@@ -1,0 +1,247 @@
+//! Observability: Prometheus metrics, and the health and readiness endpoints.
+//!
+//! Counters and histograms are recorded on the relay's hot path through the `metrics` facade (a
+//! no-op until a recorder is installed). Backlog gauges (pending, backoff, dead, lag) come from one
+//! query over the pending and dead indexes, run on an interval by each relay — never per scrape.
+//! Every metric is listed in [`METRICS`], which the README's table and the tests follow.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::relay::Relay;
+use crate::route::Router;
+use crate::table::OutboxTable;
+
+/// Events delivered and settled, by destination and topic.
+pub const PUBLISHED_TOTAL: &str = "pgoutbox_events_published_total";
+/// Failed attempts scheduled for a retry, by destination and topic.
+pub const FAILED_TOTAL: &str = "pgoutbox_events_failed_total";
+/// Events dead-lettered, by destination and topic.
+pub const DEAD_LETTERED_TOTAL: &str = "pgoutbox_events_dead_lettered_total";
+/// Time a destination took to publish its share of a batch.
+pub const PUBLISH_SECONDS: &str = "pgoutbox_publish_duration_seconds";
+/// From the event's commit (its `created_at`) to its delivery.
+pub const COMMIT_TO_PUBLISH_SECONDS: &str = "pgoutbox_commit_to_publish_seconds";
+/// Events per claimed batch.
+pub const BATCH_SIZE: &str = "pgoutbox_batch_size";
+/// Duration of the claim statement.
+pub const CLAIM_SECONDS: &str = "pgoutbox_claim_duration_seconds";
+/// Duration of a batch's settle (statements and commit).
+pub const SETTLE_SECONDS: &str = "pgoutbox_settle_duration_seconds";
+/// Claims or settles that failed on a database error.
+pub const DB_ERRORS_TOTAL: &str = "pgoutbox_database_errors_total";
+/// Broker connections re-established by a sink, by destination.
+pub const SINK_RECONNECTS_TOTAL: &str = "pgoutbox_sink_reconnects_total";
+/// Pending events due now, by destination and topic.
+pub const PENDING_DUE: &str = "pgoutbox_pending_due";
+/// Pending events waiting for a retry (or leased), by destination and topic.
+pub const PENDING_BACKOFF: &str = "pgoutbox_pending_backoff";
+/// Dead-lettered events, by destination and topic.
+pub const DEAD: &str = "pgoutbox_dead";
+/// Age of the oldest pending event, by destination and topic: the lag.
+pub const OLDEST_PENDING_AGE_SECONDS: &str = "pgoutbox_oldest_pending_age_seconds";
+
+/// Every metric: name, type, labels, meaning (for docs and tests).
+pub const METRICS: &[(&str, &str, &str, &str)] = &[
+    (
+        PUBLISHED_TOTAL,
+        "counter",
+        "destination, topic",
+        "events delivered and settled",
+    ),
+    (
+        FAILED_TOTAL,
+        "counter",
+        "destination, topic",
+        "failed attempts scheduled for a retry",
+    ),
+    (
+        DEAD_LETTERED_TOTAL,
+        "counter",
+        "destination, topic",
+        "events dead-lettered",
+    ),
+    (
+        PUBLISH_SECONDS,
+        "histogram",
+        "destination",
+        "time to publish a destination's share of a batch",
+    ),
+    (
+        COMMIT_TO_PUBLISH_SECONDS,
+        "histogram",
+        "destination",
+        "event created_at to delivery",
+    ),
+    (BATCH_SIZE, "histogram", "", "events per claimed batch"),
+    (CLAIM_SECONDS, "histogram", "", "claim statement duration"),
+    (
+        SETTLE_SECONDS,
+        "histogram",
+        "",
+        "settle duration (statements + commit)",
+    ),
+    (
+        DB_ERRORS_TOTAL,
+        "counter",
+        "",
+        "claims or settles failed on a database error",
+    ),
+    (
+        SINK_RECONNECTS_TOTAL,
+        "counter",
+        "destination",
+        "broker connections re-established",
+    ),
+    (
+        PENDING_DUE,
+        "gauge",
+        "destination, topic",
+        "pending events due now",
+    ),
+    (
+        PENDING_BACKOFF,
+        "gauge",
+        "destination, topic",
+        "pending events waiting for a retry or leased",
+    ),
+    (DEAD, "gauge", "destination, topic", "dead-lettered events"),
+    (
+        OLDEST_PENDING_AGE_SECONDS,
+        "gauge",
+        "destination, topic",
+        "age of the oldest pending event (lag)",
+    ),
+];
+
+/// Installs the Prometheus recorder for this process; returns the handle that renders a scrape.
+pub fn install_recorder() -> Result<PrometheusHandle, String> {
+    let seconds = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        60.0,
+    ];
+    let sizes = [
+        1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+    ];
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &sizes))
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
+}
+
+/// ObserveBacklog. Reads only pending rows (the claim index) and dead rows (the dead index):
+/// cheap whatever the published history. Untried rows have no destination yet; routing names them.
+const BACKLOG: &str = "
+SELECT destination, topic,
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()) AS due,
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()) AS backoff,
+  count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead,
+  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)), 0)::float8 AS lag
+FROM {outbox}
+WHERE published_at IS NULL
+GROUP BY destination, topic";
+
+/// Refreshes the backlog gauges every `interval` until `stop`.
+pub async fn refresh_gauges(
+    pool: PgPool,
+    table: OutboxTable,
+    router: Router,
+    names: Vec<String>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let sql = table.render(BACKLOG);
+    let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    loop {
+        match sqlx::query_as::<_, (Option<String>, String, i64, i64, i64, f64)>(&sql)
+            .fetch_all(&pool)
+            .await
+        {
+            Ok(rows) => {
+                let mut merged: std::collections::HashMap<(String, String), (i64, i64, i64, f64)> =
+                    Default::default();
+                for (destination, topic, due, backoff, dead, lag) in rows {
+                    let destination = destination
+                        .or_else(|| router.route(&topic).and_then(|i| names.get(i).cloned()))
+                        .unwrap_or_else(|| "(unrouted)".into());
+                    let e = merged.entry((destination, topic)).or_default();
+                    e.0 += due;
+                    e.1 += backoff;
+                    e.2 += dead;
+                    e.3 = e.3.max(lag);
+                }
+                // Series that emptied go back to zero rather than keep their last value.
+                for key in known.iter() {
+                    merged.entry(key.clone()).or_default();
+                }
+                for ((destination, topic), (due, backoff, dead, lag)) in &merged {
+                    let labels = [
+                        ("destination", destination.clone()),
+                        ("topic", topic.clone()),
+                    ];
+                    metrics::gauge!(PENDING_DUE, &labels).set(*due as f64);
+                    metrics::gauge!(PENDING_BACKOFF, &labels).set(*backoff as f64);
+                    metrics::gauge!(DEAD, &labels).set(*dead as f64);
+                    metrics::gauge!(OLDEST_PENDING_AGE_SECONDS, &labels).set(*lag);
+                }
+                known.extend(merged.into_keys());
+            }
+            Err(e) => {
+                metrics::counter!(DB_ERRORS_TOTAL).increment(1);
+                warn!(error = %crate::error_chain(&e), "cannot refresh the backlog gauges");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[derive(Clone)]
+struct ServerState {
+    handle: PrometheusHandle,
+    relay: Arc<Relay>,
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `stop`.
+pub async fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    relay: Arc<Relay>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|State(s): State<ServerState>| async move { s.handle.render() }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route("/readyz", axum::routing::get(readyz))
+        .with_state(ServerState { handle, relay });
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+}
+
+/// Ready when the database answers and every sink passes its healthcheck.
+async fn readyz(State(s): State<ServerState>) -> impl IntoResponse {
+    match s.relay.readiness().await {
+        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Err(problems) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", problems.join("; ")),
+        ),
+    }
+}

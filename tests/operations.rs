@@ -1,0 +1,195 @@
+//! Operations: metrics and health endpoints, least privilege.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Parses a Prometheus text scrape into `name{labels}` → value.
+async fn scrape(port: u16) -> Option<HashMap<String, f64>> {
+    let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+fn sum(m: &HashMap<String, f64>, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn max(m: &HashMap<String, f64>, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| *v)
+        .fold(0.0, f64::max)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_exposed_and_move_with_the_backlog() {
+    let db = TestDb::migrated().await;
+    // Slow enough that a backlog exists for a few seconds; some failures and one poison event.
+    let rx = Receiver::with(|r| {
+        if r.json()["type"] == "poison" {
+            Reply::status(400)
+        } else if r.nth == 0 && r.json()["data"]["n"].as_i64().is_some_and(|n| n % 10 == 0) {
+            Reply::status(503)
+        } else {
+            Reply::ok().delay(Duration::from_millis(5))
+        }
+    })
+    .await;
+    db.insert_plain(1, "poison").await;
+    db.insert_plain(1500, "order.created").await;
+    // Let the backlog age a little so the lag is clearly above zero.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let port = free_port();
+    let dir = scratch();
+    let text = webhook_config(&db, &rx.url, "concurrency = 4\nretry_schedule = [\"200ms\"]").replace(
+        "[relay]\n",
+        &format!("[observability]\nlisten = \"127.0.0.1:{port}\"\ngauge_interval = \"100ms\"\n[relay]\nbatch_size = 50\n"),
+    );
+    let config = write_config(dir.path(), &text);
+    let mut relay = spawn_relay(dir.path(), &config, "metrics");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match scrape(port).await {
+            Some(m) if sum(&m, "pgoutbox_pending_due") > 0.0 => break m,
+            _ if std::time::Instant::now() > deadline => panic!("no scrape with a backlog"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert!(
+        max(&first, "pgoutbox_oldest_pending_age_seconds") > 1.0,
+        "lag > 0 while a backlog exists"
+    );
+
+    let drained = wait_for(Duration::from_secs(60), || async {
+        db.count("published_at IS NULL AND dead_at IS NULL").await == 0
+    })
+    .await;
+    assert!(drained);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let last = scrape(port).await.expect("scrape after");
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
+    let ready = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 200);
+    signal(&relay, libc::SIGTERM);
+    relay.wait().expect("wait");
+
+    for (name, kind, _, _) in pgoutbox::observe::METRICS {
+        let present = last.keys().any(|k| {
+            k == name
+                || k.starts_with(&format!("{name}{{"))
+                || (*kind == "histogram" && k.starts_with(&format!("{name}_count")))
+        });
+        assert!(present, "metric {name} missing from the scrape");
+    }
+    assert!(
+        sum(&first, "pgoutbox_pending_due") > sum(&last, "pgoutbox_pending_due"),
+        "pending falls"
+    );
+    assert_eq!(sum(&last, "pgoutbox_pending_due"), 0.0);
+    assert!(
+        sum(&last, "pgoutbox_events_published_total") >= 1500.0,
+        "published_total rises"
+    );
+    assert!(
+        sum(&last, "pgoutbox_events_published_total")
+            > sum(&first, "pgoutbox_events_published_total")
+    );
+    assert!(
+        sum(&last, "pgoutbox_events_failed_total") >= 100.0,
+        "failures counted"
+    );
+    assert_eq!(sum(&last, "pgoutbox_events_dead_lettered_total"), 1.0);
+    assert_eq!(sum(&last, "pgoutbox_dead"), 1.0);
+    assert!(
+        max(&last, "pgoutbox_oldest_pending_age_seconds") < 1.0,
+        "lag back to ~0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_runs_under_a_least_privilege_role() {
+    let db = TestDb::migrated().await;
+    let role = format!("pgoutbox_relay_{}", &db.name[11..23]);
+    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN"))
+        .execute(&db.pool)
+        .await
+        .expect("role");
+    let (code, out, err) = run(&["migrate", "--database-url", &db.url, "--grant-relay", &role]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("granted {role}")), "{out}");
+
+    let rx = Receiver::start().await;
+    db.insert_plain(25, "order.created").await;
+    let dir = scratch();
+    let relay_url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+    let text = webhook_config(&db, &rx.url, "").replace(&db.url, &relay_url);
+    let config = write_config(dir.path(), &text);
+    let config = config.to_str().expect("utf8");
+    let (code, _, err) = run(&["relay", "--once", "--config", config]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(rx.delivered_ids().len(), 25);
+    // The relay role cannot write events, only relay them.
+    let insert = std::process::Command::new("psql")
+        .args([
+            &relay_url,
+            "-c",
+            "INSERT INTO outbox (topic, payload) VALUES ('x', '{}')",
+        ])
+        .output();
+    if let Ok(out) = insert {
+        assert!(!out.status.success(), "the relay role must not insert");
+    }
+
+    sqlx::raw_sql(&format!("REVOKE UPDATE ON outbox FROM {role}"))
+        .execute(&db.pool)
+        .await
+        .expect("revoke");
+    let (code, _, err) = run(&["relay", "--once", "--config", config]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("role {role} lacks UPDATE on public.outbox"))
+            && err.contains("--grant-relay"),
+        "{err}"
+    );
+
+    drop(db);
+    let admin = sqlx::PgPool::connect(&format!("{}/postgres", server_url()))
+        .await
+        .expect("admin");
+    let _ = sqlx::raw_sql(&format!("DROP ROLE IF EXISTS {role}"))
+        .execute(&admin)
+        .await;
+}
