@@ -20,6 +20,15 @@ pub struct Args {
     interval: std::time::Duration,
 }
 
+/// One recent failure: destination, topic, error, state, when.
+type RecentError = (
+    String,
+    String,
+    Option<String>,
+    String,
+    chrono::DateTime<chrono::Utc>,
+);
+
 /// RecentErrors. Newest failures first: backing-off rows by due time (a backwards scan of the
 /// pending index), dead rows by dead_at (the dead index).
 const RECENT_ERRORS: &str = "
@@ -92,13 +101,7 @@ async fn watch(
         }
         println!();
         println!("RECENT ERRORS");
-        let errors: Vec<(
-            String,
-            String,
-            Option<String>,
-            String,
-            chrono::DateTime<chrono::Utc>,
-        )> = sqlx::query_as(&errors_sql).fetch_all(pool).await?;
+        let errors: Vec<RecentError> = sqlx::query_as(&errors_sql).fetch_all(pool).await?;
         if errors.is_empty() {
             println!("  none");
         }
