@@ -193,3 +193,37 @@ async fn the_relay_runs_under_a_least_privilege_role() {
         .execute(&admin)
         .await;
 }
+
+#[test]
+fn alert_rules_pass_promtool() {
+    let Ok(out) = std::process::Command::new("promtool")
+        .args(["check", "rules", "deploy/alerts.yml"])
+        .output()
+    else {
+        println!("promtool not installed (Debian package prometheus): skipped");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn the_dashboard_uses_only_documented_metrics() {
+    let dashboard = std::fs::read_to_string("deploy/grafana-dashboard.json").expect("dashboard");
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("valid JSON");
+    assert!(json["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    let names: Vec<&str> = pgoutbox::observe::METRICS.iter().map(|m| m.0).collect();
+    for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if let Some(base) = word.strip_prefix("pgoutbox_") {
+            let base = format!("pgoutbox_{base}");
+            let base = base.trim_end_matches("_bucket");
+            assert!(
+                names.contains(&base),
+                "dashboard uses undocumented metric {word}"
+            );
+        }
+    }
+}
