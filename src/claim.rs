@@ -36,6 +36,8 @@ pub struct ClaimedBatch {
     pub held_back: Vec<Uuid>,
     /// The claim to settle under.
     pub hold: Hold,
+    /// Ordered mode: heads and followers the claim found (before the batch-size cut).
+    pub found: Option<(i64, i64)>,
 }
 
 /// What to claim and how.
@@ -49,10 +51,15 @@ pub struct ClaimOptions {
     pub lease: Duration,
     /// Per-key ordering: `Some(block_on_dead)`; `None` claims without regard to keys.
     pub ordered: Option<bool>,
+    /// Ordered mode: most keys (chain heads) per claim, so that heads plus their followers fill
+    /// about `limit` rows; `limit` when events rarely share a key.
+    pub heads: usize,
+    /// Ordered mode: most followers taken per head.
+    pub followers: usize,
 }
 
 /// Most later events of one key carried in a batch behind its head (ordered mode).
-pub const FOLLOWERS_PER_KEY: i64 = 100;
+pub const FOLLOWERS_PER_KEY: usize = 100;
 
 /// Claims due events per `options`.
 pub async fn claim_due(
@@ -62,6 +69,8 @@ pub async fn claim_due(
 ) -> Result<ClaimedBatch> {
     let limit = i64::try_from(options.limit).unwrap_or(i64::MAX);
     let lease = options.lease.as_secs_f64();
+    let heads = i64::try_from(options.heads.clamp(1, options.limit.max(1))).unwrap_or(1);
+    let followers = i64::try_from(options.followers.min(FOLLOWERS_PER_KEY)).unwrap_or(0);
     let (rows, hold) = match (options.mode, options.ordered) {
         (ClaimMode::Transaction, None) => {
             let mut tx = pool.begin().await?;
@@ -75,8 +84,9 @@ pub async fn claim_due(
             let mut tx = pool.begin().await?;
             let rows = sqlx::query(&table.sql.claim_due_ordered)
                 .bind(limit)
-                .bind(FOLLOWERS_PER_KEY)
+                .bind(followers)
                 .bind(block)
+                .bind(heads)
                 .fetch_all(&mut *tx)
                 .await?;
             (rows, Hold::Transaction(tx))
@@ -95,14 +105,22 @@ pub async fn claim_due(
             let token = Uuid::new_v4();
             let rows = sqlx::query(&table.sql.claim_lease_ordered)
                 .bind(limit)
-                .bind(FOLLOWERS_PER_KEY)
+                .bind(followers)
                 .bind(block)
+                .bind(heads)
                 .bind(lease)
                 .bind(token)
                 .fetch_all(pool)
                 .await?;
             (rows, Hold::Lease(token))
         }
+    };
+    let found = match (options.ordered, rows.first()) {
+        (Some(_), Some(row)) => Some((
+            sqlx::Row::try_get::<i64, _>(row, "heads_found")?,
+            sqlx::Row::try_get::<i64, _>(row, "followers_found")?,
+        )),
+        _ => None,
     };
     let mut events = Vec::with_capacity(rows.len());
     let mut held_back = Vec::new();
@@ -130,6 +148,7 @@ pub async fn claim_due(
         events,
         held_back,
         hold,
+        found,
     })
 }
 

@@ -6,6 +6,7 @@
 //! event never stops the relay: it is retried or dead-lettered.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,6 +80,10 @@ pub struct Relay {
     /// Cancelled when the shutdown grace period is over: in-flight batches are released.
     abort: CancellationToken,
     claim: ClaimOptions,
+    /// Ordered mode: heads for the next claim, adapted after each batch.
+    heads: AtomicUsize,
+    /// Ordered mode: followers per head for the next claim, adapted after each batch.
+    followers: AtomicUsize,
 }
 
 impl Relay {
@@ -134,7 +139,11 @@ impl Relay {
                             .iter()
                             .any(|d| d.ordering == Ordering::Key && d.on_dead == OnDead::Block)
                     }),
+                heads: config.relay.batch_size,
+                followers: 4,
             },
+            heads: AtomicUsize::new(config.relay.batch_size),
+            followers: AtomicUsize::new(4),
         }
     }
 
@@ -167,6 +176,29 @@ impl Relay {
         }
     }
 
+    /// Ordered mode: sizes the next claim from what this one found. Keys carrying many events →
+    /// fewer heads, each with more followers (one claim drains a deep key); keys with one event
+    /// each → `batch_size` heads. When heads hit the followers cap, the cap doubles to see deeper.
+    fn adapt_claim(&self, heads_found: i64, followers_found: i64) {
+        if heads_found <= 0 {
+            return;
+        }
+        let per_head = followers_found as f64 / heads_found as f64;
+        let cap = self.followers.load(AtomicOrdering::Relaxed);
+        let next_cap = if per_head >= cap as f64 * 0.9 {
+            cap * 2
+        } else {
+            (per_head.ceil() as usize * 2).max(2)
+        };
+        let next_cap = next_cap.clamp(2, crate::claim::FOLLOWERS_PER_KEY);
+        let heads = (self.settings.batch_size as f64 / (1.0 + per_head)).round() as usize;
+        self.heads.store(
+            heads.clamp(8.min(self.settings.batch_size), self.settings.batch_size),
+            AtomicOrdering::Relaxed,
+        );
+        self.followers.store(next_cap, AtomicOrdering::Relaxed);
+    }
+
     /// Claims, publishes and settles one batch.
     pub async fn run_batch(&self) -> Result<BatchReport> {
         Ok(self.process_batch().await?.0)
@@ -179,13 +211,26 @@ impl Relay {
             events,
             held_back,
             hold,
-        } = claim_due(&self.pool, &self.table, &self.claim).await?;
+            found,
+        } = claim_due(
+            &self.pool,
+            &self.table,
+            &ClaimOptions {
+                heads: self.heads.load(AtomicOrdering::Relaxed),
+                followers: self.followers.load(AtomicOrdering::Relaxed),
+                ..self.claim
+            },
+        )
+        .await?;
         metrics::histogram!(observe::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
         if events.is_empty() {
             crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(observe::BATCH_SIZE).record(events.len() as f64);
+        if let Some((heads, followers)) = found {
+            self.adapt_claim(heads, followers);
+        }
         let started = Instant::now();
         let route_of: Vec<Option<usize>> =
             events.iter().map(|e| self.router.route(&e.topic)).collect();

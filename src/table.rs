@@ -236,26 +236,32 @@ RETURNING o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::te
 /// The shared head of the ordered claims. `heads`: due rows with no earlier unsettled row of the
 /// same key (`{name:key_idx}` answers the NOT EXISTS with one index probe), locked SKIP LOCKED, so a
 /// key is held by at most one relay at a time: its head row's lock (or lease) is the key's lock.
+/// At most `$4` heads are taken (the relay adapts it to how many events a key carries).
 /// `followers`: up to `$2` later rows of each head's key, in seq order, so a hot key moves many
 /// events per round trip. Rows that are not due (backoff) or dead under `on_dead = "block"` (`$3`)
 /// are returned with `due = false`; the relay cuts each key's chain there. `picked` keeps a seq
-/// prefix of at most `$1` rows, so every kept follower keeps its head.
+/// prefix of at most `$1` rows, so every kept follower keeps its head. Rows are read once, with
+/// the event columns, in the CTEs themselves.
 const ORDERED_PICK: &str = "
 WITH heads AS (
-    SELECT o.id, o.key, o.seq FROM {outbox} o
+    SELECT o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::text AS headers,
+           o.created_at, o.attempts, true AS due
+    FROM {outbox} o
     WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= now()
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} p
             WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL
               AND (p.dead_at IS NULL OR $3)))
     ORDER BY o.next_attempt_at, o.seq
-    LIMIT $1
+    LIMIT $4
     FOR UPDATE SKIP LOCKED
 ),
 followers AS (
-    SELECT f.id FROM heads h
+    SELECT f.* FROM heads h
     CROSS JOIN LATERAL (
-        SELECT f.id FROM {outbox} f
+        SELECT f.id, f.seq, f.topic, f.key, f.payload::text AS payload, f.headers::text AS headers,
+               f.created_at, f.attempts, (f.next_attempt_at <= now() AND f.dead_at IS NULL) AS due
+        FROM {outbox} f
         WHERE h.key IS NOT NULL AND f.key = h.key AND f.seq > h.seq AND f.published_at IS NULL
           AND (f.dead_at IS NULL OR $3)
         ORDER BY f.seq
@@ -264,28 +270,27 @@ followers AS (
     ) f
 ),
 picked AS (
-    SELECT o.id, (o.next_attempt_at <= now() AND o.dead_at IS NULL) AS due
-    FROM {outbox} o
-    WHERE o.id IN (SELECT id FROM heads UNION ALL SELECT id FROM followers)
-    ORDER BY o.seq
+    SELECT * FROM heads UNION ALL SELECT * FROM followers
+    ORDER BY seq
     LIMIT $1
 )";
 
 /// OutboxClaimDueOrdered. See ORDERED_PICK; the locks last until the claiming transaction ends.
 const CLAIM_DUE_ORDERED: &str = "
-SELECT {columns}, picked.due FROM {outbox} JOIN picked USING (id) ORDER BY seq";
+SELECT picked.*, (SELECT count(*) FROM heads) AS heads_found, (SELECT count(*) FROM followers) AS followers_found
+FROM picked ORDER BY seq";
 
-/// OutboxClaimLeaseOrdered. See ORDERED_PICK; due rows are leased like OutboxClaimLease. The final
-/// SELECT reads the rows as they were before the lease (a CTE's update is not visible to it).
+/// OutboxClaimLeaseOrdered. See ORDERED_PICK; due rows are leased like OutboxClaimLease.
 const CLAIM_LEASE_ORDERED: &str = ",
 leased AS (
     UPDATE {outbox} AS o
-    SET next_attempt_at = now() + make_interval(secs => $4), lease_token = $5
+    SET next_attempt_at = now() + make_interval(secs => $5), lease_token = $6
     FROM picked
     WHERE o.id = picked.id AND picked.due
     RETURNING o.id
 )
-SELECT {columns}, picked.due FROM {outbox} JOIN picked USING (id) ORDER BY seq";
+SELECT picked.*, (SELECT count(*) FROM heads) AS heads_found, (SELECT count(*) FROM followers) AS followers_found
+FROM picked ORDER BY seq";
 
 /// OutboxSetPublishedMany. Primary-key lookups; the row leaves the pending index. `$3` is the
 /// lease token in lease mode (NULL in transaction mode, where the row lock already fences).

@@ -78,4 +78,9 @@ fn steady_and_history_report() {
     );
     let rows = bench(&["history", "--history-rows", "20000", "--events", "3000"]);
     assert!(rows.iter().any(|r| r["variant"] == "ratio"));
+    let rows = bench(&["ordering", "--events", "4000", "--keys", "100"]);
+    assert_eq!(
+        rows.iter().filter(|r| r["scenario"] == "ordering").count(),
+        2
+    );
 }

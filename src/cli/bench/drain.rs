@@ -137,6 +137,8 @@ async fn sql_limit(
         limit: args.batch_size,
         lease: Duration::from_secs(60),
         ordered: None,
+        heads: args.batch_size,
+        followers: 0,
     };
     let done = Arc::new(AtomicU64::new(0));
     let bar = out.bar(args.events, "sql-limit");

@@ -93,6 +93,8 @@ async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration>
         limit: args.batch_size,
         lease: Duration::from_secs(60),
         ordered: None,
+        heads: args.batch_size,
+        followers: 0,
     };
     let policy = pgoutbox::retry::RetryPolicy::default();
     let mut times = Vec::new();

@@ -8,6 +8,7 @@
 mod baseline;
 mod drain;
 mod history;
+mod ordering;
 mod steady;
 
 use std::process::ExitCode;
@@ -45,6 +46,8 @@ enum Scenario {
     Steady(steady::Args),
     /// Claim cost with 0 vs many already-published rows retained.
     History(history::Args),
+    /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
+    Ordering(ordering::Args),
     /// drain (null sink, both settle modes, with sql-limit and baseline), steady and history at
     /// reduced sizes: a quick tour.
     Quick,
@@ -66,6 +69,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         Scenario::Baseline(a) => baseline::run(&scratch, &out, a).await,
         Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
         Scenario::History(a) => history::run(&scratch, &out, a).await,
+        Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
         Scenario::Quick => quick(&scratch, &out).await,
     };
     scratch.drop_database().await;
@@ -75,6 +79,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 async fn quick(scratch: &Scratch, out: &Output) -> anyhow::Result<()> {
     drain::run(scratch, out, &drain::Args::quick(), true).await?;
     steady::run(scratch, out, &steady::Args::quick()).await?;
+    ordering::run(scratch, out, &ordering::Args::quick()).await?;
     history::run(scratch, out, &history::Args::quick()).await
 }
 
