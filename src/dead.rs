@@ -107,17 +107,8 @@ pub async fn retry(
     filter: &DeadFilter,
     dry_run: bool,
 ) -> Result<u64> {
-    if dry_run {
-        return count(pool, table, filter).await;
-    }
-    let sql = table.render(&format!(
-        "UPDATE {{outbox}} SET dead_at = NULL, attempts = 0, next_attempt_at = now(), lease_token = NULL
-         WHERE {DEAD_WHERE} RETURNING 1"
-    ));
-    let rows: Vec<(i32,)> = bind_filter(sqlx::query_as(&sql), filter)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows.len() as u64)
+    let statement = "UPDATE {outbox} SET dead_at = NULL, attempts = 0, next_attempt_at = now(), lease_token = NULL";
+    apply(pool, table, filter, dry_run, statement).await
 }
 
 /// DeadDiscard: deletes matching dead events for good. With `dry_run`, only counts them.
@@ -127,12 +118,21 @@ pub async fn discard(
     filter: &DeadFilter,
     dry_run: bool,
 ) -> Result<u64> {
+    apply(pool, table, filter, dry_run, "DELETE FROM {outbox}").await
+}
+
+/// Runs `statement` (an UPDATE or DELETE head) on the dead events `filter` matches.
+async fn apply(
+    pool: &PgPool,
+    table: &OutboxTable,
+    filter: &DeadFilter,
+    dry_run: bool,
+    statement: &str,
+) -> Result<u64> {
     if dry_run {
         return count(pool, table, filter).await;
     }
-    let sql = table.render(&format!(
-        "DELETE FROM {{outbox}} WHERE {DEAD_WHERE} RETURNING 1"
-    ));
+    let sql = table.render(&format!("{statement} WHERE {DEAD_WHERE} RETURNING 1"));
     let rows: Vec<(i32,)> = bind_filter(sqlx::query_as(&sql), filter)
         .fetch_all(pool)
         .await?;

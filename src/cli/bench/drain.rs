@@ -4,11 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgoutbox::claim::{claim_due, ClaimOptions};
-use pgoutbox::config::{ClaimMode, Config};
-use pgoutbox::publish::Outcome;
+use pgoutbox::config::Config;
 use pgoutbox::relay::Relay;
-use pgoutbox::settle::{self, SettlePlan};
 use tokio_util::sync::CancellationToken;
 
 use super::{rate, Output, Row, Scratch};
@@ -132,39 +129,20 @@ async fn sql_limit(
     scratch.fresh_outbox().await?;
     scratch.prefill(args.events, out).await?;
     let table = pgoutbox::OutboxTable::default_table();
-    let options = ClaimOptions {
-        mode: ClaimMode::Transaction,
-        limit: args.batch_size,
-        lease: Duration::from_secs(60),
-        ordered: None,
-        heads: args.batch_size,
-        followers: 0,
-    };
     let done = Arc::new(AtomicU64::new(0));
     let bar = out.bar(args.events, "sql-limit");
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.workers {
         let (pool, table, done) = (scratch.pool.clone(), table.clone(), done.clone());
+        let batch_size = args.batch_size;
         tasks.push(tokio::spawn(async move {
-            let policy = pgoutbox::retry::RetryPolicy::default();
             loop {
-                let batch = claim_due(&pool, &table, &options).await?;
-                if batch.events.is_empty() {
-                    return Ok::<_, pgoutbox::Error>(());
+                let (n, _) = super::claim_and_settle(&pool, &table, batch_size, delete).await?;
+                if n == 0 {
+                    return Ok::<_, anyhow::Error>(());
                 }
-                let delivered = vec![Outcome::Delivered; batch.events.len()];
-                let plan: SettlePlan = settle::plan(
-                    batch
-                        .events
-                        .iter()
-                        .zip(&delivered)
-                        .map(|(e, o)| (e, Some(("null", &policy)), o)),
-                    chrono::Utc::now(),
-                    &mut rand::thread_rng(),
-                );
-                settle::apply(&table, &pool, batch.hold, &plan, delete, &[]).await?;
-                done.fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+                done.fetch_add(n as u64, Ordering::Relaxed);
             }
         }));
     }

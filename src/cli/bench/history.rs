@@ -1,12 +1,7 @@
 //! `bench history`: does claim cost grow with retained published history? (It should not: the
 //! claim reads a partial index of pending rows only.)
 
-use std::time::{Duration, Instant};
-
-use pgoutbox::claim::{claim_due, ClaimOptions};
-use pgoutbox::config::ClaimMode;
-use pgoutbox::publish::Outcome;
-use pgoutbox::settle;
+use std::time::Duration;
 
 use super::{Output, Row, Scratch};
 
@@ -88,34 +83,14 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
 /// Drains the pending rows claim by claim (keep mode) and returns the median claim duration.
 async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration> {
     let table = pgoutbox::OutboxTable::default_table();
-    let options = ClaimOptions {
-        mode: ClaimMode::Transaction,
-        limit: args.batch_size,
-        lease: Duration::from_secs(60),
-        ordered: None,
-        heads: args.batch_size,
-        followers: 0,
-    };
-    let policy = pgoutbox::retry::RetryPolicy::default();
     let mut times = Vec::new();
     loop {
-        let started = Instant::now();
-        let batch = claim_due(&scratch.pool, &table, &options).await?;
-        times.push(started.elapsed());
-        if batch.events.is_empty() {
+        let (n, claim_time) =
+            super::claim_and_settle(&scratch.pool, &table, args.batch_size, false).await?;
+        times.push(claim_time);
+        if n == 0 {
             break;
         }
-        let delivered = vec![Outcome::Delivered; batch.events.len()];
-        let plan = settle::plan(
-            batch
-                .events
-                .iter()
-                .zip(&delivered)
-                .map(|(e, o)| (e, Some(("bench", &policy)), o)),
-            chrono::Utc::now(),
-            &mut rand::thread_rng(),
-        );
-        settle::apply(&table, &scratch.pool, batch.hold, &plan, false, &[]).await?;
     }
     times.sort();
     Ok(times[times.len() / 2])
