@@ -26,6 +26,7 @@ pub mod schema;
 pub mod settle;
 pub mod status;
 pub mod table;
+pub mod trace;
 pub mod webhook;
 
 pub use enqueue::{Event, Outbox};
