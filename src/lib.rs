@@ -27,7 +27,7 @@ pub mod status;
 pub mod table;
 pub mod webhook;
 
-pub use enqueue::{Event, Outbox};
+pub use enqueue::{Event, Outbox, TypedEvent};
 pub use error::{error_chain, Error, Result};
 pub use event::OutboxEvent;
 pub use table::{Ident, OutboxTable};
