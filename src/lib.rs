@@ -17,6 +17,7 @@ pub mod dead;
 pub mod enqueue;
 pub mod error;
 pub mod event;
+pub mod inbox;
 pub mod publish;
 pub mod relay;
 pub mod retry;
