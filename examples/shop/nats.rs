@@ -7,6 +7,8 @@
 //!
 //! Run: `cargo run --example shop --features axum,nats -- --nats-consumer`, with NATS on
 //! 127.0.0.1:4222 (`NATS_URL`) and a relay configured with a NATS destination for `order.*`.
+//! `tests/shop_nats.rs` includes this file and drives [`consume`] on a stream of its own.
+#![allow(dead_code)]
 
 use std::sync::Arc;
 
@@ -28,14 +30,16 @@ pub async fn run(pool: PgPool) -> anyhow::Result<()> {
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".into());
     let stats = Arc::new(ConsumerStats::default());
     println!("consuming order.created from NATS at {url}");
-    consume(&url, &stream_name(), pool, stats, None).await
+    consume(&url, &stream_name(), "order.created", pool, stats, None).await
 }
 
-/// Pulls from a durable consumer; each message is applied through the inbox, then acknowledged.
-/// With `limit`, returns after that many messages (tests).
+/// Pulls `subject` from a durable consumer on `stream` (created for that subject when missing);
+/// each message is applied through the inbox, then acknowledged. With `limit`, returns after
+/// that many messages (tests).
 pub async fn consume(
     url: &str,
     stream: &str,
+    subject: &str,
     pool: PgPool,
     stats: Arc<ConsumerStats>,
     limit: Option<usize>,
@@ -47,7 +51,7 @@ pub async fn consume(
     let stream = js
         .get_or_create_stream(stream::Config {
             name: stream.to_owned(),
-            subjects: vec!["order.>".into()],
+            subjects: vec![subject.to_owned()],
             ..Default::default()
         })
         .await
@@ -58,7 +62,7 @@ pub async fn consume(
             pull::Config {
                 durable_name: Some(services::CONSUMER.into()),
                 ack_policy: AckPolicy::Explicit,
-                filter_subject: "order.created".into(),
+                filter_subject: subject.to_owned(),
                 ..Default::default()
             },
         )
@@ -74,19 +78,27 @@ pub async fn consume(
         let id = message
             .headers
             .as_ref()
-            .and_then(|h| h.get("Nats-Msg-Id"))
+            // The constant, not the string: async-nats keys its standard headers by their own
+            // name type, and a string lookup would miss them.
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
             .and_then(|v| Uuid::parse_str(v.as_str()).ok());
         let envelope: Result<Envelope<OrderCreated>, _> = serde_json::from_slice(&message.payload);
         match (id, envelope) {
             (Some(id), Ok(envelope)) if envelope.id == id => {
-                // Not acknowledged on error: JetStream redelivers, the inbox keeps it exact.
+                // On an error the consumer stops without acknowledging: JetStream redelivers to
+                // the next run, and the inbox keeps the effect single.
                 services::apply_order_created(&pool, id, &envelope.data, &stats).await?;
                 message
                     .ack()
                     .await
                     .map_err(|e| anyhow!("ack failed: {e}"))?;
             }
-            _ => {
+            (id, envelope) => {
+                eprintln!(
+                    "terminating a malformed message on {} (Nats-Msg-Id {id:?}, envelope error {:?})",
+                    message.subject,
+                    envelope.err().map(|e| e.to_string())
+                );
                 // Malformed: redelivering will not fix it; terminate instead of looping.
                 message
                     .ack_with(jetstream::AckKind::Term)
