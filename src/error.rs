@@ -22,6 +22,16 @@ pub enum Error {
     #[error("database error")]
     Database(#[from] sqlx::Error),
 
+    /// A statement sent through the sqlx 0.9 adapter failed.
+    #[cfg(feature = "sqlx09")]
+    #[error("database error (sqlx 0.9)")]
+    Sqlx09(#[from] sqlx09::Error),
+
+    /// A statement sent through the tokio-postgres adapter failed.
+    #[cfg(feature = "tokio-postgres")]
+    #[error("database error (tokio-postgres)")]
+    TokioPostgres(#[from] tokio_postgres::Error),
+
     /// A schema migration failed; the whole migration run was rolled back.
     #[error("migration {version} ({description}) failed")]
     Migration {

@@ -17,6 +17,7 @@ pub mod dead;
 pub mod enqueue;
 pub mod error;
 pub mod event;
+pub mod inbox;
 pub mod observe;
 pub mod publish;
 pub mod relay;
@@ -29,7 +30,7 @@ pub mod table;
 pub mod trace;
 pub mod webhook;
 
-pub use enqueue::{Event, Outbox};
+pub use enqueue::{Event, Outbox, TypedEvent};
 pub use error::{error_chain, Error, Result};
 pub use event::OutboxEvent;
 pub use table::{Ident, OutboxTable};

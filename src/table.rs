@@ -296,7 +296,7 @@ FROM picked ORDER BY seq";
 /// lease token in lease mode (NULL in transaction mode, where the row lock already fences).
 const SET_PUBLISHED_MANY: &str = "
 UPDATE {outbox}
-SET published_at = now(), destination = $2, lease_token = NULL
+SET published_at = statement_timestamp(), destination = $2, lease_token = NULL
 WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)";
 
 /// OutboxDeleteMany. Primary-key lookups; used when retention is zero, the cheapest settle.
@@ -305,14 +305,16 @@ DELETE FROM {outbox}
 WHERE id = ANY($1) AND ($2::uuid IS NULL OR lease_token = $2)";
 
 /// OutboxSetFailedMany. One statement for every failure of a batch: the delay and the dead flag
-/// are decided by the retry policy in Rust, the clock is the database's.
+/// are decided by the retry policy in Rust, the clock is the database's. `statement_timestamp()`,
+/// not `now()`: in transaction mode `now()` is the claim's start, before the publish, and a delay
+/// must count from the failure.
 const SET_FAILED_MANY: &str = "
 UPDATE {outbox} AS o
 SET attempts = o.attempts + 1,
     last_error = f.error,
     destination = f.destination,
-    next_attempt_at = now() + make_interval(secs => f.delay_secs),
-    dead_at = CASE WHEN f.dead THEN now() END,
+    next_attempt_at = statement_timestamp() + make_interval(secs => f.delay_secs),
+    dead_at = CASE WHEN f.dead THEN statement_timestamp() END,
     lease_token = NULL
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::float8[], $5::bool[])
      AS f(id, error, destination, delay_secs, dead)

@@ -12,6 +12,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+#[cfg(feature = "axum")]
+pub mod axum;
+
 /// Default tolerance between a message's timestamp and the receiver's clock.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
 

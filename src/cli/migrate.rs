@@ -3,15 +3,25 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use pgoutbox::inbox::InboxTable;
 
 use super::Cli;
 
 /// Arguments of `migrate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Create or upgrade the consumer-side inbox table instead of the outbox (in `--schema`).
+    #[arg(long, conflicts_with_all = ["grant_relay", "grant_producer"])]
+    inbox: bool,
+
+    /// Name of the inbox table, with `--inbox`.
+    #[arg(long, value_name = "NAME", default_value = "inbox", requires = "inbox")]
+    inbox_table: String,
+
     /// Also grant ROLE exactly what the relay needs (run as the table owner).
     #[arg(long, value_name = "ROLE")]
     grant_relay: Option<String>,
+
     /// Also grant ROLE what a producer needs (INSERT, the enqueue function).
     #[arg(long, value_name = "ROLE")]
     grant_producer: Option<String>,
@@ -21,19 +31,22 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect(config.database_url()?, 1).await?;
     let mut conn = pool.acquire().await?;
-    let report = pgoutbox::schema::migrate(&mut conn, &config.table)
-        .await
-        .with_context(|| format!("cannot migrate {}", config.table))?;
-    if report.applied.is_empty() {
-        println!(
-            "{} is up to date (schema version {})",
-            config.table, report.version
-        );
+    let (name, report) = if args.inbox {
+        let inbox = InboxTable::parse(config.table.schema().as_str(), &args.inbox_table)?;
+        let report = pgoutbox::inbox::migrate(&mut conn, &inbox)
+            .await
+            .with_context(|| format!("cannot migrate the inbox {inbox}"))?;
+        (inbox.to_string(), report)
     } else {
-        println!(
-            "migrated {} to schema version {}:",
-            config.table, report.version
-        );
+        let report = pgoutbox::schema::migrate(&mut conn, &config.table)
+            .await
+            .with_context(|| format!("cannot migrate {}", config.table))?;
+        (config.table.to_string(), report)
+    };
+    if report.applied.is_empty() {
+        println!("{name} is up to date (schema version {})", report.version);
+    } else {
+        println!("migrated {name} to schema version {}:", report.version);
         for (version, description) in &report.applied {
             println!("  applied {version}: {description}");
         }

@@ -43,7 +43,17 @@ const MIGRATIONS: &[Migration] = &[
 pub const CURRENT_VERSION: i32 = 4;
 
 /// Advisory lock key shared by every `migrate`, whatever the table: migrations are rare and short.
-const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
+pub(crate) const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
+
+/// The registry of applied migrations, one per schema; shared with the inbox's migrations
+/// ([`crate::inbox::migrate`]), which record themselves under `inbox:<table>`.
+pub(crate) const REGISTRY_DDL: &str = "CREATE TABLE IF NOT EXISTS {schema}.pgoutbox_migrations (
+    table_name  text NOT NULL,
+    version     int NOT NULL,
+    description text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_name, version)
+)";
 
 /// What a `migrate` run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,17 +83,9 @@ pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<Mig
             .execute(&mut *tx)
             .await?;
     }
-    sqlx::raw_sql(&table.render(
-        "CREATE TABLE IF NOT EXISTS {schema}.pgoutbox_migrations (
-            table_name  text NOT NULL,
-            version     int NOT NULL,
-            description text NOT NULL,
-            applied_at  timestamptz NOT NULL DEFAULT now(),
-            PRIMARY KEY (table_name, version)
-        )",
-    ))
-    .execute(&mut *tx)
-    .await?;
+    sqlx::raw_sql(&table.render(REGISTRY_DDL))
+        .execute(&mut *tx)
+        .await?;
 
     let current = applied_version(&mut tx, table).await?;
     let mut applied = Vec::new();

@@ -1,7 +1,18 @@
 //! Enqueue: writing events into the outbox inside the caller's transaction.
 //!
 //! The event commits with the business data or not at all: pass the same transaction (or
-//! connection) the application writes with.
+//! connection) the application writes with. One [`Event`] type serves every driver; each driver
+//! adapter only binds parameters to the statements rendered in [`crate::table`] (`OutboxInsert`,
+//! `OutboxInsertMany`), so there is one definition of the INSERT:
+//!
+//! | driver | one event | a batch | module |
+//! |---|---|---|---|
+//! | sqlx 0.8 (always) | [`Outbox::enqueue`] | [`Outbox::enqueue_many`] | `sqlx08` |
+//! | sqlx 0.9 (feature `sqlx09`) | `Outbox::enqueue_sqlx09` | `Outbox::enqueue_many_sqlx09` | `sqlx09` |
+//! | tokio-postgres (feature `tokio-postgres`) | `Outbox::enqueue_pg` | `Outbox::enqueue_many_pg` | `tokio_postgres` |
+//!
+//! Typed events: implement [`TypedEvent`] on a `Serialize` struct and build the event with
+//! [`Event::typed`] (or call [`Outbox::enqueue_typed`]).
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -19,11 +30,40 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use sqlx::PgConnection;
-use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::table::OutboxTable;
+
+mod sqlx08;
+#[cfg(feature = "sqlx09")]
+mod sqlx09;
+#[cfg(feature = "tokio-postgres")]
+mod tokio_postgres;
+
+/// A payload type that knows its topic (and optionally its key), so it enqueues directly.
+///
+/// ```
+/// #[derive(serde::Serialize)]
+/// struct OrderCreated { order_id: i64, total: i64 }
+///
+/// impl pgoutbox::TypedEvent for OrderCreated {
+///     const TOPIC: &'static str = "order.created";
+///     fn key(&self) -> Option<String> { Some(format!("order-{}", self.order_id)) }
+/// }
+///
+/// let event = pgoutbox::Event::typed(&OrderCreated { order_id: 1, total: 42 }).unwrap();
+/// assert_eq!(event.topic(), "order.created");
+/// assert_eq!(event.key_str(), Some("order-1"));
+/// ```
+pub trait TypedEvent: Serialize {
+    /// The topic every value of this type is published under.
+    const TOPIC: &'static str;
+
+    /// The message key (per-key ordering, broker partitioning); none by default.
+    fn key(&self) -> Option<String> {
+        None
+    }
+}
 
 /// An event to enqueue: topic, JSON payload, optional key and headers.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +79,15 @@ impl Event {
     pub fn new(topic: impl Into<String>, payload: &impl Serialize) -> Result<Self> {
         let payload = serde_json::to_string(payload).map_err(Error::Payload)?;
         Self::build(topic.into(), payload)
+    }
+
+    /// An event from a [`TypedEvent`]: its topic, its key, the value serialized as the payload.
+    pub fn typed<T: TypedEvent>(value: &T) -> Result<Self> {
+        let event = Self::new(T::TOPIC, value)?;
+        Ok(match value.key() {
+            Some(key) => event.key(key),
+            None => event,
+        })
     }
 
     /// An event whose payload is already JSON text; it is validated, not re-encoded.
@@ -81,6 +130,16 @@ impl Event {
         &self.payload
     }
 
+    /// The message key, if any.
+    pub fn key_str(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.headers
+    }
+
     fn headers_json(&self) -> String {
         // A map of strings always serializes.
         serde_json::to_string(&self.headers).unwrap_or_else(|_| "{}".into())
@@ -112,40 +171,24 @@ impl Outbox {
     pub fn table(&self) -> &OutboxTable {
         &self.table
     }
+}
 
-    /// Inserts one event using the caller's connection or transaction (`&mut *tx`); returns its id.
-    pub async fn enqueue(&self, conn: &mut PgConnection, event: &Event) -> Result<Uuid> {
-        let id = sqlx::query_scalar(&self.table.sql.insert_one)
-            .bind(&event.topic)
-            .bind(&event.payload)
-            .bind(&event.key)
-            .bind(event.headers_json())
-            .fetch_one(conn)
-            .await?;
-        Ok(id)
-    }
+/// The parameters of `OutboxInsertMany`, one array per column, shared by every adapter.
+struct Columns<'a> {
+    topics: Vec<&'a str>,
+    payloads: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    headers: Vec<String>,
+}
 
-    /// Inserts many events in one statement, in order; returns their ids in the same order.
-    pub async fn enqueue_many(
-        &self,
-        conn: &mut PgConnection,
-        events: &[Event],
-    ) -> Result<Vec<Uuid>> {
-        if events.is_empty() {
-            return Ok(Vec::new());
+impl<'a> Columns<'a> {
+    fn of(events: &'a [Event]) -> Self {
+        Self {
+            topics: events.iter().map(|e| e.topic.as_str()).collect(),
+            payloads: events.iter().map(|e| e.payload.as_str()).collect(),
+            keys: events.iter().map(|e| e.key.as_deref()).collect(),
+            headers: events.iter().map(Event::headers_json).collect(),
         }
-        let topics: Vec<&str> = events.iter().map(|e| e.topic.as_str()).collect();
-        let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
-        let keys: Vec<Option<&str>> = events.iter().map(|e| e.key.as_deref()).collect();
-        let headers: Vec<String> = events.iter().map(Event::headers_json).collect();
-        let ids = sqlx::query_scalar(&self.table.sql.insert_many)
-            .bind(topics)
-            .bind(payloads)
-            .bind(keys)
-            .bind(headers)
-            .fetch_all(conn)
-            .await?;
-        Ok(ids)
     }
 }
 
@@ -163,5 +206,22 @@ mod tests {
         m.insert(vec![1u8], 1);
         assert!(matches!(Event::new("t", &m), Err(Error::Payload(_))));
         assert!(matches!(Event::new(" ", &1), Err(Error::EmptyTopic)));
+    }
+
+    #[derive(Serialize)]
+    struct Shipped {
+        order_id: i64,
+    }
+
+    impl TypedEvent for Shipped {
+        const TOPIC: &'static str = "order.shipped";
+    }
+
+    #[test]
+    fn typed_events_carry_their_topic_and_key() {
+        let e = Event::typed(&Shipped { order_id: 7 }).expect("json");
+        assert_eq!(e.topic(), "order.shipped");
+        assert_eq!(e.payload(), r#"{"order_id":7}"#);
+        assert_eq!(e.key_str(), None);
     }
 }
