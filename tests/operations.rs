@@ -227,3 +227,59 @@ fn the_dashboard_uses_only_documented_metrics() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_set_at_enqueue_reaches_the_webhook_receiver() {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+    };
+
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let sc = SpanContext::new(
+        TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
+        SpanId::from_hex("00f067aa0ba902b7").expect("hex"),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    let (traced, untraced) = {
+        let _guard = opentelemetry::Context::current()
+            .with_remote_span_context(sc)
+            .attach();
+        let traced =
+            pgoutbox::Event::new("order.created", &serde_json::json!({"n": 1})).expect("json");
+        let untraced = pgoutbox::Event::new("order.created", &serde_json::json!({"n": 2}))
+            .expect("json")
+            .without_trace_context();
+        (traced, untraced)
+    };
+    let outbox = pgoutbox::Outbox::default();
+    let mut tx = db.pool.begin().await.expect("begin");
+    let traced_id = outbox.enqueue(&mut tx, &traced).await.expect("enqueue");
+    outbox.enqueue(&mut tx, &untraced).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+
+    let config = parse_config(&webhook_config(&db, &rx.url, ""));
+    pgoutbox::relay::Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    let log = rx.delivered();
+    let got = log
+        .iter()
+        .find(|r| r.id == traced_id.to_string())
+        .expect("delivered");
+    assert_eq!(
+        got.headers.get("traceparent").map(String::as_str),
+        Some(traceparent),
+        "unchanged"
+    );
+    let other = log
+        .iter()
+        .find(|r| r.id != traced_id.to_string())
+        .expect("delivered");
+    assert!(!other.headers.contains_key("traceparent"), "opted out");
+}

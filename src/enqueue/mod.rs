@@ -100,12 +100,27 @@ impl Event {
         if topic.trim().is_empty() {
             return Err(Error::EmptyTopic);
         }
+        // The producer's trace continues through the relay to the consumer (see crate::trace).
+        let mut headers = BTreeMap::new();
+        if let Some((traceparent, tracestate)) = crate::trace::current() {
+            headers.insert(crate::trace::TRACEPARENT.to_owned(), traceparent);
+            if let Some(state) = tracestate {
+                headers.insert(crate::trace::TRACESTATE.to_owned(), state);
+            }
+        }
         Ok(Self {
             topic,
             payload,
             key: None,
-            headers: BTreeMap::new(),
+            headers,
         })
+    }
+
+    /// Drops the trace context recorded from the current OpenTelemetry span (opt-out).
+    pub fn without_trace_context(mut self) -> Self {
+        self.headers.remove(crate::trace::TRACEPARENT);
+        self.headers.remove(crate::trace::TRACESTATE);
+        self
     }
 
     /// Sets the message key (per-key ordering, broker partitioning).
