@@ -80,7 +80,7 @@ async fn ordered_keys_keep_seq_order_across_four_relays_and_retries() {
     let c = counter.clone();
     let rx = Receiver::with(move |_| {
         let n = c.fetch_add(1, AtomicOrdering::Relaxed);
-        if n.wrapping_mul(2654435761) % 5 == 0 {
+        if n.wrapping_mul(2654435761).is_multiple_of(5) {
             Reply::status(503)
         } else {
             Reply::ok()
