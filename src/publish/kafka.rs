@@ -154,9 +154,8 @@ fn classify(e: &KafkaError) -> Outcome {
             | C::InvalidMessageSize
             | C::InvalidMessage
             | C::InvalidRecord
-            | C::TopicException
             | C::InvalidTopic
-            | C::RecordListTooLarge,
+            | C::MessageBatchTooLarge,
         ) => Outcome::Rejected {
             reason: format!("Kafka refused the record: {e}"),
         },
