@@ -136,3 +136,24 @@ async fn an_invalid_topic_is_rejected_and_others_still_delivered() {
         .expect("run");
     assert_eq!((report.delivered, report.dead), (2, 1), "{report:?}");
 }
+
+#[test]
+fn bad_settings_are_config_errors() {
+    for (settings, says) in [
+        ("url = \"mqtts://h\"", "scheme"),
+        (
+            "url = \"mqtt://h\"\ntopic = \"a/#\"",
+            "not a valid MQTT topic",
+        ),
+        (
+            "url = \"mqtt://h\"\ntopic = \"{header}\"",
+            "unknown placeholder",
+        ),
+    ] {
+        let text = format!("[[destinations]]\nname = \"m\"\ntype = \"mqtt\"\n{settings}\n");
+        let e = pgoutbox::config::Config::parse(&text, |_| None)
+            .expect_err(settings)
+            .to_string();
+        assert!(e.contains(says), "{settings}: {e}");
+    }
+}

@@ -111,3 +111,18 @@ async fn maxlen_trims_and_a_wrong_type_key_is_rejected() {
         .await
         .expect("cleanup");
 }
+
+#[test]
+fn bad_settings_are_config_errors() {
+    for (settings, says) in [
+        ("url = \"http://x\"", "url"),
+        ("url = \"redis://h\"\nmaxlen = 0", "maxlen"),
+        ("url = \"redis://h\"\nstream = \"{key\"", "never closed"),
+    ] {
+        let text = format!("[[destinations]]\nname = \"r\"\ntype = \"redis\"\n{settings}\n");
+        let e = pgoutbox::config::Config::parse(&text, |_| None)
+            .expect_err(settings)
+            .to_string();
+        assert!(e.contains(says), "{settings}: {e}");
+    }
+}
