@@ -10,6 +10,7 @@
 //! invalid subject, a message over the server's `max_payload` and a subject no stream takes are
 //! rejected.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -209,19 +210,33 @@ impl NatsSink {
         subject: &str,
         kind: PublishErrorKind,
         reason: String,
+        streamless: &mut HashMap<String, bool>,
     ) -> Outcome {
         match kind {
             PublishErrorKind::MaxPayloadExceeded => Outcome::Rejected { reason },
             // "No responders" also happens while JetStream starts up or elects a leader: only a
-            // definite "no stream matches" from JetStream is permanent.
-            PublishErrorKind::StreamNotFound => match js.stream_by_subject(subject).await {
-                Err(e) if matches!(e.kind(), GetStreamByNameErrorKind::NotFound) => {
+            // definite "no stream matches" from JetStream is permanent. Asked once per subject
+            // per batch.
+            PublishErrorKind::StreamNotFound => {
+                let none = match streamless.get(subject) {
+                    Some(none) => *none,
+                    None => {
+                        let none = matches!(
+                            js.stream_by_subject(subject).await,
+                            Err(e) if matches!(e.kind(), GetStreamByNameErrorKind::NotFound)
+                        );
+                        streamless.insert(subject.to_owned(), none);
+                        none
+                    }
+                };
+                if none {
                     Outcome::Rejected {
                         reason: format!("no JetStream stream takes subject {subject:?}"),
                     }
+                } else {
+                    Outcome::retry(reason)
                 }
-                _ => Outcome::retry(reason),
-            },
+            }
             _ => Outcome::retry(reason),
         }
     }
@@ -250,6 +265,7 @@ impl Sink for NatsSink {
             return vec![Outcome::retry("not connected to NATS (reconnecting)"); events.len()];
         }
         // Send everything first (in batch order, so per-key order holds), then await the acks.
+        let mut streamless = HashMap::new();
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
             let subject = self.cfg.subject.render(event);
@@ -268,7 +284,13 @@ impl Sink for NatsSink {
                 Err(e) => {
                     let reason = format!("publish to {subject:?} failed: {}", error_chain(&e));
                     Err(self
-                        .classify_publish_error(&conn.js, &subject, e.kind(), reason)
+                        .classify_publish_error(
+                            &conn.js,
+                            &subject,
+                            e.kind(),
+                            reason,
+                            &mut streamless,
+                        )
                         .await)
                 }
             });
@@ -287,7 +309,7 @@ impl Sink for NatsSink {
                     }
                     Err(e) => {
                         let reason = format!("no PubAck for {subject:?}: {}", error_chain(&e));
-                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason)
+                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason, &mut streamless)
                             .await
                     }
                 },
