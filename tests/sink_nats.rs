@@ -172,3 +172,41 @@ fn bad_settings_are_config_errors() {
         assert!(e.contains(says), "{settings}: {e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_larger_than_the_client_ack_window_is_delivered() {
+    // async-nats allows 5,000 unacknowledged publishes; a 6,000-event batch must not wait on
+    // itself.
+    let db = TestDb::migrated().await;
+    let stream = unique("PGTBIG_");
+    let prefix = unique("pgtbig");
+    let config = parse_config(
+        &sink_config(
+            &db,
+            "nats",
+            &format!(
+                "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\ncreate_stream = true\n\
+                 stream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+            ),
+        )
+        .replace("[relay]\n", "[relay]\nbatch_size = 10000\n"),
+    );
+    commit_events(&db, 6000, "bulk").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 6000, "{report:?}");
+    assert_eq!(report.claimed, 6000, "one batch: {report:?}");
+    let js = jetstream().await;
+    let info = js
+        .get_stream(&stream)
+        .await
+        .expect("stream")
+        .get_info()
+        .await
+        .expect("info");
+    assert_eq!(info.state.messages, 6000);
+    js.delete_stream(&stream).await.expect("cleanup");
+}

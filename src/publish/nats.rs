@@ -2,8 +2,8 @@
 //!
 //! Every message carries `Nats-Msg-Id` = event id, so JetStream drops a redelivery that lands
 //! inside the stream's duplicate window (the PubAck then says `duplicate`). A batch is sent in
-//! order without waiting, then each PubAck is awaited: an event is `Delivered` only once the
-//! stream has stored it. The client connects on the first publish and reconnects by itself;
+//! order without waiting (in windows of [`PIPELINE_WINDOW`]), then each PubAck is awaited: an
+//! event is `Delivered` only once the stream has stored it. The client connects on the first publish and reconnects by itself;
 //! while it is disconnected every event is a `Retry`.
 //!
 //! Classification: no connection, ack timeouts and JetStream being unavailable are retried; an
@@ -28,6 +28,11 @@ use crate::config::duration_str;
 use crate::error::error_chain;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+
+/// Events sent before their PubAcks are awaited. async-nats holds one permit per unacknowledged
+/// publish (5,000 by default) and blocks the next send when they run out: a batch larger than
+/// that, sent whole before awaiting, would wait on itself.
+const PIPELINE_WINDOW: usize = 256;
 
 /// Registry entry: `type = "nats"`.
 pub const KIND: SinkKind = SinkKind {
@@ -264,8 +269,31 @@ impl Sink for NatsSink {
         if conn.client.connection_state() != async_nats::connection::State::Connected {
             return vec![Outcome::retry("not connected to NATS (reconnecting)"); events.len()];
         }
-        // Send everything first (in batch order, so per-key order holds), then await the acks.
         let mut streamless = HashMap::new();
+        let mut outcomes = Vec::with_capacity(events.len());
+        for window in events.chunks(PIPELINE_WINDOW) {
+            outcomes.extend(self.publish_window(conn, window, &mut streamless).await);
+        }
+        outcomes
+    }
+
+    async fn healthcheck(&self) -> Result<(), String> {
+        let conn = self.connect().await?;
+        conn.client
+            .flush()
+            .await
+            .map_err(|e| format!("NATS is not reachable: {}", error_chain(&e)))
+    }
+}
+
+impl NatsSink {
+    /// Sends a window of events in order, then awaits their PubAcks.
+    async fn publish_window(
+        &self,
+        conn: &Conn,
+        events: &[&OutboxEvent],
+        streamless: &mut HashMap<String, bool>,
+    ) -> Vec<Outcome> {
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
             let subject = self.cfg.subject.render(event);
@@ -284,13 +312,7 @@ impl Sink for NatsSink {
                 Err(e) => {
                     let reason = format!("publish to {subject:?} failed: {}", error_chain(&e));
                     Err(self
-                        .classify_publish_error(
-                            &conn.js,
-                            &subject,
-                            e.kind(),
-                            reason,
-                            &mut streamless,
-                        )
+                        .classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
                         .await)
                 }
             });
@@ -309,21 +331,13 @@ impl Sink for NatsSink {
                     }
                     Err(e) => {
                         let reason = format!("no PubAck for {subject:?}: {}", error_chain(&e));
-                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason, &mut streamless)
+                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
                             .await
                     }
                 },
             });
         }
         outcomes
-    }
-
-    async fn healthcheck(&self) -> Result<(), String> {
-        let conn = self.connect().await?;
-        conn.client
-            .flush()
-            .await
-            .map_err(|e| format!("NATS is not reachable: {}", error_chain(&e)))
     }
 }
 
