@@ -4,7 +4,17 @@
 //! failures (retriable or not, with the receiver's `Retry-After`); when to retry is the retry
 //! policy's business ([`crate::retry`]). Adding a sink is one file plus one line in [`build`].
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod null;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod stdout;
 mod webhook;
 
@@ -83,7 +93,19 @@ pub type BuildSink =
 
 /// Every sink type this build has. Adding a sink: one file in this folder and one line here.
 pub fn registry() -> Vec<SinkKind> {
-    vec![webhook::KIND, stdout::KIND, null::KIND]
+    #[allow(unused_mut)]
+    let mut kinds = vec![webhook::KIND, stdout::KIND, null::KIND];
+    #[cfg(feature = "nats")]
+    kinds.push(nats::KIND);
+    #[cfg(feature = "rabbitmq")]
+    kinds.push(rabbitmq::KIND);
+    #[cfg(feature = "kafka")]
+    kinds.push(kafka::KIND);
+    #[cfg(feature = "redis")]
+    kinds.push(redis::KIND);
+    #[cfg(feature = "mqtt")]
+    kinds.push(mqtt::KIND);
+    kinds
 }
 
 /// Builds the sink of a configured destination.

@@ -2,6 +2,10 @@
 //! helpers to run the `pgoutbox` binary.
 #![allow(dead_code)]
 
+#[cfg(feature = "rabbitmq")]
+pub mod amqp;
+pub mod sinks;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

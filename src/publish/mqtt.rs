@@ -1,0 +1,349 @@
+//! The `mqtt` sink: publishes to an MQTT 5 broker at QoS 1.
+//!
+//! rumqttc's `publish` returns once the request is queued, long before the broker's PUBACK, so a
+//! background task owns the event loop and matches packets: each queued publish gets a waiter in
+//! FIFO order, the loop's `Outgoing::Publish(pkid)` binds the next waiter to its packet id, and
+//! the `PubAck` with that id resolves it. An event is `Delivered` only after its PUBACK.
+//!
+//! Event headers travel as MQTT 5 user properties, plus `pgoutbox-id` (the event id, stable
+//! across redeliveries), `pgoutbox-topic` and, when set, `pgoutbox-key`. A session (connection,
+//! event loop, waiters) is made on the first publish; when its connection fails every waiting
+//! event is a `Retry` and the next publish starts a fresh session, so nothing queued on a dead
+//! connection can be mismatched with a later PUBACK.
+//!
+//! Classification: connection errors and ack timeouts are retried, as are the PUBACK reasons
+//! "quota exceeded", "unspecified" and "implementation specific"; "not authorized", "topic name
+//! invalid" and "payload format invalid", an invalid topic and an oversize message are rejected.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+use rumqttc::Outgoing;
+use serde::Deserialize;
+use tokio::sync::{oneshot, Mutex};
+
+use super::{Outcome, Sink, SinkKind};
+use crate::config::duration_str;
+use crate::event::OutboxEvent;
+use crate::route::Template;
+
+/// The largest MQTT packet (remaining length is at most 268,435,455 bytes).
+const MQTT_MAX_PACKET: usize = 268_435_455;
+
+/// Registry entry: `type = "mqtt"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "mqtt",
+    build: |_, settings| {
+        let cfg: MqttConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(MqttSink::new(cfg)?))
+    },
+};
+
+/// Settings of `type = "mqtt"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttConfig {
+    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default; no TLS yet).
+    pub url: crate::config::Secret,
+    /// Topic template; default `{topic}`.
+    #[serde(default = "Template::topic")]
+    pub topic: Template,
+    /// MQTT client id; default `pgoutbox-` plus a random suffix (two clients with one id evict
+    /// each other).
+    pub client_id: Option<String>,
+    /// Publish with the retain flag.
+    #[serde(default)]
+    pub retain: bool,
+    /// How long to wait for each PUBACK (and the connection).
+    #[serde(default = "default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
+    /// MQTT's 256 MiB).
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_max_message_bytes() -> usize {
+    1 << 20
+}
+
+/// Publishes events to an MQTT broker.
+pub struct MqttSink {
+    cfg: MqttConfig,
+    options: MqttOptions,
+    session: Mutex<Option<Arc<Session>>>,
+}
+
+impl std::fmt::Debug for MqttSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttSink")
+            .field("topic", &self.cfg.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One connection: the client that queues publishes and the waiters the event loop resolves.
+struct Session {
+    client: AsyncClient,
+    waiters: Arc<StdMutex<Waiters>>,
+    alive: Arc<AtomicBool>,
+    // Publishes of one batch must enter the client's queue together with their waiters, in order.
+    send: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Waiters {
+    /// Queued publishes not yet given a packet id, in queue order.
+    unsent: VecDeque<oneshot::Sender<Outcome>>,
+    /// Sent publishes awaiting their PUBACK.
+    inflight: HashMap<u16, oneshot::Sender<Outcome>>,
+}
+
+impl MqttSink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: MqttConfig) -> Result<Self, String> {
+        let url = url::Url::parse(&cfg.url.0).map_err(|e| format!("key `url`: not a URL: {e}"))?;
+        if url.scheme() != "mqtt" && url.scheme() != "tcp" {
+            return Err(format!(
+                "key `url`: scheme must be mqtt (TLS is not supported yet), not {:?}",
+                url.scheme()
+            ));
+        }
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or("key `url`: no host")?;
+        if cfg.timeout.is_zero() {
+            return Err("key `timeout`: must be more than zero".into());
+        }
+        if cfg.max_message_bytes == 0 || cfg.max_message_bytes > MQTT_MAX_PACKET {
+            return Err(format!(
+                "key `max_message_bytes`: must be between 1 and {MQTT_MAX_PACKET}"
+            ));
+        }
+        if cfg.topic.is_constant() && !valid_topic(cfg.topic.as_str()) {
+            return Err(format!(
+                "key `topic`: {:?} is not a valid MQTT topic name",
+                cfg.topic.as_str()
+            ));
+        }
+        let client_id = match &cfg.client_id {
+            Some(id) if id.is_empty() => return Err("key `client_id`: must not be empty".into()),
+            Some(id) => id.clone(),
+            None => format!("pgoutbox-{}", uuid::Uuid::new_v4().simple()),
+        };
+        let mut options = MqttOptions::new(client_id, host, url.port().unwrap_or(1883));
+        options
+            .set_clean_start(true)
+            .set_keep_alive(Duration::from_secs(30))
+            .set_connection_timeout(cfg.timeout.as_secs().max(1))
+            .set_max_packet_size(Some(MQTT_MAX_PACKET as u32));
+        if !url.username().is_empty() {
+            let user = percent_decode(url.username());
+            let password = url.password().map(percent_decode).unwrap_or_default();
+            options.set_credentials(user, password);
+        }
+        Ok(Self {
+            cfg,
+            options,
+            session: Mutex::new(None),
+        })
+    }
+
+    async fn session(&self) -> Arc<Session> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| s.alive.load(Ordering::Acquire)) {
+            return s.clone();
+        }
+        let (client, eventloop) = AsyncClient::new(self.options.clone(), 1024);
+        let waiters = Arc::new(StdMutex::new(Waiters::default()));
+        let alive = Arc::new(AtomicBool::new(true));
+        tokio::spawn(drive(eventloop, waiters.clone(), alive.clone()));
+        let session = Arc::new(Session {
+            client,
+            waiters,
+            alive,
+            send: Mutex::new(()),
+        });
+        *slot = Some(session.clone());
+        session
+    }
+
+    fn properties(event: &OutboxEvent) -> PublishProperties {
+        let mut user_properties = Vec::with_capacity(event.headers.len() + 3);
+        user_properties.push(("pgoutbox-id".to_owned(), event.id.to_string()));
+        user_properties.push(("pgoutbox-topic".to_owned(), event.topic.clone()));
+        if let Some(key) = &event.key {
+            user_properties.push(("pgoutbox-key".to_owned(), key.clone()));
+        }
+        user_properties.extend(event.headers.iter().cloned());
+        PublishProperties {
+            // 1 = the payload is UTF-8 (JSON text).
+            payload_format_indicator: Some(1),
+            content_type: Some("application/json".into()),
+            user_properties,
+            ..Default::default()
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={s}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| s.to_owned())
+}
+
+/// A topic name one can publish to: non-empty, no wildcards, no NUL.
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty() && !topic.contains(['+', '#', '\0']) && topic.len() <= 65_535
+}
+
+/// Owns the event loop: binds waiters to packet ids and resolves them on PUBACK; on a connection
+/// error fails every waiter with `Retry` and ends the session.
+async fn drive(mut eventloop: EventLoop, waiters: Arc<StdMutex<Waiters>>, alive: Arc<AtomicBool>) {
+    let reason = loop {
+        match eventloop.poll().await {
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
+                let mut w = waiters.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(waiter) = w.unsent.pop_front() {
+                    w.inflight.insert(pkid, waiter);
+                }
+            }
+            Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                let waiter = waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .inflight
+                    .remove(&ack.pkid);
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(classify(ack.reason));
+                }
+            }
+            Ok(Event::Incoming(Packet::Disconnect(d))) => {
+                break format!("the broker disconnected: {:?}", d.reason_code);
+            }
+            Ok(_) => {}
+            Err(e) => break format!("MQTT connection failed: {e}"),
+        }
+    };
+    alive.store(false, Ordering::Release);
+    let mut guard = waiters.lock().unwrap_or_else(|p| p.into_inner());
+    let w = &mut *guard;
+    for waiter in w.unsent.drain(..).chain(w.inflight.drain().map(|(_, v)| v)) {
+        let _ = waiter.send(Outcome::retry(reason.clone()));
+    }
+}
+
+fn classify(reason: PubAckReason) -> Outcome {
+    match reason {
+        PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Outcome::Delivered,
+        PubAckReason::QuotaExceeded
+        | PubAckReason::UnspecifiedError
+        | PubAckReason::ImplementationSpecificError
+        | PubAckReason::PacketIdentifierInUse => Outcome::retry(format!(
+            "the broker refused the publish for now: {reason:?}"
+        )),
+        PubAckReason::NotAuthorized
+        | PubAckReason::TopicNameInvalid
+        | PubAckReason::PayloadFormatInvalid => Outcome::Rejected {
+            reason: format!("the broker refused the publish: {reason:?}"),
+        },
+    }
+}
+
+#[async_trait]
+impl Sink for MqttSink {
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
+        let session = self.session().await;
+        let mut pending = Vec::with_capacity(events.len());
+        {
+            let _order = session.send.lock().await;
+            for event in events {
+                let topic = self.cfg.topic.render(event);
+                let payload = event.payload.get().as_bytes();
+                if !valid_topic(&topic) {
+                    pending.push(Err(Outcome::Rejected {
+                        reason: format!("invalid MQTT topic name {topic:?}"),
+                    }));
+                    continue;
+                }
+                if payload.len() > self.cfg.max_message_bytes {
+                    pending.push(Err(Outcome::Rejected {
+                        reason: format!(
+                            "payload of {} bytes is over max_message_bytes ({})",
+                            payload.len(),
+                            self.cfg.max_message_bytes
+                        ),
+                    }));
+                    continue;
+                }
+                let (tx, rx) = oneshot::channel();
+                session
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unsent
+                    .push_back(tx);
+                let queued = session
+                    .client
+                    .publish_with_properties(
+                        topic,
+                        QoS::AtLeastOnce,
+                        self.cfg.retain,
+                        payload.to_vec(),
+                        Self::properties(event),
+                    )
+                    .await;
+                // A request that never entered the queue has no packet coming: its waiter (the
+                // last one pushed) must not be bound to the next packet id.
+                if let Err(e) = queued {
+                    session
+                        .waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .unsent
+                        .pop_back();
+                    pending.push(Err(Outcome::retry(format!("MQTT client closed: {e}"))));
+                    continue;
+                }
+                pending.push(Ok(rx));
+            }
+        }
+        let mut outcomes = Vec::with_capacity(events.len());
+        for p in pending {
+            outcomes.push(match p {
+                Err(outcome) => outcome,
+                Ok(rx) => match tokio::time::timeout(self.cfg.timeout, rx).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) => Outcome::retry("MQTT connection lost before the PUBACK"),
+                    Err(_) => Outcome::retry(format!("no PUBACK within {:?}", self.cfg.timeout)),
+                },
+            });
+        }
+        outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_and_urls_are_checked() {
+        assert!(valid_topic("orders/created"));
+        assert!(!valid_topic("orders/+"));
+        assert!(!valid_topic(""));
+        assert_eq!(percent_decode("a%40b"), "a@b");
+    }
+}

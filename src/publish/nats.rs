@@ -1,0 +1,356 @@
+//! The `nats` sink: publishes to NATS JetStream, one message per event, pipelined.
+//!
+//! Every message carries `Nats-Msg-Id` = event id, so JetStream drops a redelivery that lands
+//! inside the stream's duplicate window (the PubAck then says `duplicate`). A batch is sent in
+//! order without waiting (in windows of [`PIPELINE_WINDOW`]), then each PubAck is awaited: an
+//! event is `Delivered` only once the stream has stored it. The client connects on the first publish and reconnects by itself;
+//! while it is disconnected every event is a `Retry`.
+//!
+//! Classification: no connection, ack timeouts and JetStream being unavailable are retried; an
+//! invalid subject, a message over the server's `max_payload` and a subject no stream takes are
+//! rejected.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_trait::async_trait;
+use serde::Deserialize;
+use tokio::sync::OnceCell;
+
+use super::{Outcome, Sink, SinkKind};
+use crate::config::duration_str;
+use crate::error::error_chain;
+use crate::event::OutboxEvent;
+use crate::route::Template;
+
+/// Events sent before their PubAcks are awaited. async-nats holds one permit per unacknowledged
+/// publish (5,000 by default) and blocks the next send when they run out: a batch larger than
+/// that, sent whole before awaiting, would wait on itself.
+const PIPELINE_WINDOW: usize = 256;
+
+/// Registry entry: `type = "nats"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "nats",
+    build: |_, settings| {
+        let cfg: NatsConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(NatsSink::new(cfg)?))
+    },
+};
+
+/// Settings of `type = "nats"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222` (credentials may go in the URL).
+    pub url: String,
+    /// Subject template; default `{topic}`.
+    #[serde(default = "Template::topic")]
+    pub subject: Template,
+    /// How long to wait for a connection and for each PubAck.
+    #[serde(default = "default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// Create the stream `stream` with `subjects` if it does not exist (off by default).
+    #[serde(default)]
+    pub create_stream: bool,
+    /// Stream name, for `create_stream`.
+    pub stream: Option<String>,
+    /// Subjects the created stream takes (NATS wildcards allowed), for `create_stream`.
+    #[serde(default)]
+    pub subjects: Vec<String>,
+    /// JetStream duplicate window of the created stream; default the server's (2 minutes).
+    #[serde(default, with = "opt_duration")]
+    pub duplicate_window: Option<Duration>,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.
+mod opt_duration {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        crate::config::duration_str::deserialize(d).map(Some)
+    }
+}
+
+/// Publishes events to JetStream.
+pub struct NatsSink {
+    cfg: NatsConfig,
+    conn: OnceCell<Conn>,
+    duplicates: AtomicU64,
+}
+
+struct Conn {
+    client: async_nats::Client,
+    js: async_nats::jetstream::Context,
+}
+
+impl std::fmt::Debug for NatsSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsSink")
+            .field("subject", &self.cfg.subject)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsSink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: NatsConfig) -> Result<Self, String> {
+        if cfg.url.trim().is_empty() {
+            return Err("key `url`: must not be empty".into());
+        }
+        for url in cfg.url.split(',') {
+            url.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| format!("key `url`: {url:?} is not a NATS server address: {e}"))?;
+        }
+        if cfg.timeout.is_zero() {
+            return Err("key `timeout`: must be more than zero".into());
+        }
+        if cfg.subject.is_constant() && !valid_subject(cfg.subject.as_str()) {
+            return Err(format!(
+                "key `subject`: {:?} is not a valid NATS subject",
+                cfg.subject.as_str()
+            ));
+        }
+        if cfg.create_stream {
+            match cfg.stream.as_deref() {
+                None | Some("") => {
+                    return Err("key `stream`: required when `create_stream` is true".into())
+                }
+                Some(name) if name.contains(['.', ' ', '\t', '*', '>']) => {
+                    return Err(format!(
+                        "key `stream`: {name:?} must not contain spaces, `.`, `*` or `>`"
+                    ))
+                }
+                Some(_) => {}
+            }
+            if cfg.subjects.is_empty() {
+                return Err("key `subjects`: list the subjects of the stream to create".into());
+            }
+        } else if cfg.stream.is_some() || !cfg.subjects.is_empty() || cfg.duplicate_window.is_some()
+        {
+            return Err(
+                "keys `stream`, `subjects` and `duplicate_window` only apply with `create_stream = true`"
+                    .into(),
+            );
+        }
+        Ok(Self {
+            cfg,
+            conn: OnceCell::new(),
+            duplicates: AtomicU64::new(0),
+        })
+    }
+
+    /// How many publishes JetStream acknowledged as duplicates (redeliveries it dropped).
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
+    }
+
+    async fn connect(&self) -> Result<&Conn, String> {
+        self.conn
+            .get_or_try_init(|| async {
+                let client = async_nats::ConnectOptions::new()
+                    .connection_timeout(self.cfg.timeout)
+                    .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
+                    // Reconnect forever: the relay keeps running through broker outages.
+                    .max_reconnects(None)
+                    .connect(self.cfg.url.as_str())
+                    .await
+                    .map_err(|e| format!("cannot connect to NATS: {}", error_chain(&e)))?;
+                let js = async_nats::jetstream::context::ContextBuilder::new()
+                    .timeout(self.cfg.timeout)
+                    .build(client.clone());
+                if self.cfg.create_stream {
+                    let config = async_nats::jetstream::stream::Config {
+                        name: self.cfg.stream.clone().unwrap_or_default(),
+                        subjects: self.cfg.subjects.clone(),
+                        duplicate_window: self.cfg.duplicate_window.unwrap_or_default(),
+                        ..Default::default()
+                    };
+                    js.get_or_create_stream(config).await.map_err(|e| {
+                        format!("cannot create the JetStream stream: {}", error_chain(&e))
+                    })?;
+                }
+                Ok(Conn { client, js })
+            })
+            .await
+    }
+
+    fn message(&self, event: &OutboxEvent) -> PublishMessage {
+        let mut headers = HeaderMap::new();
+        for (k, v) in &event.headers {
+            // A header written by hand in SQL may not be valid NATS; it is skipped, not fatal.
+            if let Ok(name) = HeaderName::from_str(k) {
+                if !v.contains(['\r', '\n']) {
+                    headers.insert(name, HeaderValue::from(v.as_str()));
+                }
+            }
+        }
+        if let Some(key) = &event.key {
+            if !key.contains(['\r', '\n']) {
+                headers.insert("pgoutbox-key", key.as_str());
+            }
+        }
+        headers.insert("pgoutbox-topic", event.topic.as_str());
+        PublishMessage::build()
+            .payload(event.payload.get().as_bytes().to_vec().into())
+            .headers(headers)
+            .message_id(event.id.to_string())
+    }
+
+    async fn classify_publish_error(
+        &self,
+        js: &async_nats::jetstream::Context,
+        subject: &str,
+        kind: PublishErrorKind,
+        reason: String,
+        streamless: &mut HashMap<String, bool>,
+    ) -> Outcome {
+        match kind {
+            PublishErrorKind::MaxPayloadExceeded => Outcome::Rejected { reason },
+            // "No responders" also happens while JetStream starts up or elects a leader: only a
+            // definite "no stream matches" from JetStream is permanent. Asked once per subject
+            // per batch.
+            PublishErrorKind::StreamNotFound => {
+                let none = match streamless.get(subject) {
+                    Some(none) => *none,
+                    None => {
+                        let none = matches!(
+                            js.stream_by_subject(subject).await,
+                            Err(e) if matches!(e.kind(), GetStreamByNameErrorKind::NotFound)
+                        );
+                        streamless.insert(subject.to_owned(), none);
+                        none
+                    }
+                };
+                if none {
+                    Outcome::Rejected {
+                        reason: format!("no JetStream stream takes subject {subject:?}"),
+                    }
+                } else {
+                    Outcome::retry(reason)
+                }
+            }
+            _ => Outcome::retry(reason),
+        }
+    }
+}
+
+/// A subject a message can be published to: non-empty dot-separated tokens, no whitespace, no
+/// wildcards.
+fn valid_subject(subject: &str) -> bool {
+    !subject.is_empty()
+        && subject.split('.').all(|token| {
+            !token.is_empty()
+                && token != "*"
+                && token != ">"
+                && !token.contains(|c: char| c.is_whitespace())
+        })
+}
+
+#[async_trait]
+impl Sink for NatsSink {
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
+        let conn = match self.connect().await {
+            Ok(conn) => conn,
+            Err(reason) => return vec![Outcome::retry(reason); events.len()],
+        };
+        if conn.client.connection_state() != async_nats::connection::State::Connected {
+            return vec![Outcome::retry("not connected to NATS (reconnecting)"); events.len()];
+        }
+        let mut streamless = HashMap::new();
+        let mut outcomes = Vec::with_capacity(events.len());
+        for window in events.chunks(PIPELINE_WINDOW) {
+            outcomes.extend(self.publish_window(conn, window, &mut streamless).await);
+        }
+        outcomes
+    }
+
+    async fn healthcheck(&self) -> Result<(), String> {
+        let conn = self.connect().await?;
+        conn.client
+            .flush()
+            .await
+            .map_err(|e| format!("NATS is not reachable: {}", error_chain(&e)))
+    }
+}
+
+impl NatsSink {
+    /// Sends a window of events in order, then awaits their PubAcks.
+    async fn publish_window(
+        &self,
+        conn: &Conn,
+        events: &[&OutboxEvent],
+        streamless: &mut HashMap<String, bool>,
+    ) -> Vec<Outcome> {
+        let mut pending = Vec::with_capacity(events.len());
+        for event in events {
+            let subject = self.cfg.subject.render(event);
+            if !valid_subject(&subject) {
+                pending.push(Err(Outcome::Rejected {
+                    reason: format!("invalid NATS subject {subject:?}"),
+                }));
+                continue;
+            }
+            let sent = conn
+                .js
+                .send_publish(subject.clone(), self.message(event))
+                .await;
+            pending.push(match sent {
+                Ok(ack) => Ok((subject, ack)),
+                Err(e) => {
+                    let reason = format!("publish to {subject:?} failed: {}", error_chain(&e));
+                    Err(self
+                        .classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
+                        .await)
+                }
+            });
+        }
+        let mut outcomes = Vec::with_capacity(events.len());
+        for p in pending {
+            outcomes.push(match p {
+                Err(outcome) => outcome,
+                Ok((subject, ack)) => match ack.await {
+                    Ok(ack) => {
+                        if ack.duplicate {
+                            self.duplicates.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(stream = %ack.stream, seq = ack.sequence, "JetStream dropped a duplicate");
+                        }
+                        Outcome::Delivered
+                    }
+                    Err(e) => {
+                        let reason = format!("no PubAck for {subject:?}: {}", error_chain(&e));
+                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
+                            .await
+                    }
+                },
+            });
+        }
+        outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_checked() {
+        assert!(valid_subject("orders.created"));
+        assert!(!valid_subject("orders..created"));
+        assert!(!valid_subject("orders.*"));
+        assert!(!valid_subject("orders created"));
+        assert!(!valid_subject(""));
+    }
+}

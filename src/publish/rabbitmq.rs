@@ -1,0 +1,266 @@
+//! The `rabbitmq` sink: publishes to a RabbitMQ (AMQP 0-9-1) exchange with publisher confirms.
+//!
+//! Messages are persistent (delivery mode 2) and `mandatory`: a message no queue takes comes back
+//! and is `Rejected` ("no route") instead of vanishing. `message_id` is the event id. A batch is
+//! published in order on one channel without waiting, then each confirm is awaited: an event is
+//! `Delivered` only once the broker has confirmed it. The connection is made on the first publish
+//! and made again after it breaks; while the broker is unreachable every event is a `Retry`.
+//!
+//! Classification: connection and channel errors, timeouts and broker nacks are retried; a
+//! returned (unroutable) message, a routing key over 255 bytes and a message over
+//! `max_message_bytes` are rejected.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+
+use super::{Outcome, Sink, SinkKind};
+use crate::config::duration_str;
+use crate::event::OutboxEvent;
+use crate::route::Template;
+
+/// AMQP short strings (routing keys, header names, message ids) are at most this long.
+const SHORT_STRING_MAX: usize = 255;
+
+/// Registry entry: `type = "rabbitmq"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "rabbitmq",
+    build: |_, settings| {
+        let cfg: RabbitMqConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(RabbitMqSink::new(cfg)?))
+    },
+};
+
+/// Settings of `type = "rabbitmq"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RabbitMqConfig {
+    /// AMQP URI, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS).
+    pub url: crate::config::Secret,
+    /// Exchange to publish to; default `""`, the default exchange (routing key = queue name).
+    #[serde(default)]
+    pub exchange: String,
+    /// Routing key template; default `{topic}`.
+    #[serde(default = "Template::topic")]
+    pub routing_key: Template,
+    /// How long to wait for a connection and for each confirm.
+    #[serde(default = "default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`, 128 MiB).
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_max_message_bytes() -> usize {
+    128 << 20
+}
+
+/// Publishes events to one RabbitMQ exchange.
+pub struct RabbitMqSink {
+    cfg: RabbitMqConfig,
+    // One connection and confirm-mode channel, replaced when either breaks.
+    link: Mutex<Option<Arc<Link>>>,
+}
+
+struct Link {
+    conn: Connection,
+    channel: Channel,
+}
+
+impl Link {
+    fn is_up(&self) -> bool {
+        self.conn.status().connected() && self.channel.status().connected()
+    }
+}
+
+impl std::fmt::Debug for RabbitMqSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqSink")
+            .field("exchange", &self.cfg.exchange)
+            .field("routing_key", &self.cfg.routing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitMqSink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: RabbitMqConfig) -> Result<Self, String> {
+        cfg.url
+            .0
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| format!("key `url`: not an AMQP URI: {e}"))?;
+        if cfg.exchange.len() > SHORT_STRING_MAX {
+            return Err(format!(
+                "key `exchange`: longer than {SHORT_STRING_MAX} bytes"
+            ));
+        }
+        if cfg.timeout.is_zero() {
+            return Err("key `timeout`: must be more than zero".into());
+        }
+        if cfg.max_message_bytes == 0 {
+            return Err("key `max_message_bytes`: must be more than zero".into());
+        }
+        Ok(Self {
+            cfg,
+            link: Mutex::new(None),
+        })
+    }
+
+    async fn link(&self) -> Result<Arc<Link>, String> {
+        let mut slot = self.link.lock().await;
+        if let Some(link) = slot.as_ref().filter(|l| l.is_up()) {
+            return Ok(link.clone());
+        }
+        if let Some(old) = slot.take() {
+            // Best effort: the old connection is broken or closing anyway.
+            let _ = old.conn.close(0, "reconnecting".into()).await;
+        }
+        let connect = async {
+            let conn = Connection::connect(
+                &self.cfg.url.0,
+                ConnectionProperties::default()
+                    .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
+            )
+            .await?;
+            let channel = conn.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(Link { conn, channel })
+        };
+        let link = match tokio::time::timeout(self.cfg.timeout, connect).await {
+            Ok(Ok(link)) => Arc::new(link),
+            Ok(Err(e)) => return Err(format!("cannot connect to RabbitMQ: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "cannot connect to RabbitMQ: no answer within {:?}",
+                    self.cfg.timeout
+                ))
+            }
+        };
+        *slot = Some(link.clone());
+        Ok(link)
+    }
+
+    fn properties(event: &OutboxEvent) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        for (k, v) in &event.headers {
+            // AMQP header names are short strings; a longer one (hand-written SQL) is skipped.
+            if k.len() <= SHORT_STRING_MAX {
+                headers.insert(
+                    ShortString::from(k.as_str()),
+                    AMQPValue::LongString(LongString::from(v.as_str())),
+                );
+            }
+        }
+        headers.insert(
+            "pgoutbox-topic".into(),
+            AMQPValue::LongString(event.topic.as_str().into()),
+        );
+        if let Some(key) = &event.key {
+            headers.insert(
+                "pgoutbox-key".into(),
+                AMQPValue::LongString(key.as_str().into()),
+            );
+        }
+        BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(event.id.to_string().into())
+            .with_timestamp(event.created_at.timestamp().max(0) as u64)
+            .with_headers(headers)
+    }
+}
+
+#[async_trait]
+impl Sink for RabbitMqSink {
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
+        let link = match self.link().await {
+            Ok(link) => link,
+            Err(reason) => return vec![Outcome::retry(reason); events.len()],
+        };
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        // Publish all in batch order on one channel (AMQP keeps channel order), then await the
+        // confirms.
+        let mut pending = Vec::with_capacity(events.len());
+        for event in events {
+            let routing_key = self.cfg.routing_key.render(event);
+            let payload = event.payload.get().as_bytes();
+            if routing_key.len() > SHORT_STRING_MAX {
+                pending.push(Err(Outcome::Rejected {
+                    reason: format!("routing key longer than {SHORT_STRING_MAX} bytes"),
+                }));
+                continue;
+            }
+            if payload.len() > self.cfg.max_message_bytes {
+                pending.push(Err(Outcome::Rejected {
+                    reason: format!(
+                        "message of {} bytes is over max_message_bytes ({})",
+                        payload.len(),
+                        self.cfg.max_message_bytes
+                    ),
+                }));
+                continue;
+            }
+            let sent = link
+                .channel
+                .basic_publish(
+                    self.cfg.exchange.as_str().into(),
+                    routing_key.into(),
+                    options,
+                    payload,
+                    Self::properties(event),
+                )
+                .await;
+            pending.push(sent.map_err(|e| Outcome::retry(format!("publish failed: {e}"))));
+        }
+        let mut outcomes = Vec::with_capacity(events.len());
+        for p in pending {
+            let confirm = match p {
+                Ok(confirm) => confirm,
+                Err(outcome) => {
+                    outcomes.push(outcome);
+                    continue;
+                }
+            };
+            outcomes.push(
+                match tokio::time::timeout(self.cfg.timeout, confirm).await {
+                    Ok(Ok(Confirmation::Ack(None))) => Outcome::Delivered,
+                    Ok(Ok(Confirmation::Ack(Some(returned))))
+                    | Ok(Ok(Confirmation::Nack(Some(returned)))) => Outcome::Rejected {
+                        reason: format!(
+                            "no route: the broker returned the message ({} {})",
+                            returned.reply_code, returned.reply_text
+                        ),
+                    },
+                    Ok(Ok(Confirmation::Nack(None))) => {
+                        Outcome::retry("the broker nacked the message")
+                    }
+                    Ok(Ok(Confirmation::NotRequested)) => {
+                        Outcome::retry("publisher confirms are off on this channel")
+                    }
+                    Ok(Err(e)) => Outcome::retry(format!("no confirm: {e}")),
+                    Err(_) => Outcome::retry(format!("no confirm within {:?}", self.cfg.timeout)),
+                },
+            );
+        }
+        outcomes
+    }
+
+    async fn healthcheck(&self) -> Result<(), String> {
+        self.link().await.map(|_| ())
+    }
+}

@@ -1,0 +1,204 @@
+//! The `redis` sink: `XADD`s each event to a Redis stream, the whole batch in one pipeline.
+//!
+//! Entry fields: `id` (event id), `topic`, `key` (only when the event has one), `payload` (the
+//! JSON text, verbatim) and `headers` (a JSON object). With `maxlen`, each `XADD` trims the
+//! stream with `MAXLEN ~ N`. Redis answers a pipeline in order, so each event gets its own
+//! result; a write is acknowledged once Redis has applied it (durability is Redis's own
+//! `appendfsync` setting). The connection is made on the first publish and re-made by the
+//! connection manager after it breaks; while Redis is unreachable every event is a `Retry`.
+//!
+//! Classification: I/O errors, timeouts and transient server errors (`OOM`, `LOADING`, `BUSY`,
+//! `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`) are retried; any other server error
+//! (e.g. `WRONGTYPE`: the stream name is a key of another type) is rejected.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::Deserialize;
+use tokio::sync::OnceCell;
+
+use super::{Outcome, Sink, SinkKind};
+use crate::config::duration_str;
+use crate::event::OutboxEvent;
+use crate::route::Template;
+
+/// Server error codes worth another attempt later.
+const TRANSIENT_CODES: &[&str] = &[
+    "OOM",
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "NOREPLICAS",
+];
+
+/// Registry entry: `type = "redis"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "redis",
+    build: |_, settings| {
+        let cfg: RedisConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(RedisSink::new(cfg)?))
+    },
+};
+
+/// Settings of `type = "redis"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// Redis URL, e.g. `redis://127.0.0.1:6379/0` (`rediss://` for TLS is not built in).
+    pub url: crate::config::Secret,
+    /// Stream name template; default `{topic}`.
+    #[serde(default = "Template::topic")]
+    pub stream: Template,
+    /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
+    pub maxlen: Option<u64>,
+    /// How long to wait for a connection and for the pipeline's replies.
+    #[serde(default = "default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// Appends events to Redis streams.
+pub struct RedisSink {
+    cfg: RedisConfig,
+    client: redis::Client,
+    conn: OnceCell<ConnectionManager>,
+}
+
+impl std::fmt::Debug for RedisSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSink")
+            .field("stream", &self.cfg.stream)
+            .field("maxlen", &self.cfg.maxlen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisSink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: RedisConfig) -> Result<Self, String> {
+        // `open` only parses the URL.
+        let client = redis::Client::open(cfg.url.0.as_str())
+            .map_err(|e| format!("key `url`: not a Redis URL: {e}"))?;
+        if cfg.timeout.is_zero() {
+            return Err("key `timeout`: must be more than zero".into());
+        }
+        if cfg.maxlen == Some(0) {
+            return Err("key `maxlen`: must be at least 1".into());
+        }
+        Ok(Self {
+            cfg,
+            client,
+            conn: OnceCell::new(),
+        })
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, String> {
+        self.conn
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.cfg.timeout))
+                    .set_response_timeout(Some(self.cfg.timeout))
+                    // Reconnection happens in the background; the relay's retry policy decides
+                    // when the events are tried again, so no retries inside the client.
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_secs(2));
+                ConnectionManager::new_with_config(self.client.clone(), config)
+                    .await
+                    .map_err(|e| format!("cannot connect to Redis: {e}"))
+            })
+            .await
+            .cloned()
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, event: &OutboxEvent) {
+        let headers: serde_json::Map<String, serde_json::Value> = event
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        let cmd = pipe.cmd("XADD").arg(self.cfg.stream.render(event));
+        if let Some(n) = self.cfg.maxlen {
+            cmd.arg("MAXLEN").arg("~").arg(n);
+        }
+        cmd.arg("*")
+            .arg("id")
+            .arg(event.id.to_string())
+            .arg("topic")
+            .arg(&event.topic);
+        if let Some(key) = &event.key {
+            cmd.arg("key").arg(key);
+        }
+        cmd.arg("payload")
+            .arg(event.payload.get())
+            .arg("headers")
+            .arg(serde_json::Value::Object(headers).to_string());
+    }
+}
+
+fn classify(e: &redis::RedisError) -> Outcome {
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.code().is_none_or(|c| TRANSIENT_CODES.contains(&c));
+    if transient {
+        Outcome::retry(format!("Redis: {e}"))
+    } else {
+        Outcome::Rejected {
+            reason: format!("Redis refused the XADD: {e}"),
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for RedisSink {
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
+        let mut conn = match self.connection().await {
+            Ok(conn) => conn,
+            Err(reason) => return vec![Outcome::retry(reason); events.len()],
+        };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for event in events {
+            self.xadd(&mut pipe, event);
+        }
+        match pipe
+            .query_async::<Vec<redis::RedisResult<String>>>(&mut conn)
+            .await
+        {
+            Ok(results) if results.len() == events.len() => results
+                .iter()
+                .map(|r| match r {
+                    Ok(_) => Outcome::Delivered,
+                    Err(e) => classify(e),
+                })
+                .collect(),
+            Ok(results) => vec![
+                Outcome::retry(format!(
+                    "Redis answered {} replies to {} commands",
+                    results.len(),
+                    events.len()
+                ));
+                events.len()
+            ],
+            Err(e) => vec![classify(&e); events.len()],
+        }
+    }
+
+    async fn healthcheck(&self) -> Result<(), String> {
+        let mut conn = self.connection().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("Redis is not reachable: {e}"))
+    }
+}

@@ -1,0 +1,159 @@
+//! The `mqtt` sink against the local Mosquitto (127.0.0.1:1883), MQTT 5.
+#![cfg(feature = "mqtt")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pgoutbox::relay::Relay;
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use tokio::sync::mpsc;
+
+use common::sinks::{
+    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
+};
+use common::{parse_config, TestDb};
+
+/// A QoS 1 subscriber on `filter`; returns (topic, message) pairs as they arrive.
+async fn subscribe(filter: &str) -> (AsyncClient, mpsc::UnboundedReceiver<(String, Got)>) {
+    let mut options = MqttOptions::new(unique("pgt-sub-"), "127.0.0.1", 1883);
+    options.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(options, 100);
+    client
+        .subscribe(filter, QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let mut subscribed_tx = Some(subscribed_tx);
+    tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(s) = subscribed_tx.take() {
+                        let _ = s.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let headers: HashMap<String, String> = p
+                        .properties
+                        .map(|props| props.user_properties.into_iter().collect())
+                        .unwrap_or_default();
+                    let got = Got {
+                        id: headers.get("pgoutbox-id").cloned().unwrap_or_default(),
+                        key: headers.get("pgoutbox-key").cloned(),
+                        payload: p.payload.to_vec(),
+                        headers,
+                    };
+                    let topic = String::from_utf8_lossy(&p.topic).into_owned();
+                    if tx.send((topic, got)).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    panic!("subscriber connection failed (Mosquitto on 127.0.0.1:1883?): {e}")
+                }
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), subscribed)
+        .await
+        .expect("SUBACK within 10 s")
+        .expect("subscriber alive");
+    (client, rx)
+}
+
+async fn receive(
+    rx: &mut mpsc::UnboundedReceiver<(String, Got)>,
+    n: usize,
+) -> (Vec<String>, Vec<Got>) {
+    let mut topics = Vec::new();
+    let mut got = Vec::new();
+    while got.len() < n {
+        let (topic, g) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a message within 10 s")
+            .expect("subscriber alive");
+        topics.push(topic);
+        got.push(g);
+    }
+    (topics, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_published_at_qos1_with_user_properties() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgt/");
+    let (_sub, mut rx) = subscribe(&format!("{prefix}/#")).await;
+    let config = parse_config(&sink_config(
+        &db,
+        "mqtt",
+        &format!(
+            "url = \"mqtt://127.0.0.1:1883\"\ntopic = \"{prefix}/{{header.x-tenant}}/{{topic}}\"\n"
+        ),
+    ));
+    commit_events(&db, 30, "order.created").await;
+    let expected = committed(&db).await;
+    let relay = Relay::new(db.pool.clone(), &config).expect("relay");
+    let report = relay.run_once().await.expect("run");
+    assert_eq!(report.delivered, 30, "{report:?}");
+
+    let (topics, got) = receive(&mut rx, 30).await;
+    assert_delivered(&expected, &got);
+    assert!(
+        topics
+            .iter()
+            .all(|t| *t == format!("{prefix}/acme/order.created")),
+        "{topics:?}"
+    );
+
+    unpublish_all(&db).await;
+    let report = relay.run_once().await.expect("run again");
+    assert_eq!(report.delivered, 30, "{report:?}");
+    let (_, again) = receive(&mut rx, 30).await;
+    assert_delivered(&expected, &again);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_topic_is_rejected_and_others_still_delivered() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgt/");
+    let config = parse_config(&sink_config(
+        &db,
+        "mqtt",
+        &format!("url = \"mqtt://127.0.0.1:1883\"\ntopic = \"{prefix}/{{topic}}\"\n"),
+    ));
+    commit_events(&db, 2, "fine").await;
+    commit_events(&db, 1, "wild/#").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!((report.delivered, report.dead), (2, 1), "{report:?}");
+}
+
+#[test]
+fn bad_settings_are_config_errors() {
+    for (settings, says) in [
+        ("url = \"mqtts://h\"", "scheme"),
+        (
+            "url = \"mqtt://h\"\ntopic = \"a/#\"",
+            "not a valid MQTT topic",
+        ),
+        (
+            "url = \"mqtt://h\"\ntopic = \"{header}\"",
+            "unknown placeholder",
+        ),
+    ] {
+        let text = format!("[[destinations]]\nname = \"m\"\ntype = \"mqtt\"\n{settings}\n");
+        let e = pgoutbox::config::Config::parse(&text, |_| None)
+            .expect_err(settings)
+            .to_string();
+        assert!(e.contains(says), "{settings}: {e}");
+    }
+}

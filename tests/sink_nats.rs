@@ -1,0 +1,212 @@
+//! The `nats` sink against the local NATS server with JetStream (127.0.0.1:4222).
+#![cfg(feature = "nats")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt;
+use pgoutbox::publish::nats::{NatsConfig, NatsSink};
+use pgoutbox::relay::{Destination, Relay};
+
+use common::sinks::{
+    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
+};
+use common::{parse_config, TestDb};
+
+const URL: &str = "nats://127.0.0.1:4222";
+
+async fn jetstream() -> jetstream::Context {
+    jetstream::new(
+        async_nats::connect(URL)
+            .await
+            .expect("NATS on 127.0.0.1:4222 (bash .ci/run starts it)"),
+    )
+}
+
+/// Reads the whole stream back with an ordered pull consumer; returns messages and subjects.
+async fn consume(js: &jetstream::Context, stream: &str, n: usize) -> (Vec<Got>, Vec<String>) {
+    let stream = js.get_stream(stream).await.expect("stream exists");
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut got = Vec::new();
+    let mut subjects = Vec::new();
+    while got.len() < n {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("stream open")
+            .expect("message");
+        let headers = m.headers.clone().unwrap_or_default();
+        let map = headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.first().map(|v| v.to_string()).unwrap_or_default(),
+                )
+            })
+            .collect::<std::collections::HashMap<_, _>>();
+        got.push(Got {
+            id: map.get("Nats-Msg-Id").cloned().unwrap_or_default(),
+            key: map.get("pgoutbox-key").cloned(),
+            payload: m.payload.to_vec(),
+            headers: map,
+        });
+        subjects.push(m.subject.to_string());
+    }
+    (got, subjects)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
+    let db = TestDb::migrated().await;
+    let stream = unique("PGT_");
+    let prefix = unique("pgt");
+    let config = parse_config(&sink_config(
+        &db,
+        "nats",
+        &format!(
+            "url = \"{URL}\"\nsubject = \"{prefix}.{{header.x-tenant}}.{{topic}}\"\n\
+             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+        ),
+    ));
+    commit_events(&db, 30, "order.created").await;
+    let expected = committed(&db).await;
+
+    // The sink is built by the test so it can read the duplicate count off the PubAcks.
+    let dest = &config.destinations[0];
+    let settings: NatsConfig =
+        pgoutbox::config::sink_settings(&dest.sink.settings).expect("settings");
+    let sink = Arc::new(NatsSink::new(settings).expect("sink"));
+    let relay = Relay::with_destinations(
+        db.pool.clone(),
+        &config,
+        vec![Destination {
+            name: dest.name.clone(),
+            sink: sink.clone(),
+            retry: dest.retry.clone(),
+        }],
+    );
+    let report = relay.run_once().await.expect("run");
+    assert_eq!(report.delivered, 30, "{report:?}");
+    assert_eq!(db.count("published_at IS NULL").await, 0);
+
+    let js = jetstream().await;
+    let (got, subjects) = consume(&js, &stream, 30).await;
+    assert_delivered(&expected, &got);
+    let want_subject = format!("{prefix}.acme.order.created");
+    assert!(subjects.iter().all(|s| *s == want_subject), "{subjects:?}");
+    assert_eq!(sink.duplicates(), 0);
+
+    // The same events again, as after a relay crash before settling: same Nats-Msg-Id, so
+    // JetStream acknowledges them as duplicates and stores nothing new.
+    unpublish_all(&db).await;
+    let report = relay.run_once().await.expect("run again");
+    assert_eq!(report.delivered, 30, "{report:?}");
+    assert_eq!(
+        sink.duplicates(),
+        30,
+        "every redelivery acked as a duplicate"
+    );
+    let info = js
+        .get_stream(&stream)
+        .await
+        .expect("stream")
+        .get_info()
+        .await
+        .expect("info");
+    assert_eq!(info.state.messages, 30, "no message stored twice");
+    js.delete_stream(&stream).await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_no_stream_takes_is_dead_lettered_and_a_bad_one_rejected() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgtnone");
+    let config = parse_config(&sink_config(
+        &db,
+        "nats",
+        &format!("url = \"{URL}\"\nsubject = \"{prefix}.{{key}}\"\n"),
+    ));
+    commit_events(&db, 1, "x").await;
+    // No key: the subject would end with an empty token.
+    sqlx::query("INSERT INTO outbox (topic, payload) VALUES ('x', '{}')")
+        .execute(&db.pool)
+        .await
+        .expect("insert");
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.dead, 2, "{report:?}");
+    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox ORDER BY seq")
+        .fetch_all(&db.pool)
+        .await
+        .expect("errors");
+    assert!(errors[0].contains("no JetStream stream"), "{errors:?}");
+    assert!(errors[1].contains("invalid NATS subject"), "{errors:?}");
+}
+
+#[test]
+fn bad_settings_are_config_errors() {
+    for (settings, says) in [
+        ("subject = \"a.{nope}\"", "unknown placeholder"),
+        ("subject = \"a.*\"", "not a valid NATS subject"),
+        ("create_stream = true", "`stream`"),
+        ("stream = \"S\"", "only apply with `create_stream"),
+        ("bogus = 1", "bogus"),
+    ] {
+        let text = format!(
+            "[[destinations]]\nname = \"n\"\ntype = \"nats\"\nurl = \"{URL}\"\n{settings}\n"
+        );
+        let e = pgoutbox::config::Config::parse(&text, |_| None)
+            .expect_err(settings)
+            .to_string();
+        assert!(e.contains(says), "{settings}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_larger_than_the_client_ack_window_is_delivered() {
+    // async-nats allows 5,000 unacknowledged publishes; a 6,000-event batch must not wait on
+    // itself.
+    let db = TestDb::migrated().await;
+    let stream = unique("PGTBIG_");
+    let prefix = unique("pgtbig");
+    let config = parse_config(
+        &sink_config(
+            &db,
+            "nats",
+            &format!(
+                "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\ncreate_stream = true\n\
+                 stream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+            ),
+        )
+        .replace("[relay]\n", "[relay]\nbatch_size = 10000\n"),
+    );
+    commit_events(&db, 6000, "bulk").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 6000, "{report:?}");
+    assert_eq!(report.claimed, 6000, "one batch: {report:?}");
+    let js = jetstream().await;
+    let info = js
+        .get_stream(&stream)
+        .await
+        .expect("stream")
+        .get_info()
+        .await
+        .expect("info");
+    assert_eq!(info.state.messages, 6000);
+    js.delete_stream(&stream).await.expect("cleanup");
+}

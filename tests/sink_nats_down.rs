@@ -1,0 +1,137 @@
+//! The `nats` sink through a NATS server outage. This stops the shared local server: it is its
+//! own test binary, and `.config/nextest.toml` keeps it from running beside the other NATS tests.
+#![cfg(feature = "nats")]
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt;
+
+use common::sinks::{
+    assert_delivered_any_order, commit_events, committed, sink_config, unique, Broker, Got,
+};
+use common::{scratch, signal, spawn_relay, wait_for, write_config, TestDb};
+
+const URL: &str = "nats://127.0.0.1:4222";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_committed_while_nats_is_down_are_delivered_when_it_is_back() {
+    let broker = Broker::nats();
+    broker.start();
+    let db = TestDb::migrated().await;
+    let stream = unique("PGTDOWN_");
+    let prefix = unique("pgtdown");
+    {
+        // A file-backed stream, so it survives the restart.
+        let js = jetstream::new(async_nats::connect(URL).await.expect("nats"));
+        js.create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    }
+    let dir = scratch();
+    let config = write_config(
+        dir.path(),
+        &sink_config(
+            &db,
+            "nats",
+            &format!("url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\ntimeout = \"2s\"\n"),
+        ),
+    );
+    let mut relay = spawn_relay(dir.path(), &config, "nats");
+
+    // Connected and delivering first, so the outage is a lost connection, not a refused one.
+    commit_events(&db, 10, "before").await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            db.count("published_at IS NULL").await == 0
+        })
+        .await,
+        "first events delivered"
+    );
+
+    broker.stop();
+    commit_events(&db, 20, "during").await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            db.count("published_at IS NULL AND attempts >= 2").await == 20
+        })
+        .await,
+        "events retried while NATS is down"
+    );
+    assert!(
+        relay.try_wait().expect("wait").is_none(),
+        "relay keeps running"
+    );
+    let errors: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT last_error FROM outbox WHERE last_error IS NOT NULL")
+            .fetch_all(&db.pool)
+            .await
+            .expect("errors");
+    assert_eq!(db.count("dead_at IS NOT NULL").await, 0, "{errors:?}");
+
+    broker.start();
+    let delivered = wait_for(Duration::from_secs(60), || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    signal(&relay, libc::SIGTERM);
+    let status = relay.wait().expect("relay exits");
+    assert!(
+        delivered,
+        "all delivered after the restart; errors: {errors:?}"
+    );
+    assert!(status.success(), "{status:?}");
+
+    let expected = committed(&db).await;
+    let js = jetstream::new(async_nats::connect(URL).await.expect("nats"));
+    let consumer = js
+        .get_stream(&stream)
+        .await
+        .expect("stream")
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut got = Vec::new();
+    while got.len() < expected.len() {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("message in time")
+            .expect("open")
+            .expect("message");
+        let map = m
+            .headers
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.first().map(|v| v.to_string()).unwrap_or_default(),
+                )
+            })
+            .collect::<std::collections::HashMap<_, _>>();
+        got.push(Got {
+            id: map.get("Nats-Msg-Id").cloned().unwrap_or_default(),
+            key: map.get("pgoutbox-key").cloned(),
+            payload: m.payload.to_vec(),
+            headers: map,
+        });
+    }
+    assert_delivered_any_order(&expected, &got);
+    let info = js
+        .get_stream(&stream)
+        .await
+        .expect("stream")
+        .get_info()
+        .await
+        .expect("info");
+    assert_eq!(info.state.messages, 30, "none lost, none stored twice");
+    js.delete_stream(&stream).await.expect("cleanup");
+}

@@ -1,0 +1,98 @@
+//! The `rabbitmq` sink against the local RabbitMQ (127.0.0.1:5672, guest/guest).
+#![cfg(feature = "rabbitmq")]
+
+mod common;
+
+use pgoutbox::relay::Relay;
+
+use common::amqp::{channel, consume, queue, URL};
+use common::sinks::{
+    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all,
+};
+use common::{parse_config, TestDb};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_confirmed_persistent_and_redeliveries_keep_their_id() {
+    let db = TestDb::migrated().await;
+    let name = unique("pgt_");
+    let (_conn, ch) = channel().await;
+    queue(&ch, &name, &format!("{name}.#")).await;
+    let config = parse_config(&sink_config(
+        &db,
+        "rabbitmq",
+        &format!(
+            "url = \"{URL}\"\nexchange = \"amq.topic\"\nrouting_key = \"{name}.{{header.x-tenant}}.{{topic}}\"\n"
+        ),
+    ));
+    commit_events(&db, 30, "order.created").await;
+    let expected = committed(&db).await;
+    let relay = Relay::new(db.pool.clone(), &config).expect("relay");
+    let report = relay.run_once().await.expect("run");
+    assert_eq!(report.delivered, 30, "{report:?}");
+
+    let (got, keys, modes) = consume(&ch, &name, 30).await;
+    assert_delivered(&expected, &got);
+    assert!(
+        keys.iter()
+            .all(|k| *k == format!("{name}.acme.order.created")),
+        "{keys:?}"
+    );
+    assert!(
+        modes.iter().all(|m| *m == 2),
+        "persistent delivery mode: {modes:?}"
+    );
+
+    // Published again (a relay that died before settling): same message_id on every copy.
+    unpublish_all(&db).await;
+    let report = relay.run_once().await.expect("run again");
+    assert_eq!(report.delivered, 30, "{report:?}");
+    let (again, _, _) = consume(&ch, &name, 30).await;
+    assert_delivered(&expected, &again);
+    ch.queue_delete(name.as_str().into(), Default::default())
+        .await
+        .expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_event_is_rejected_as_no_route() {
+    let db = TestDb::migrated().await;
+    let name = unique("pgtnoroute_");
+    let config = parse_config(&sink_config(
+        &db,
+        "rabbitmq",
+        &format!("url = \"{URL}\"\nexchange = \"amq.topic\"\nrouting_key = \"{name}.{{topic}}\"\n"),
+    ));
+    commit_events(&db, 3, "nobody.listens").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.dead, 3, "{report:?}");
+    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_all(&db.pool)
+        .await
+        .expect("errors");
+    assert!(errors.iter().all(|e| e.contains("no route")), "{errors:?}");
+}
+
+#[test]
+fn bad_settings_are_config_errors() {
+    for (settings, says) in [
+        ("url = \"http://x\"", "url"),
+        (
+            "url = \"amqp://h\"\nrouting_key = \"{oops\"",
+            "never closed",
+        ),
+        (
+            "url = \"amqp://h\"\nmax_message_bytes = 0",
+            "max_message_bytes",
+        ),
+    ] {
+        let text = format!("[[destinations]]\nname = \"r\"\ntype = \"rabbitmq\"\n{settings}\n");
+        let e = pgoutbox::config::Config::parse(&text, |_| None)
+            .expect_err(settings)
+            .to_string();
+        assert!(e.contains(says), "{settings}: {e}");
+    }
+}
