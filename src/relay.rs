@@ -341,6 +341,15 @@ impl Relay {
         events: &[OutboxEvent],
         route_of: &[Option<usize>],
     ) -> Vec<Option<Outcome>> {
+        if self.claim.ordered.is_none() {
+            // No ordered destination: one wave, no chains to build.
+            let all: Vec<usize> = (0..events.len()).collect();
+            let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+            for (i, outcome) in self.publish_wave(events, route_of, &all).await {
+                outcomes[i] = Some(outcome);
+            }
+            return outcomes;
+        }
         let mut chains: Vec<Vec<usize>> = Vec::new();
         let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
         for (i, event) in events.iter().enumerate() {

@@ -89,10 +89,14 @@ pub fn plan<'a>(
         };
         let (error, decision) = match outcome {
             Outcome::Delivered => {
-                plan.delivered
-                    .entry((*destination).to_owned())
-                    .or_default()
-                    .push(event.id);
+                // No String per event: the destination is looked up, inserted once.
+                match plan.delivered.get_mut(destination) {
+                    Some(ids) => ids.push(event.id),
+                    None => {
+                        plan.delivered
+                            .insert((*destination).to_owned(), vec![event.id]);
+                    }
+                }
                 continue;
             }
             Outcome::Rejected { reason } => (reason, Decision::Dead("permanent failure".into())),

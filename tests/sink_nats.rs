@@ -210,3 +210,58 @@ async fn a_batch_larger_than_the_client_ack_window_is_delivered() {
     assert_eq!(info.state.messages, 6000);
     js.delete_stream(&stream).await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_set_at_enqueue_arrives_in_the_nats_headers() {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+    };
+
+    let db = TestDb::migrated().await;
+    let stream = unique("PGTRACE_");
+    let prefix = unique("pgtrace");
+    let config = parse_config(&sink_config(
+        &db,
+        "nats",
+        &format!(
+            "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\n\
+             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+        ),
+    ));
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let sc = SpanContext::new(
+        TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").expect("hex"),
+        SpanId::from_hex("b7ad6b7169203331").expect("hex"),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    let event = {
+        let _guard = opentelemetry::Context::current()
+            .with_remote_span_context(sc)
+            .attach();
+        pgoutbox::Event::new("order.created", &serde_json::json!({"order_id": 7})).expect("json")
+    };
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let id = pgoutbox::Outbox::default()
+        .enqueue(&mut conn, &event)
+        .await
+        .expect("enqueue");
+    drop(conn);
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+
+    let js = jetstream().await;
+    let (got, _) = consume(&js, &stream, 1).await;
+    assert_eq!(got[0].id, id.to_string());
+    assert_eq!(
+        got[0].headers.get("traceparent").map(String::as_str),
+        Some(traceparent),
+        "the producer's trace context, unchanged"
+    );
+    js.delete_stream(&stream).await.expect("cleanup");
+}

@@ -16,7 +16,7 @@ pub struct Args {
     /// Events prefilled for each run.
     #[arg(long, default_value_t = 1_000_000)]
     pub events: u64,
-    /// Sinks to drain to (null, stdout, webhook).
+    /// Sinks to drain to (null, stdout, webhook, nats: JetStream on --nats-url).
     #[arg(long, value_delimiter = ',', default_value = "null,stdout,webhook")]
     pub sinks: Vec<String>,
     /// Settle modes (keep = set published_at, delete = retention 0).
@@ -31,6 +31,9 @@ pub struct Args {
     /// Skip the baseline comparison.
     #[arg(long)]
     pub no_baseline: bool,
+    /// NATS server for the `nats` sink (a scratch stream is created and deleted).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
 }
 
 impl Args {
@@ -43,6 +46,7 @@ impl Args {
             batch_size: 1000,
             workers: 2,
             no_baseline: false,
+            nats_url: "nats://127.0.0.1:4222".into(),
         }
     }
 }
@@ -189,7 +193,14 @@ async fn drain(
                 .map(|r| r.url.as_str())
                 .unwrap_or_default()
         ),
-        other => anyhow::bail!("unknown bench sink {other:?}: use null, stdout or webhook"),
+        "nats" => {
+            let id = std::process::id();
+            format!(
+                "type = \"nats\"\nurl = \"{}\"\nsubject = \"pgoutbox-bench-{id}.{{topic}}\"\ncreate_stream = true\nstream = \"PGOUTBOX_BENCH_{id}\"\nsubjects = [\"pgoutbox-bench-{id}.>\"]\n",
+                args.nats_url
+            )
+        }
+        other => anyhow::bail!("unknown bench sink {other:?}: use null, stdout, webhook or nats"),
     };
     let text = format!(
         "retention = \"{}\"\n[relay]\nbatch_size = {}\nworkers = {}\n[[destinations]]\nname = \"{sink}\"\n{destination}\n",
@@ -221,19 +232,27 @@ async fn drain(
     let stop = CancellationToken::new();
     let started = Instant::now();
     let task = tokio::spawn(Arc::clone(&relay).run(stop.clone()));
-    loop {
-        let pending = scratch.pending().await?;
-        bar.set_position(args.events - pending as u64);
-        if pending == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    scratch.wait_drained(&bar, args.events).await?;
     let elapsed = started.elapsed();
     stop.cancel();
     task.await??;
     bar.finish_and_clear();
+    if sink == "nats" {
+        delete_nats_stream(&args.nats_url).await;
+    }
     Ok(rate(args.events, elapsed))
+}
+
+/// Deletes the scratch JetStream stream of a `nats` drain.
+async fn delete_nats_stream(url: &str) {
+    #[cfg(feature = "nats")]
+    if let Ok(client) = async_nats::connect(url).await {
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(format!("PGOUTBOX_BENCH_{}", std::process::id()))
+            .await;
+    }
+    #[cfg(not(feature = "nats"))]
+    let _ = url;
 }
 
 /// A local HTTP receiver answering 200 to every POST, for the webhook sink.

@@ -159,13 +159,32 @@ impl Scratch {
         Ok(())
     }
 
-    /// Pending rows (uses the claim index).
-    pub async fn pending(&self) -> anyhow::Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?)
+    /// Waits until no row is pending, moving `bar` from the table statistics. Polling must not
+    /// cost the relay being measured: an EXISTS probe every 20 ms (the first pending index entry)
+    /// and the statistics counters, never a count of the backlog.
+    pub async fn wait_drained(&self, bar: &ProgressBar, total: u64) -> anyhow::Result<()> {
+        let mut ticks = 0u32;
+        loop {
+            let pending: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND dead_at IS NULL)",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if !pending {
+                bar.set_position(total);
+                return Ok(());
+            }
+            ticks += 1;
+            if ticks.is_multiple_of(25) {
+                let settled: Option<i64> = sqlx::query_scalar(
+                    "SELECT (n_tup_upd + n_tup_del)::bigint FROM pg_stat_user_tables WHERE relname = 'outbox'",
+                )
+                .fetch_optional(&self.pool)
+                .await?;
+                bar.set_position((settled.unwrap_or(0).max(0) as u64).min(total));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 

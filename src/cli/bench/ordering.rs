@@ -100,14 +100,7 @@ async fn drain(
         tasks.push(tokio::spawn(relay.run(stop.clone())));
     }
     let bar = out.bar(args.events, &format!("ordering={ordering}"));
-    loop {
-        let pending = scratch.pending().await?;
-        bar.set_position(args.events - pending as u64);
-        if pending == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    scratch.wait_drained(&bar, args.events).await?;
     let elapsed = started.elapsed();
     stop.cancel();
     for t in tasks {
