@@ -34,11 +34,11 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::error::{Error, Result};
-use crate::schema::{MigrateReport, MIGRATE_LOCK_KEY, REGISTRY_DDL};
+use crate::error::Result;
+use crate::schema::{MigrateReport, Migration};
 use crate::table::Ident;
 
 /// An inbox table (schema + name) and its statements, rendered once from validated identifiers.
@@ -138,14 +138,7 @@ DELETE FROM {inbox} AS i
 USING expired
 WHERE i.consumer = expired.consumer AND i.event_id = expired.event_id";
 
-/// One numbered migration of the inbox table.
-struct InboxMigration {
-    version: i32,
-    description: &'static str,
-    sql: &'static str,
-}
-
-const INBOX_MIGRATIONS: &[InboxMigration] = &[InboxMigration {
+const INBOX_MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "create the inbox table",
     sql: include_str!("schema/migrations/inbox_0001_create.sql"),
@@ -157,50 +150,15 @@ pub const INBOX_VERSION: i32 = 1;
 /// Creates or upgrades the inbox table (and its schema). Idempotent, all-or-nothing, and
 /// serialized with every other `migrate` by the same advisory lock.
 pub async fn migrate(conn: &mut PgConnection, table: &InboxTable) -> Result<MigrateReport> {
-    let mut tx = conn.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(MIGRATE_LOCK_KEY)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::raw_sql(&table.render("CREATE SCHEMA IF NOT EXISTS {schema}"))
-        .execute(&mut *tx)
-        .await?;
-    sqlx::raw_sql(&table.render(REGISTRY_DDL))
-        .execute(&mut *tx)
-        .await?;
-    let registry = table.render("{schema}.pgoutbox_migrations");
-    let current: Option<i32> = sqlx::query_scalar(&format!(
-        "SELECT max(version) FROM {registry} WHERE table_name = $1"
-    ))
-    .bind(table.registry_key())
-    .fetch_one(&mut *tx)
-    .await?;
-    let current = current.unwrap_or(0);
-    let mut applied = Vec::new();
-    for m in INBOX_MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(&table.render(m.sql))
-            .execute(&mut *tx)
-            .await
-            .map_err(|source| Error::Migration {
-                version: m.version,
-                description: m.description,
-                source,
-            })?;
-        sqlx::query(&format!(
-            "INSERT INTO {registry} (table_name, version, description) VALUES ($1, $2, $3)"
-        ))
-        .bind(table.registry_key())
-        .bind(m.version)
-        .bind(m.description)
-        .execute(&mut *tx)
-        .await?;
-        applied.push((m.version, m.description));
-    }
-    tx.commit().await?;
-    Ok(MigrateReport {
-        applied,
-        version: current.max(INBOX_VERSION),
-    })
+    crate::schema::run_migrations(
+        conn,
+        table.schema(),
+        &table.registry_key(),
+        INBOX_MIGRATIONS,
+        INBOX_VERSION,
+        |sql| table.render(sql),
+    )
+    .await
 }
 
 /// Records processed events per consumer, for idempotent consumers.

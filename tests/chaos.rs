@@ -177,8 +177,14 @@ max_attempts = 1000
     }
     let production_time = started.elapsed();
 
-    // Let the relays finish the backlog (retries included).
-    let drained = wait_for(Duration::from_secs(240), || async {
+    // Let the relays finish the backlog (retries included). A long run under this much chaos builds
+    // a backlog (every stalled request holds its batch for the 1 s timeout): allow as long as
+    // production took, and at least 4 minutes.
+    let drain_limit = production_time.max(Duration::from_secs(240));
+    println!(
+        "chaos: production over after {production_time:.1?}; draining (limit {drain_limit:.0?})"
+    );
+    let drained = wait_for(drain_limit, || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL")
             .fetch_one(&db.pool)
             .await

@@ -9,11 +9,14 @@ use sqlx::{Connection, PgConnection};
 use crate::error::{Error, Result};
 use crate::table::OutboxTable;
 
-/// One numbered migration of the outbox table.
-struct Migration {
-    version: i32,
-    description: &'static str,
-    sql: &'static str,
+/// One numbered migration (of the outbox table, or of the inbox).
+pub(crate) struct Migration {
+    /// Its version number, from 1.
+    pub version: i32,
+    /// What it does.
+    pub description: &'static str,
+    /// Its SQL template (placeholders rendered by the table it belongs to).
+    pub sql: &'static str,
 }
 
 const MIGRATIONS: &[Migration] = &[
@@ -66,6 +69,28 @@ pub struct MigrateReport {
 
 /// Brings `table` (and its schema) up to [`CURRENT_VERSION`].
 pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<MigrateReport> {
+    run_migrations(
+        conn,
+        table.schema(),
+        table.table().as_str(),
+        MIGRATIONS,
+        CURRENT_VERSION,
+        |sql| table.render(sql),
+    )
+    .await
+}
+
+/// Applies the `migrations` not yet recorded under `registry_key`, in one transaction under the
+/// shared advisory lock: creates `schema` when missing, then the registry, then each pending
+/// migration as `render` writes it for its table.
+pub(crate) async fn run_migrations(
+    conn: &mut PgConnection,
+    schema: &crate::table::Ident,
+    registry_key: &str,
+    migrations: &[Migration],
+    latest: i32,
+    render: impl Fn(&str) -> String,
+) -> Result<MigrateReport> {
     let mut tx = conn.begin().await?;
     // Serializes concurrent migrate runs; released at commit or rollback.
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -73,24 +98,31 @@ pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<Mig
         .execute(&mut *tx)
         .await?;
 
+    // Checked first: CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when it exists.
     let schema_exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-            .bind(table.schema().as_str())
+            .bind(schema.as_str())
             .fetch_one(&mut *tx)
             .await?;
     if !schema_exists {
-        sqlx::raw_sql(&table.render("CREATE SCHEMA {schema}"))
+        sqlx::raw_sql(&render("CREATE SCHEMA {schema}"))
             .execute(&mut *tx)
             .await?;
     }
-    sqlx::raw_sql(&table.render(REGISTRY_DDL))
+    sqlx::raw_sql(&render(REGISTRY_DDL))
         .execute(&mut *tx)
         .await?;
 
-    let current = applied_version(&mut tx, table).await?;
+    let current: Option<i32> = sqlx::query_scalar(&render(
+        "SELECT max(version) FROM {schema}.pgoutbox_migrations WHERE table_name = $1",
+    ))
+    .bind(registry_key)
+    .fetch_one(&mut *tx)
+    .await?;
+    let current = current.unwrap_or(0);
     let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(&table.render(m.sql))
+    for m in migrations.iter().filter(|m| m.version > current) {
+        sqlx::raw_sql(&render(m.sql))
             .execute(&mut *tx)
             .await
             .map_err(|source| Error::Migration {
@@ -98,10 +130,10 @@ pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<Mig
                 description: m.description,
                 source,
             })?;
-        sqlx::query(&table.render(
+        sqlx::query(&render(
             "INSERT INTO {schema}.pgoutbox_migrations (table_name, version, description) VALUES ($1, $2, $3)",
         ))
-        .bind(table.table().as_str())
+        .bind(registry_key)
         .bind(m.version)
         .bind(m.description)
         .execute(&mut *tx)
@@ -111,7 +143,7 @@ pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<Mig
     tx.commit().await?;
     Ok(MigrateReport {
         applied,
-        version: current.max(CURRENT_VERSION),
+        version: current.max(latest),
     })
 }
 
