@@ -167,7 +167,11 @@ max_attempts = 1000
         let _ = relays[victim].wait();
         kills += 1;
         relays[victim] = spawn_relay(dir.path(), &config, &format!("{victim}-{kills}"));
-        let halfway = produced.load(AtomicOrdering::Relaxed) as usize >= settings.events / 2;
+        // Halfway by events, or by time when a duration bounds the run.
+        let halfway = produced.load(AtomicOrdering::Relaxed) as usize >= settings.events / 2
+            || settings
+                .duration
+                .is_some_and(|d| started.elapsed() >= d / 2);
         if pg_restarts == 0 && halfway && restart_postgres() {
             pg_restarts += 1;
         }
