@@ -10,9 +10,9 @@ use async_nats::jetstream;
 use futures::StreamExt;
 
 use common::sinks::{
-    assert_delivered_any_order, commit_events, committed, sink_config, unique, Broker, Got,
+    assert_delivered_any_order, broker_outage, committed, sink_config, unique, Broker, Got,
 };
-use common::{scratch, signal, spawn_relay, wait_for, write_config, TestDb};
+use common::{scratch, write_config, TestDb};
 
 const URL: &str = "nats://127.0.0.1:4222";
 
@@ -43,50 +43,7 @@ async fn events_committed_while_nats_is_down_are_delivered_when_it_is_back() {
             &format!("url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\ntimeout = \"2s\"\n"),
         ),
     );
-    let mut relay = spawn_relay(dir.path(), &config, "nats");
-
-    // Connected and delivering first, so the outage is a lost connection, not a refused one.
-    commit_events(&db, 10, "before").await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            db.count("published_at IS NULL").await == 0
-        })
-        .await,
-        "first events delivered"
-    );
-
-    broker.stop();
-    commit_events(&db, 20, "during").await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            db.count("published_at IS NULL AND attempts >= 2").await == 20
-        })
-        .await,
-        "events retried while NATS is down"
-    );
-    assert!(
-        relay.try_wait().expect("wait").is_none(),
-        "relay keeps running"
-    );
-    let errors: Vec<String> =
-        sqlx::query_scalar("SELECT DISTINCT last_error FROM outbox WHERE last_error IS NOT NULL")
-            .fetch_all(&db.pool)
-            .await
-            .expect("errors");
-    assert_eq!(db.count("dead_at IS NOT NULL").await, 0, "{errors:?}");
-
-    broker.start();
-    let delivered = wait_for(Duration::from_secs(60), || async {
-        db.count("published_at IS NULL").await == 0
-    })
-    .await;
-    signal(&relay, libc::SIGTERM);
-    let status = relay.wait().expect("relay exits");
-    assert!(
-        delivered,
-        "all delivered after the restart; errors: {errors:?}"
-    );
-    assert!(status.success(), "{status:?}");
+    broker_outage(&db, &broker, dir.path(), &config, "nats").await;
 
     let expected = committed(&db).await;
     let js = jetstream::new(async_nats::connect(URL).await.expect("nats"));

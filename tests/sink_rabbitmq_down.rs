@@ -5,13 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::amqp::{channel, consume, queue, URL};
 use common::sinks::{
-    assert_delivered_any_order, commit_events, committed, sink_config, unique, Broker,
+    assert_delivered_any_order, broker_outage, committed, sink_config, unique, Broker,
 };
-use common::{scratch, signal, spawn_relay, wait_for, write_config, TestDb};
+use common::{scratch, write_config, TestDb};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_committed_while_rabbitmq_is_down_are_delivered_when_it_is_back() {
@@ -36,42 +34,7 @@ async fn events_committed_while_rabbitmq_is_down_are_delivered_when_it_is_back()
             ),
         ),
     );
-    let mut relay = spawn_relay(dir.path(), &config, "rabbitmq");
-
-    // Connected and delivering first, so the outage is a lost connection, not a refused one.
-    commit_events(&db, 10, "before").await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            db.count("published_at IS NULL").await == 0
-        })
-        .await,
-        "first events delivered"
-    );
-
-    broker.stop();
-    commit_events(&db, 20, "during").await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            db.count("published_at IS NULL AND attempts >= 2").await == 20
-        })
-        .await,
-        "events retried while RabbitMQ is down"
-    );
-    assert!(
-        relay.try_wait().expect("wait").is_none(),
-        "relay keeps running"
-    );
-    assert_eq!(db.count("dead_at IS NOT NULL").await, 0);
-
-    broker.start();
-    let delivered = wait_for(Duration::from_secs(90), || async {
-        db.count("published_at IS NULL").await == 0
-    })
-    .await;
-    signal(&relay, libc::SIGTERM);
-    let status = relay.wait().expect("relay exits");
-    assert!(delivered, "all delivered after the restart");
-    assert!(status.success(), "{status:?}");
+    broker_outage(&db, &broker, dir.path(), &config, "rabbitmq").await;
 
     let expected = committed(&db).await;
     let (_conn, ch) = channel().await;

@@ -262,3 +262,60 @@ impl Drop for Broker {
         }
     }
 }
+
+/// The broker-down scenario shared by the outage tests: a relay process delivers 10 events, the
+/// broker stops, 20 more are committed and retried (never dead-lettered) while the relay keeps
+/// running, the broker starts again, everything is delivered and the relay exits 0 on SIGTERM.
+pub async fn broker_outage(
+    db: &TestDb,
+    broker: &Broker,
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    tag: &str,
+) {
+    let mut relay = super::spawn_relay(dir, config, tag);
+
+    // Connected and delivering first, so the outage is a lost connection, not a refused one.
+    commit_events(db, 10, "before").await;
+    assert!(
+        super::wait_for(Duration::from_secs(30), || async {
+            db.count("published_at IS NULL").await == 0
+        })
+        .await,
+        "first events delivered"
+    );
+
+    broker.stop();
+    commit_events(db, 20, "during").await;
+    let retried = super::wait_for(Duration::from_secs(30), || async {
+        db.count("published_at IS NULL AND attempts >= 2").await == 20
+    })
+    .await;
+    let errors: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT last_error FROM outbox WHERE last_error IS NOT NULL")
+            .fetch_all(&db.pool)
+            .await
+            .expect("errors");
+    assert!(
+        retried,
+        "events retried while {tag} is down; errors: {errors:?}"
+    );
+    assert!(
+        relay.try_wait().expect("wait").is_none(),
+        "relay keeps running"
+    );
+    assert_eq!(db.count("dead_at IS NOT NULL").await, 0, "{errors:?}");
+
+    broker.start();
+    let delivered = super::wait_for(Duration::from_secs(90), || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    super::signal(&relay, libc::SIGTERM);
+    let status = relay.wait().expect("relay exits");
+    assert!(
+        delivered,
+        "all delivered after the restart; errors: {errors:?}"
+    );
+    assert!(status.success(), "{status:?}");
+}
