@@ -8,7 +8,8 @@
 //!
 //! The bounded run (20k events) is part of the test suite. The long run is opt-in:
 //! `CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --test chaos --run-ignored only`.
-//! `CHAOS_SEED=N` replays a run (the seed is printed).
+//! `CHAOS_SEED=N` replays a run (the seed is printed). `CHAOS_KILL_EVERY=5s` sets the mean time
+//! between relay kills (default 1.25 s).
 
 mod common;
 
@@ -27,6 +28,8 @@ struct Settings {
     events: usize,
     duration: Option<Duration>,
     seed: u64,
+    /// Mean time between relay kills (a kill every 0.5× to 1.5× of it).
+    kill_every: Duration,
 }
 
 impl Settings {
@@ -161,7 +164,7 @@ max_attempts = 1000
     let mut pg_restarts = 0;
     let started = Instant::now();
     while producing.load(AtomicOrdering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2000))).await;
+        tokio::time::sleep(settings.kill_every.mul_f64(rng.gen_range(0.5..1.5))).await;
         let victim = rng.gen_range(0..relays.len());
         let _ = relays[victim].kill();
         let _ = relays[victim].wait();
