@@ -45,10 +45,15 @@ impl Settings {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| rand::thread_rng().gen());
+        let kill_every = std::env::var("CHAOS_KILL_EVERY")
+            .ok()
+            .and_then(|v| humantime::parse_duration(&v).ok())
+            .unwrap_or(Duration::from_millis(1250));
         Self {
             events,
             duration,
             seed,
+            kill_every,
         }
     }
 }
