@@ -180,6 +180,8 @@ type Behaviour = Arc<dyn Fn(&Received) -> Reply + Send + Sync>;
 #[derive(Clone)]
 struct ReceiverState {
     log: Arc<Mutex<Vec<Received>>>,
+    /// Requests seen per webhook-id, so `nth` costs O(1) however long the log grows.
+    seen: Arc<Mutex<HashMap<String, usize>>>,
     behaviour: Arc<Mutex<Behaviour>>,
 }
 
@@ -200,6 +202,7 @@ impl Receiver {
     pub async fn with(behaviour: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> Self {
         let state = ReceiverState {
             log: Arc::new(Mutex::new(Vec::new())),
+            seen: Arc::default(),
             behaviour: Arc::new(Mutex::new(Arc::new(behaviour))),
         };
         let app = axum::Router::new()
@@ -257,12 +260,14 @@ async fn handle(State(state): State<ReceiverState>, headers: HeaderMap, body: By
         at: Instant::now(),
         status: 0,
     };
-    let reply = {
-        let log = state.log.lock().expect("lock");
-        received.nth = log.iter().filter(|r| r.id == received.id).count();
-        let behaviour = state.behaviour.lock().expect("lock").clone();
-        behaviour(&received)
+    received.nth = {
+        let mut seen = state.seen.lock().expect("lock");
+        let n = seen.entry(received.id.clone()).or_insert(0);
+        *n += 1;
+        *n - 1
     };
+    let behaviour = state.behaviour.lock().expect("lock").clone();
+    let reply = behaviour(&received);
     received.status = reply.status;
     state.log.lock().expect("lock").push(received);
     if !reply.delay.is_zero() {
