@@ -168,7 +168,9 @@ max_attempts = 1000
     let mut kills = 0;
     let mut pg_restarts = 0;
     let started = Instant::now();
-    while producing.load(AtomicOrdering::Relaxed) {
+    // Kills go on into the drain when production was quick: at least MIN_KILLS of them.
+    const MIN_KILLS: usize = 10;
+    while producing.load(AtomicOrdering::Relaxed) || kills < MIN_KILLS {
         tokio::time::sleep(settings.kill_every.mul_f64(rng.gen_range(0.5..1.5))).await;
         let victim = rng.gen_range(0..relays.len());
         let _ = relays[victim].kill();
