@@ -4,64 +4,15 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_nats::jetstream;
-use futures::StreamExt;
 use pgoutbox::publish::nats::{NatsConfig, NatsSink};
 use pgoutbox::relay::{Destination, Relay};
 
+use common::nats::{consume, jetstream, URL};
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
+    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all,
 };
 use common::{parse_config, TestDb};
-
-const URL: &str = "nats://127.0.0.1:4222";
-
-async fn jetstream() -> jetstream::Context {
-    jetstream::new(
-        async_nats::connect(URL)
-            .await
-            .expect("NATS on 127.0.0.1:4222 (bash .ci/run starts it)"),
-    )
-}
-
-/// Reads the whole stream back with an ordered pull consumer; returns messages and subjects.
-async fn consume(js: &jetstream::Context, stream: &str, n: usize) -> (Vec<Got>, Vec<String>) {
-    let stream = js.get_stream(stream).await.expect("stream exists");
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
-        .await
-        .expect("consumer");
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut got = Vec::new();
-    let mut subjects = Vec::new();
-    while got.len() < n {
-        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .expect("a message within 10 s")
-            .expect("stream open")
-            .expect("message");
-        let headers = m.headers.clone().unwrap_or_default();
-        let map = headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v.first().map(|v| v.to_string()).unwrap_or_default(),
-                )
-            })
-            .collect::<std::collections::HashMap<_, _>>();
-        got.push(Got {
-            id: map.get("Nats-Msg-Id").cloned().unwrap_or_default(),
-            key: map.get("pgoutbox-key").cloned(),
-            payload: m.payload.to_vec(),
-            headers: map,
-        });
-        subjects.push(m.subject.to_string());
-    }
-    (got, subjects)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {

@@ -4,17 +4,13 @@
 
 mod common;
 
-use std::time::Duration;
-
 use async_nats::jetstream;
-use futures::StreamExt;
 
+use common::nats::{consume, jetstream, URL};
 use common::sinks::{
-    assert_delivered_any_order, broker_outage, committed, sink_config, unique, Broker, Got,
+    assert_delivered_any_order, broker_outage, committed, sink_config, unique, Broker,
 };
 use common::{scratch, write_config, TestDb};
-
-const URL: &str = "nats://127.0.0.1:4222";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_committed_while_nats_is_down_are_delivered_when_it_is_back() {
@@ -46,41 +42,8 @@ async fn events_committed_while_nats_is_down_are_delivered_when_it_is_back() {
     broker_outage(&db, &broker, dir.path(), &config, "nats").await;
 
     let expected = committed(&db).await;
-    let js = jetstream::new(async_nats::connect(URL).await.expect("nats"));
-    let consumer = js
-        .get_stream(&stream)
-        .await
-        .expect("stream")
-        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
-        .await
-        .expect("consumer");
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut got = Vec::new();
-    while got.len() < expected.len() {
-        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .expect("message in time")
-            .expect("open")
-            .expect("message");
-        let map = m
-            .headers
-            .clone()
-            .unwrap_or_default()
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v.first().map(|v| v.to_string()).unwrap_or_default(),
-                )
-            })
-            .collect::<std::collections::HashMap<_, _>>();
-        got.push(Got {
-            id: map.get("Nats-Msg-Id").cloned().unwrap_or_default(),
-            key: map.get("pgoutbox-key").cloned(),
-            payload: m.payload.to_vec(),
-            headers: map,
-        });
-    }
+    let js = jetstream().await;
+    let (got, _) = consume(&js, &stream, expected.len()).await;
     assert_delivered_any_order(&expected, &got);
     let info = js
         .get_stream(&stream)

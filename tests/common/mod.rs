@@ -4,6 +4,8 @@
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod sinks;
 
 use std::collections::HashMap;
