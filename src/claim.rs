@@ -56,7 +56,16 @@ pub struct ClaimOptions {
     pub heads: usize,
     /// Ordered mode: most followers taken per head.
     pub followers: usize,
+    /// Ordered mode: how many due rows, from the oldest, the search for heads looks at.
+    pub window: u64,
 }
+
+/// The heads window a relay starts from, per row of batch size: wide enough to reach past the rows
+/// other relays hold while they publish.
+pub const WINDOW_PER_BATCH_ROW: u64 = 4;
+
+/// Past this many rows, a widened heads window becomes unbounded (the whole due range).
+pub const WINDOW_UNBOUNDED_FROM: u64 = 1 << 20;
 
 /// Most later events of one key carried in a batch behind its head (ordered mode).
 pub const FOLLOWERS_PER_KEY: usize = 100;
@@ -71,6 +80,11 @@ pub async fn claim_due(
     let lease = options.lease.as_secs_f64();
     let heads = i64::try_from(options.heads.clamp(1, options.limit.max(1))).unwrap_or(1);
     let followers = i64::try_from(options.followers.min(FOLLOWERS_PER_KEY)).unwrap_or(0);
+    let window = if options.window >= WINDOW_UNBOUNDED_FROM {
+        i64::MAX
+    } else {
+        i64::try_from(options.window).unwrap_or(i64::MAX)
+    };
     let (rows, hold) = match (options.mode, options.ordered) {
         (ClaimMode::Transaction, None) => {
             let mut tx = pool.begin().await?;
@@ -87,6 +101,7 @@ pub async fn claim_due(
                 .bind(followers)
                 .bind(block)
                 .bind(heads)
+                .bind(window)
                 .fetch_all(&mut *tx)
                 .await?;
             (rows, Hold::Transaction(tx))
@@ -108,6 +123,7 @@ pub async fn claim_due(
                 .bind(followers)
                 .bind(block)
                 .bind(heads)
+                .bind(window)
                 .bind(lease)
                 .bind(token)
                 .fetch_all(pool)

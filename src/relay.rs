@@ -6,7 +6,7 @@
 //! event never stops the relay: it is retried or dead-lettered.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,23 @@ use crate::retry::RetryPolicy;
 use crate::route::Router;
 use crate::settle;
 use crate::table::OutboxTable;
+
+/// Ordered mode: followers per head of the first claim (adapted from then on).
+const INITIAL_FOLLOWERS: usize = 7;
+
+/// Ordered mode: heads of the first claim, so that they and their followers fill a batch.
+fn initial_heads(batch_size: usize) -> usize {
+    (batch_size / (1 + INITIAL_FOLLOWERS)).max(1)
+}
+
+/// How long ordered claims may find no head before the window widens: other relays' batches
+/// usually end well within it, freeing their keys near the front.
+const WINDOW_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The heads window an ordered claim starts from (see [`ClaimOptions::window`]).
+fn base_window(batch_size: usize) -> u64 {
+    (batch_size as u64).saturating_mul(crate::claim::WINDOW_PER_BATCH_ROW)
+}
 
 /// Longest pause between retries while the database is unreachable.
 const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
@@ -84,6 +101,11 @@ pub struct Relay {
     heads: AtomicUsize,
     /// Ordered mode: followers per head for the next claim, adapted after each batch.
     followers: AtomicUsize,
+    /// Ordered mode: due rows the next claim's search for heads looks at; widened after a claim
+    /// that found no head, back to its base after one that did.
+    window: AtomicU64,
+    /// When the window last changed or last served a claim (see [`WINDOW_PATIENCE`]).
+    window_since: std::sync::Mutex<Instant>,
 }
 
 impl Relay {
@@ -139,11 +161,14 @@ impl Relay {
                             .iter()
                             .any(|d| d.ordering == Ordering::Key && d.on_dead == OnDead::Block)
                     }),
-                heads: config.relay.batch_size,
-                followers: 4,
+                heads: initial_heads(config.relay.batch_size),
+                followers: INITIAL_FOLLOWERS,
+                window: base_window(config.relay.batch_size),
             },
-            heads: AtomicUsize::new(config.relay.batch_size),
-            followers: AtomicUsize::new(4),
+            heads: AtomicUsize::new(initial_heads(config.relay.batch_size)),
+            followers: AtomicUsize::new(INITIAL_FOLLOWERS),
+            window: AtomicU64::new(base_window(config.relay.batch_size)),
+            window_since: std::sync::Mutex::new(Instant::now()),
         }
     }
 
@@ -176,27 +201,62 @@ impl Relay {
         }
     }
 
-    /// Ordered mode: sizes the next claim from what this one found. Keys carrying many events →
-    /// fewer heads, each with more followers (one claim drains a deep key); keys with one event
-    /// each → `batch_size` heads. When heads hit the followers cap, the cap doubles to see deeper.
-    fn adapt_claim(&self, heads_found: i64, followers_found: i64) {
-        if heads_found <= 0 {
+    /// Ordered mode: sizes the next claim from what this one found, asked with `asked` (heads,
+    /// followers per head).
+    ///
+    /// Keys to spare (every head asked for was found): follow each key only as deep as keys go, and
+    /// take as many heads as then fill a batch; shallow keys → up to `batch_size` heads, deep keys →
+    /// fewer heads, a few events each. Few free keys (other relays hold the rest, or there are few
+    /// keys): follow each one deeper to fill the batch. Many heads with few followers each keeps a
+    /// batch on few table pages and leaves keys for the other relays.
+    ///
+    /// No head found: the window's rows are all held by other relays (a short wait frees them) or
+    /// wait behind failing events of their keys. Once that has lasted [`WINDOW_PATIENCE`], each
+    /// empty claim widens the window fourfold, up to the whole due range, so keys further on are
+    /// reached; each claim that finds heads narrows it by a quarter, down to its base.
+    fn adapt_claim(&self, found: Option<(i64, i64)>, asked: (usize, usize)) {
+        let batch = self.settings.batch_size;
+        let base = base_window(batch);
+        let Some((heads_found, followers_found)) = found.filter(|(heads, _)| *heads > 0) else {
+            let mut since = self.window_since.lock().unwrap_or_else(|e| e.into_inner());
+            if since.elapsed() >= WINDOW_PATIENCE {
+                let wider = self
+                    .window
+                    .load(AtomicOrdering::Relaxed)
+                    .saturating_mul(4)
+                    .min(crate::claim::WINDOW_UNBOUNDED_FROM);
+                self.window.store(wider, AtomicOrdering::Relaxed);
+                *since = Instant::now();
+            }
             return;
-        }
-        let per_head = followers_found as f64 / heads_found as f64;
-        let cap = self.followers.load(AtomicOrdering::Relaxed);
-        let next_cap = if per_head >= cap as f64 * 0.9 {
-            cap * 2
-        } else {
-            (per_head.ceil() as usize * 2).max(2)
         };
-        let next_cap = next_cap.clamp(2, crate::claim::FOLLOWERS_PER_KEY);
-        let heads = (self.settings.batch_size as f64 / (1.0 + per_head)).round() as usize;
-        self.heads.store(
-            heads.clamp(8.min(self.settings.batch_size), self.settings.batch_size),
-            AtomicOrdering::Relaxed,
-        );
-        self.followers.store(next_cap, AtomicOrdering::Relaxed);
+        let window = self.window.load(AtomicOrdering::Relaxed);
+        if window > base {
+            // Slowly: a window widened past a long run of held-back rows is still needed.
+            self.window
+                .store((window - window / 4).max(base), AtomicOrdering::Relaxed);
+        }
+        *self.window_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+
+        let (heads_found, followers_found) = (heads_found as usize, followers_found as usize);
+        let scarce = heads_found < asked.0;
+        let followers = if scarce {
+            batch.div_ceil(heads_found).saturating_sub(1)
+        } else {
+            followers_found.div_ceil(heads_found)
+        }
+        .min(crate::claim::FOLLOWERS_PER_KEY);
+        // At least a few heads, so that keys that show up later are found.
+        let heads = (batch / (1 + followers)).clamp(8.min(batch), batch);
+        // With keys to spare, followers beyond what the batch carries would be locked and then
+        // left unpublished.
+        let followers = if scarce {
+            followers
+        } else {
+            followers.min((batch / heads).saturating_sub(1))
+        };
+        self.heads.store(heads, AtomicOrdering::Relaxed);
+        self.followers.store(followers, AtomicOrdering::Relaxed);
     }
 
     /// Claims, publishes and settles one batch.
@@ -207,30 +267,27 @@ impl Relay {
     /// One batch; also returns the ids scheduled for another attempt.
     async fn process_batch(&self) -> Result<(BatchReport, Vec<Uuid>)> {
         let claim_started = Instant::now();
+        let options = ClaimOptions {
+            heads: self.heads.load(AtomicOrdering::Relaxed),
+            followers: self.followers.load(AtomicOrdering::Relaxed),
+            window: self.window.load(AtomicOrdering::Relaxed),
+            ..self.claim
+        };
         let ClaimedBatch {
             events,
             held_back,
             hold,
             found,
-        } = claim_due(
-            &self.pool,
-            &self.table,
-            &ClaimOptions {
-                heads: self.heads.load(AtomicOrdering::Relaxed),
-                followers: self.followers.load(AtomicOrdering::Relaxed),
-                ..self.claim
-            },
-        )
-        .await?;
+        } = claim_due(&self.pool, &self.table, &options).await?;
         metrics::histogram!(observe::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
+        if self.claim.ordered.is_some() {
+            self.adapt_claim(found, (options.heads, options.followers));
+        }
         if events.is_empty() {
             crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(observe::BATCH_SIZE).record(events.len() as f64);
-        if let Some((heads, followers)) = found {
-            self.adapt_claim(heads, followers);
-        }
         let started = Instant::now();
         let route_of: Vec<Option<usize>> =
             events.iter().map(|e| self.router.route(&e.topic)).collect();
@@ -332,65 +389,95 @@ impl Relay {
 
     /// Publishes a batch and returns an outcome per event, `None` for events not attempted.
     ///
-    /// Events of an ordered destination that share a key form a chain, published one wave at a time
-    /// (the first event of every chain, then the second, …); a chain stops at its first failure, so
-    /// a later event of a key is never published before an earlier one succeeded. Every other event
-    /// is a chain of one, so an unordered batch is a single wave.
+    /// Events of an ordered destination that share a key form a chain, published one event after
+    /// the other; a chain stops at its first failure, so a later event of a key is never published
+    /// before an earlier one succeeded. Chains run side by side, each at its own pace: a slow
+    /// request holds back only its own key, not the next step of every other chain. Every other
+    /// event is a chain of one; those all go out together in one publish per destination.
     async fn publish_chains(
         &self,
         events: &[OutboxEvent],
         route_of: &[Option<usize>],
     ) -> Vec<Option<Outcome>> {
-        if self.claim.ordered.is_none() {
-            // No ordered destination: one wave, no chains to build.
-            let all: Vec<usize> = (0..events.len()).collect();
-            let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-            for (i, outcome) in self.publish_wave(events, route_of, &all).await {
-                outcomes[i] = Some(outcome);
-            }
-            return outcomes;
-        }
+        let mut singles: Vec<usize> = Vec::new();
         let mut chains: Vec<Vec<usize>> = Vec::new();
-        let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
-        for (i, event) in events.iter().enumerate() {
-            let ordered_key = match (route_of[i], event.key.as_deref()) {
-                (Some(d), Some(key)) if self.config.destinations[d].ordering == Ordering::Key => {
-                    Some((d, key))
-                }
-                _ => None,
-            };
-            match ordered_key.and_then(|k| chain_of_key.get(&k).copied()) {
-                Some(c) => chains[c].push(i),
-                None => {
-                    if let Some(k) = ordered_key {
-                        chain_of_key.insert(k, chains.len());
+        if self.claim.ordered.is_none() {
+            // No ordered destination: no chains to build.
+            singles = (0..events.len()).collect();
+        } else {
+            let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
+            for (i, event) in events.iter().enumerate() {
+                let ordered_key = match (route_of[i], event.key.as_deref()) {
+                    (Some(d), Some(key))
+                        if self.config.destinations[d].ordering == Ordering::Key =>
+                    {
+                        (d, key)
                     }
-                    chains.push(vec![i]);
-                }
-            }
-        }
-
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        let mut position = vec![0usize; chains.len()];
-        let mut live: Vec<usize> = (0..chains.len()).collect();
-        while !live.is_empty() {
-            let wave: Vec<usize> = live.iter().map(|&c| chains[c][position[c]]).collect();
-            for (i, outcome) in self.publish_wave(events, route_of, &wave).await {
-                outcomes[i] = Some(outcome);
-            }
-            live.retain(|&c| {
-                let i = chains[c][position[c]];
-                let go_on = match &outcomes[i] {
-                    Some(Outcome::Delivered) => true,
-                    Some(Outcome::Rejected { .. }) => route_of[i]
-                        .is_some_and(|d| self.config.destinations[d].on_dead == OnDead::Skip),
-                    _ => false,
+                    _ => {
+                        singles.push(i);
+                        continue;
+                    }
                 };
-                position[c] += 1;
-                go_on && position[c] < chains[c].len()
+                let c = *chain_of_key.entry(ordered_key).or_insert_with(|| {
+                    chains.push(Vec::new());
+                    chains.len() - 1
+                });
+                chains[c].push(i);
+            }
+            // A key with one event here needs no sequencing: it joins the singles.
+            chains.retain(|chain| match chain.as_slice() {
+                [only] => {
+                    singles.push(*only);
+                    false
+                }
+                _ => true,
             });
         }
+        let (single_results, chain_results) = futures::future::join(
+            self.publish_wave(events, route_of, &singles),
+            join_all(
+                chains
+                    .iter()
+                    .map(|chain| self.publish_chain(events, route_of, chain)),
+            ),
+        )
+        .await;
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        for (i, outcome) in single_results
+            .into_iter()
+            .chain(chain_results.into_iter().flatten())
+        {
+            outcomes[i] = Some(outcome);
+        }
         outcomes
+    }
+
+    /// Publishes one key's chain in order, stopping at the first event that neither was delivered
+    /// nor may be skipped (`on_dead = "skip"` lets a rejected event's successors go on).
+    async fn publish_chain(
+        &self,
+        events: &[OutboxEvent],
+        route_of: &[Option<usize>],
+        chain: &[usize],
+    ) -> Vec<(usize, Outcome)> {
+        let mut results = Vec::with_capacity(chain.len());
+        for &i in chain {
+            let Some((_, outcome)) = self.publish_wave(events, route_of, &[i]).await.pop() else {
+                break;
+            };
+            let go_on = match &outcome {
+                Outcome::Delivered => true,
+                Outcome::Rejected { .. } => {
+                    route_of[i].is_some_and(|d| self.config.destinations[d].on_dead == OnDead::Skip)
+                }
+                Outcome::Retry { .. } => false,
+            };
+            results.push((i, outcome));
+            if !go_on {
+                break;
+            }
+        }
+        results
     }
 
     /// Publishes the events at `indexes`: each destination's share concurrently, each bounded by
@@ -572,6 +659,7 @@ impl Relay {
     pub async fn run_once(&self) -> Result<BatchReport> {
         let mut total = BatchReport::default();
         let mut failed_before: HashSet<Uuid> = HashSet::new();
+        let mut unbounded_tried = false;
         loop {
             let (report, retried) = self.process_batch().await?;
             total += report;
@@ -579,9 +667,17 @@ impl Relay {
                 && report.dead == 0
                 && !retried.is_empty()
                 && retried.iter().all(|id| failed_before.contains(id));
+            if report.claimed == 0 && self.claim.ordered.is_some() && !unbounded_tried {
+                // Ordered: an empty claim only saw the window; make sure nothing further on is due.
+                unbounded_tried = true;
+                self.window
+                    .store(crate::claim::WINDOW_UNBOUNDED_FROM, AtomicOrdering::Relaxed);
+                continue;
+            }
             if report.claimed == 0 || only_repeats {
                 return Ok(total);
             }
+            unbounded_tried = false;
             failed_before.extend(retried);
         }
     }

@@ -237,6 +237,11 @@ RETURNING o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::te
 /// same key (`{name:key_idx}` answers the NOT EXISTS with one index probe), locked SKIP LOCKED, so a
 /// key is held by at most one relay at a time: its head row's lock (or lease) is the key's lock.
 /// At most `$4` heads are taken (the relay adapts it to how many events a key carries).
+/// The heads scan only looks at the first `$5` due rows (the window: its end is found by an
+/// index-only walk of `{name:pending_idx}` and becomes an index condition). Without it, a claim that
+/// finds every key held by other relays would probe every due row of the table before giving up;
+/// the relay widens the window when it comes back empty, so keys beyond a long run of held-back
+/// rows are still reached.
 /// `followers`: up to `$2` later rows of each head's key, in seq order, so a hot key moves many
 /// events per round trip. Rows that are not due (backoff) or dead under `on_dead = "block"` (`$3`)
 /// are returned with `due = false`; the relay cuts each key's chain there. `picked` keeps a seq
@@ -248,6 +253,14 @@ WITH heads AS (
            o.created_at, o.attempts, true AS due
     FROM {outbox} o
     WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= now()
+      AND (o.next_attempt_at, o.seq) < (
+            SELECT b.t, b.s FROM (
+                (SELECT w.next_attempt_at AS t, w.seq AS s, 0 AS last FROM {outbox} w
+                 WHERE w.published_at IS NULL AND w.dead_at IS NULL AND w.next_attempt_at <= now()
+                 ORDER BY w.next_attempt_at, w.seq
+                 OFFSET $5 LIMIT 1)
+                UNION ALL SELECT 'infinity'::timestamptz, 0, 1) b
+            ORDER BY b.last LIMIT 1)
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} p
             WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL
@@ -284,7 +297,7 @@ FROM picked ORDER BY seq";
 const CLAIM_LEASE_ORDERED: &str = ",
 leased AS (
     UPDATE {outbox} AS o
-    SET next_attempt_at = now() + make_interval(secs => $5), lease_token = $6
+    SET next_attempt_at = now() + make_interval(secs => $6), lease_token = $7
     FROM picked
     WHERE o.id = picked.id AND picked.due
     RETURNING o.id

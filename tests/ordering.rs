@@ -151,6 +151,67 @@ async fn a_failing_head_holds_back_only_its_own_key() {
     );
 }
 
+/// A failing key with thousands of events ahead of every other key in the table: the claim's
+/// search for heads starts with a window of a few batches, finds only that key's held-back rows,
+/// and widens until it reaches the other keys, which are delivered while key 0 waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::with(|r| {
+        if r.json()["data"]["k"] == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    sqlx::query(
+        "INSERT INTO outbox (topic, key, payload)
+         SELECT 'order.updated', 'order-0', jsonb_build_object('k', 0, 'n', n)
+         FROM generate_series(0, 2999) n ORDER BY n",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert key 0");
+    sqlx::query(
+        "INSERT INTO outbox (topic, key, payload)
+         SELECT 'order.updated', 'order-' || k, jsonb_build_object('k', k, 'n', n)
+         FROM generate_series(0, 3) n, generate_series(1, 5) k ORDER BY n, k",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert keys 1-5");
+    let text = webhook_config(
+        &db,
+        &rx.url,
+        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
+    )
+    .replace("[relay]\n", "[relay]\nbatch_size = 20\n");
+    let (stop, tasks) = start_relays(&db, &text, 1).await;
+    let reached = wait_for(Duration::from_secs(60), || async {
+        db.count("key <> 'order-0' AND published_at IS NULL").await == 0
+    })
+    .await;
+    stop.cancel();
+    for t in tasks {
+        t.await.expect("join").expect("relay");
+    }
+    assert!(
+        reached,
+        "keys 1-5 delivered behind 3,000 held-back events of key 0"
+    );
+    let order = first_delivery_order(&rx);
+    for k in 1..=5 {
+        assert_eq!(order[&k], vec![0, 1, 2, 3], "key {k} in order");
+    }
+    let tried_k0 = rx
+        .log()
+        .into_iter()
+        .filter(|r| r.json()["data"]["k"] == 0)
+        .count();
+    assert_eq!(tried_k0, 1, "only the head of key 0 was tried");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_keys_move_many_events_per_batch() {
     let db = TestDb::migrated().await;

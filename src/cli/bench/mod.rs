@@ -295,6 +295,7 @@ pub async fn claim_and_settle(
         ordered: None,
         heads: batch_size,
         followers: 0,
+        window: u64::MAX,
     };
     let started = std::time::Instant::now();
     let batch = pgoutbox::claim::claim_due(pool, table, &options).await?;
