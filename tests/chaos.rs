@@ -7,7 +7,8 @@
 //! on the ordered destination, and prints the duplicates with their causes.
 //!
 //! The bounded run (20k events) is part of the test suite. The long run is opt-in:
-//! `CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --test chaos --run-ignored only`.
+//! `CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --release --test chaos --run-ignored only`;
+//! with a duration, producers spread the events evenly over it.
 //! `CHAOS_SEED=N` replays a run (the seed is printed). `CHAOS_KILL_EVERY=5s` sets the mean time
 //! between relay kills (default 1.25 s).
 
@@ -73,7 +74,7 @@ async fn bounded_chaos_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long run: CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --test chaos --run-ignored only"]
+#[ignore = "long run: CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --release --test chaos --run-ignored only"]
 async fn long_chaos_run() {
     chaos(Settings::from_env(1_000_000)).await;
 }
@@ -145,7 +146,11 @@ max_attempts = 1000
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let produced = Arc::new(AtomicU64::new(0));
     let producing = Arc::new(AtomicBool::new(true));
-    let deadline = settings.duration.map(|d| Instant::now() + d);
+    // (start, end) of production when a duration bounds the run.
+    let deadline = settings.duration.map(|d| {
+        let start = Instant::now();
+        (start, start + d)
+    });
     let mut producers = Vec::new();
     for p in 0..4u64 {
         let (db_url, ledger, produced, producing) = (
@@ -170,7 +175,22 @@ max_attempts = 1000
     let started = Instant::now();
     // Kills go on into the drain when production was quick: at least MIN_KILLS of them.
     const MIN_KILLS: usize = 10;
+    let mut last_progress = Instant::now();
     while producing.load(AtomicOrdering::Relaxed) || kills < MIN_KILLS {
+        if last_progress.elapsed() >= Duration::from_secs(30) {
+            last_progress = Instant::now();
+            let pending: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap_or(-1);
+            println!(
+                "chaos: {:.0?} produced {} pending {pending} deliveries {} kills {kills} pg_restarts {pg_restarts}",
+                started.elapsed(),
+                produced.load(AtomicOrdering::Relaxed),
+                rx.count(),
+            );
+        }
         tokio::time::sleep(settings.kill_every.mul_f64(rng.gen_range(0.5..1.5))).await;
         let victim = rng.gen_range(0..relays.len());
         let _ = relays[victim].kill();
@@ -323,7 +343,7 @@ async fn produce(
     db_url: &str,
     seed: u64,
     target: u64,
-    deadline: Option<Instant>,
+    deadline: Option<(Instant, Instant)>,
     ledger: Arc<Mutex<Ledger>>,
     produced: Arc<AtomicU64>,
     producing: Arc<AtomicBool>,
@@ -339,10 +359,16 @@ async fn produce(
     let mut next_n: HashMap<String, i64> = HashMap::new();
     loop {
         let total = produced.load(AtomicOrdering::Relaxed);
-        let out_of_time = deadline.is_some_and(|d| Instant::now() > d);
+        let out_of_time = deadline.is_some_and(|(_, end)| Instant::now() > end);
         if total >= target || out_of_time {
             producing.store(false, AtomicOrdering::Relaxed);
             return;
+        }
+        // A run bounded by time spreads its events evenly over it (all producers together).
+        if let Some((start, end)) = deadline {
+            let rate = target as f64 / (end - start).as_secs_f64();
+            let due = start + Duration::from_secs_f64(total as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
         }
         let size = rng.gen_range(1..=5);
         let rollback = rng.gen_bool(0.1);

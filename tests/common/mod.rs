@@ -234,6 +234,11 @@ impl Receiver {
         self.state.log.lock().expect("lock").clone()
     }
 
+    /// How many requests so far (without copying the log).
+    pub fn count(&self) -> usize {
+        self.state.log.lock().expect("lock").len()
+    }
+
     /// Requests answered with a 2xx.
     pub fn delivered(&self) -> Vec<Received> {
         self.log()
