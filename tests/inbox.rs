@@ -184,6 +184,42 @@ async fn cleanup_deletes_only_expired_rows_in_bounded_batches() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_inbox_from_the_cli() {
+    let db = inbox_db().await;
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, processed_at)
+         SELECT 'billing', gen_random_uuid(), now() - interval '10 days' FROM generate_series(1, 30)
+         UNION ALL SELECT 'billing', gen_random_uuid(), now() FROM generate_series(1, 4)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("rows");
+    let (code, _, err) = run(&["cleanup", "--inbox", "--database-url", &db.url]);
+    assert_eq!(code, 2, "--inbox without --retention is refused: {err}");
+    assert!(err.contains("--retention"), "{err}");
+    let (code, out, err) = run(&[
+        "cleanup",
+        "--inbox",
+        "--retention",
+        "7d",
+        "--batch-rows",
+        "10",
+        "--database-url",
+        &db.url,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("30 rows of public.inbox processed more than 7days ago deleted in 4 batches"),
+        "{out}"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_inbox_from_the_cli_is_versioned_and_idempotent() {
     let db = TestDb::empty().await;
     let (code, out, err) = run(&[

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pgoutbox::cleanup::{self, CleanupOptions};
+use pgoutbox::inbox::{Inbox, InboxTable};
 
 use super::{parse_duration, Cli};
 
@@ -20,10 +21,22 @@ pub struct Args {
     /// Rows looked at per batch; each batch is one short transaction.
     #[arg(long, default_value_t = 5000)]
     batch_rows: i64,
+    /// Clean the consumer-side inbox (in `--schema`) instead of the outbox: forget ids processed
+    /// longer than `--retention` ago. Keep them longer than the outbox can still redeliver.
+    #[arg(long, requires = "retention", conflicts_with = "dry_run")]
+    inbox: bool,
+    /// Name of the inbox table, with `--inbox`.
+    #[arg(long, value_name = "NAME", default_value = "inbox", requires = "inbox")]
+    inbox_table: String,
 }
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
+    if args.inbox {
+        // A consumer's database need not hold an outbox: no outbox schema check.
+        let pool = super::connect(config.database_url()?, 1).await?;
+        return inbox(&pool, &config, args).await;
+    }
     let pool = super::connect_checked(&config, 1).await?;
     let mut options = CleanupOptions::from_config(&config);
     options.dry_run = args.dry_run;
@@ -59,6 +72,29 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         },
         report.batches,
         report.longest_batch.as_millis()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cleanup --inbox`: the inbox's own batched delete (each batch one autocommit statement).
+async fn inbox(
+    pool: &sqlx::PgPool,
+    config: &pgoutbox::config::Config,
+    args: &Args,
+) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let table = InboxTable::parse(config.table.schema().as_str(), &args.inbox_table)?;
+    let retention = args.retention.unwrap_or_default();
+    let mut conn = pool.acquire().await?;
+    let report = Inbox::new(table.clone())
+        .cleanup(&mut conn, retention, args.batch_rows)
+        .await
+        .with_context(|| format!("cannot clean the inbox {table}"))?;
+    println!(
+        "{} rows of {table} processed more than {} ago deleted in {} batches",
+        report.deleted,
+        humantime::format_duration(retention),
+        report.batches
     );
     Ok(ExitCode::SUCCESS)
 }
