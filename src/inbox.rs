@@ -227,6 +227,24 @@ impl Inbox {
         Ok(n == 1)
     }
 
+    /// [`Inbox::process_once`] through sqlx 0.9 (feature `sqlx09`; `&mut *tx` of a 0.9 transaction).
+    #[cfg(feature = "sqlx09")]
+    pub async fn process_once_sqlx09(
+        &self,
+        conn: &mut sqlx09::PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<bool> {
+        // The statement is rendered from validated, quoted identifiers (see `InboxTable::parse`).
+        let sql = sqlx09::AssertSqlSafe(self.table.process_once.clone());
+        let done = sqlx09::query(sql)
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// Deletes rows processed longer than `retention` ago, `batch` rows per statement (each its
     /// own short autocommit statement), until none is left.
     pub async fn cleanup(

@@ -281,3 +281,46 @@ async fn migrate_inbox_from_the_cli_is_versioned_and_idempotent() {
     assert_eq!(code, 1);
     assert!(err.contains("invalid SQL identifier"), "{err}");
 }
+
+#[cfg(feature = "sqlx09")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_once_with_sqlx09_dedupes_and_rolls_back_with_the_transaction() {
+    let db = inbox_db().await;
+    let pool = sqlx09::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db.url)
+        .await
+        .expect("connect with sqlx 0.9");
+    let inbox = Inbox::default();
+    let (kept, rolled_back) = (Uuid::new_v4(), Uuid::new_v4());
+
+    let mut tx = pool.begin().await.expect("begin");
+    assert!(inbox
+        .process_once_sqlx09(&mut tx, "billing", kept)
+        .await
+        .expect("first"));
+    tx.commit().await.expect("commit");
+    let mut tx = pool.begin().await.expect("begin");
+    assert!(
+        !inbox
+            .process_once_sqlx09(&mut tx, "billing", kept)
+            .await
+            .expect("again"),
+        "a duplicate is reported as such"
+    );
+    assert!(inbox
+        .process_once_sqlx09(&mut tx, "billing", rolled_back)
+        .await
+        .expect("other"));
+    tx.rollback().await.expect("rollback");
+
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM inbox")
+        .fetch_all(&db.pool)
+        .await
+        .expect("ids");
+    assert_eq!(
+        ids,
+        vec![kept],
+        "the rolled-back record is gone, to be applied again"
+    );
+}
