@@ -136,6 +136,8 @@ async fn apply(
     let rows: Vec<(i32,)> = bind_filter(sqlx::query_as(&sql), filter)
         .fetch_all(pool)
         .await?;
+    // Ordered keys: rows parked behind these dead events are due again (retry: behind them).
+    crate::settle::unpark_followers(table, pool, true).await?;
     Ok(rows.len() as u64)
 }
 

@@ -351,6 +351,7 @@ impl Relay {
             &plan,
             self.delete_on_settle,
             &untouched,
+            self.claim.ordered,
         )
         .await?;
         metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
@@ -434,7 +435,7 @@ impl Relay {
             });
         }
         let (single_results, chain_results) = futures::future::join(
-            self.publish_wave(events, route_of, &singles),
+            self.publish_together(events, route_of, &singles),
             join_all(
                 chains
                     .iter()
@@ -462,7 +463,8 @@ impl Relay {
     ) -> Vec<(usize, Outcome)> {
         let mut results = Vec::with_capacity(chain.len());
         for &i in chain {
-            let Some((_, outcome)) = self.publish_wave(events, route_of, &[i]).await.pop() else {
+            let Some((_, outcome)) = self.publish_together(events, route_of, &[i]).await.pop()
+            else {
                 break;
             };
             let go_on = match &outcome {
@@ -482,7 +484,7 @@ impl Relay {
 
     /// Publishes the events at `indexes`: each destination's share concurrently, each bounded by
     /// `publish_timeout`. Unroutable events get no outcome here (settle dead-letters them).
-    async fn publish_wave(
+    async fn publish_together(
         &self,
         events: &[OutboxEvent],
         route_of: &[Option<usize>],
@@ -648,6 +650,18 @@ impl Relay {
                 ),
                 Ok(_) => {}
                 Err(e) => warn!(error = %crate::error_chain(&e), "cleanup failed; will try again"),
+            }
+            // Rows parked behind a dead row that cleanup (or an operator) removed, or parked under
+            // an `on_dead = "block"` that is now "skip", are due again.
+            let dead_blocks = self.claim.ordered.unwrap_or(false);
+            match settle::unpark_followers(&self.table, &self.pool, dead_blocks).await {
+                Ok(n) if n > 0 => {
+                    info!(rows = n, "rows no longer behind a dead event are due again")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(error = %crate::error_chain(&e), "unparking failed; will try again")
+                }
             }
         }
     }

@@ -152,6 +152,8 @@ pub struct SettleReport {
 
 /// Writes `plan` under the batch's claim; `delete` settles successes by deleting the rows.
 /// `untouched` rows were claimed but not attempted: they are given back as they were.
+/// `park`: ordered mode, `Some(dead rows block)`: the later rows of each failed event's key wait
+/// behind it (OutboxParkFollowers).
 pub async fn apply(
     table: &OutboxTable,
     pool: &sqlx::PgPool,
@@ -159,11 +161,13 @@ pub async fn apply(
     plan: &SettlePlan,
     delete: bool,
     untouched: &[Uuid],
+    park: Option<bool>,
 ) -> Result<SettleReport> {
     match hold {
         Hold::Transaction(mut tx) => {
             // Untouched rows need nothing: their locks end with the transaction.
             let rows = write(table, &mut tx, plan, delete, None).await?;
+            park_followers(table, &mut tx, plan, park).await?;
             tx.commit().await?;
             Ok(SettleReport { rows, fenced: 0 })
         }
@@ -177,6 +181,8 @@ pub async fn apply(
                     .execute(&mut *conn)
                     .await?;
             }
+            // After the release, which makes the given-back rows due now.
+            park_followers(table, &mut conn, plan, park).await?;
             let expected = (plan.delivered_count() + plan.failed.len()) as u64;
             Ok(SettleReport {
                 rows,
@@ -184,6 +190,41 @@ pub async fn apply(
             })
         }
     }
+}
+
+async fn park_followers(
+    table: &OutboxTable,
+    conn: &mut sqlx::PgConnection,
+    plan: &SettlePlan,
+    park: Option<bool>,
+) -> Result<()> {
+    let Some(dead_blocks) = park else {
+        return Ok(());
+    };
+    if plan.failed.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = plan.failed.iter().map(|f| f.id).collect();
+    sqlx::query(&table.sql.park_followers)
+        .bind(ids)
+        .bind(dead_blocks)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Makes rows parked behind a dead row due again once nothing dead is ahead of them in their key
+/// (or at once, when dead rows no longer block). Returns how many.
+pub async fn unpark_followers(
+    table: &OutboxTable,
+    pool: &sqlx::PgPool,
+    dead_blocks: bool,
+) -> Result<u64> {
+    let done = sqlx::query(&table.sql.unpark_followers)
+        .bind(dead_blocks)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
 }
 
 async fn write(

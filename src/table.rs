@@ -178,6 +178,10 @@ pub struct Queries {
     pub set_failed_many: String,
     /// `OutboxReleaseLease`: gives leased rows back, due now.
     pub release_lease: String,
+    /// OutboxParkFollowers.
+    pub park_followers: String,
+    /// OutboxUnparkFollowers.
+    pub unpark_followers: String,
     /// `OutboxInsert`: one event.
     pub insert_one: String,
     /// `OutboxInsertMany`: many events in one statement.
@@ -196,6 +200,8 @@ impl Queries {
             delete_many: r(DELETE_MANY),
             set_failed_many: r(SET_FAILED_MANY),
             release_lease: r(RELEASE_LEASE),
+            park_followers: r(PARK_FOLLOWERS),
+            unpark_followers: r(UNPARK_FOLLOWERS),
             insert_one: r(INSERT_ONE),
             insert_many: r(INSERT_MANY),
         }
@@ -338,6 +344,33 @@ WHERE o.id = f.id AND ($6::uuid IS NULL OR o.lease_token = $6)";
 const RELEASE_LEASE: &str = "
 UPDATE {outbox} SET next_attempt_at = now(), lease_token = NULL
 WHERE id = ANY($1) AND lease_token = $2";
+
+/// OutboxParkFollowers. Ordered mode, in the settle of a batch with failed keyed events: a key's
+/// later unsettled rows cannot go before its failed row, so they take its next attempt time
+/// ('infinity' behind a dead row, when dead rows block: `$2`). They leave the front of the due
+/// range, where every claim's search for heads would otherwise step over them (a key whose head
+/// was retried has all its older followers due before it). `{name:key_idx}` finds them; rows
+/// another relay leased are left alone, as is a failed row someone re-leased since.
+const PARK_FOLLOWERS: &str = "
+UPDATE {outbox} AS o
+SET next_attempt_at = CASE WHEN h.dead_at IS NULL THEN h.next_attempt_at ELSE 'infinity' END
+FROM {outbox} h
+WHERE h.id = ANY($1) AND h.key IS NOT NULL AND h.published_at IS NULL AND h.lease_token IS NULL
+  AND (h.dead_at IS NULL OR $2)
+  AND o.key = h.key AND o.seq > h.seq AND o.published_at IS NULL AND o.dead_at IS NULL
+  AND o.lease_token IS NULL
+  AND o.next_attempt_at < CASE WHEN h.dead_at IS NULL THEN h.next_attempt_at ELSE 'infinity' END";
+
+/// OutboxUnparkFollowers. Rows parked at 'infinity' behind a dead row are due again once no dead
+/// row of their key is ahead of them (it was retried, discarded or cleaned up), or at once when
+/// dead rows no longer block (`$1` false: `on_dead = "skip"` now). Range scan of `{name:pending_idx}`
+/// at 'infinity', which holds only parked rows.
+const UNPARK_FOLLOWERS: &str = "
+UPDATE {outbox} AS o SET next_attempt_at = now()
+WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at = 'infinity'
+  AND NOT ($1 AND EXISTS (
+        SELECT 1 FROM {outbox} p
+        WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL AND p.dead_at IS NOT NULL))";
 
 /// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
 const INSERT_ONE: &str = "

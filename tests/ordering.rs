@@ -72,6 +72,20 @@ async fn start_relays(
     (stop, tasks)
 }
 
+/// Runs `n` relays until no row matches `pending` (true) or `secs` pass (false), then stops them.
+async fn run_relays_until(db: &TestDb, text: &str, n: usize, secs: u64, pending: &str) -> bool {
+    let (stop, tasks) = start_relays(db, text, n).await;
+    let done = wait_for(Duration::from_secs(secs), || async {
+        db.count(pending).await == 0
+    })
+    .await;
+    stop.cancel();
+    for t in tasks {
+        t.await.expect("join").expect("relay");
+    }
+    done
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordered_keys_keep_seq_order_across_four_relays_and_retries() {
     let db = TestDb::migrated().await;
@@ -94,15 +108,7 @@ async fn ordered_keys_keep_seq_order_across_four_relays_and_retries() {
         "ordering = \"key\"\nretry_schedule = [\"50ms\"]\nmax_attempts = 100",
     )
     .replace("[relay]\n", "[relay]\nbatch_size = 100\n");
-    let (stop, tasks) = start_relays(&db, &text, 4).await;
-    let drained = wait_for(Duration::from_secs(90), || async {
-        db.count("published_at IS NULL").await == 0
-    })
-    .await;
-    stop.cancel();
-    for t in tasks {
-        t.await.expect("join").expect("relay");
-    }
+    let drained = run_relays_until(&db, &text, 4, 90, "published_at IS NULL").await;
     assert!(drained, "backlog drained");
     let order = first_delivery_order(&rx);
     assert_eq!(order.len(), 100);
@@ -151,9 +157,10 @@ async fn a_failing_head_holds_back_only_its_own_key() {
     );
 }
 
-/// A failing key with thousands of events ahead of every other key in the table: the claim's
-/// search for heads starts with a window of a few batches, finds only that key's held-back rows,
-/// and widens until it reaches the other keys, which are delivered while key 0 waits.
+/// A failing key with thousands of events ahead of every other key in the table, written after
+/// its head failed (so not parked behind it): the claim's search for heads starts with a window of
+/// a few batches, finds only that key's held-back rows, and widens until it reaches the other
+/// keys, which are delivered while key 0 waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
     let db = TestDb::migrated().await;
@@ -165,14 +172,31 @@ async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
         }
     })
     .await;
-    sqlx::query(
-        "INSERT INTO outbox (topic, key, payload)
-         SELECT 'order.updated', 'order-0', jsonb_build_object('k', 0, 'n', n)
-         FROM generate_series(0, 2999) n ORDER BY n",
+    let text = webhook_config(
+        &db,
+        &rx.url,
+        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
     )
-    .execute(&db.pool)
-    .await
-    .expect("insert key 0");
+    .replace("[relay]\n", "[relay]\nbatch_size = 20\n");
+    let insert_key0 = |from: i32, to: i32| {
+        sqlx::query(
+            "INSERT INTO outbox (topic, key, payload)
+             SELECT 'order.updated', 'order-0', jsonb_build_object('k', 0, 'n', n)
+             FROM generate_series($1::int, $2::int) n ORDER BY n",
+        )
+        .bind(from)
+        .bind(to)
+        .execute(&db.pool)
+    };
+    insert_key0(0, 0).await.expect("insert key 0's head");
+    Relay::new(db.pool.clone(), &parse_config(&text))
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("head fails");
+    insert_key0(1, 2999)
+        .await
+        .expect("insert key 0's followers");
     sqlx::query(
         "INSERT INTO outbox (topic, key, payload)
          SELECT 'order.updated', 'order-' || k, jsonb_build_object('k', k, 'n', n)
@@ -181,21 +205,14 @@ async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
     .execute(&db.pool)
     .await
     .expect("insert keys 1-5");
-    let text = webhook_config(
+    let reached = run_relays_until(
         &db,
-        &rx.url,
-        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
+        &text,
+        1,
+        60,
+        "key <> 'order-0' AND published_at IS NULL",
     )
-    .replace("[relay]\n", "[relay]\nbatch_size = 20\n");
-    let (stop, tasks) = start_relays(&db, &text, 1).await;
-    let reached = wait_for(Duration::from_secs(60), || async {
-        db.count("key <> 'order-0' AND published_at IS NULL").await == 0
-    })
     .await;
-    stop.cancel();
-    for t in tasks {
-        t.await.expect("join").expect("relay");
-    }
     assert!(
         reached,
         "keys 1-5 delivered behind 3,000 held-back events of key 0"
@@ -210,6 +227,72 @@ async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
         .filter(|r| r.json()["data"]["k"] == 0)
         .count();
     assert_eq!(tried_k0, 1, "only the head of key 0 was tried");
+}
+
+/// A failed head takes its key's later rows with it: they wait until its next attempt (behind a
+/// dead head under `on_dead = "block"`: until it is retried or discarded), so they are not at the
+/// front of the due range, where every claim would step over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_wait_with_their_failed_head() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::with(|r| match (&r.json()["data"]["k"], &r.json()["data"]["n"]) {
+        (k, n) if *k == 0 && *n == 0 => Reply::status(503),
+        (k, n) if *k == 1 && *n == 0 => Reply::status(400),
+        _ => Reply::ok(),
+    })
+    .await;
+    insert_keyed(&db, 3, 4).await;
+    let config = parse_config(&webhook_config(
+        &db,
+        &rx.url,
+        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
+    ));
+    let relay = Relay::new(db.pool.clone(), &config).expect("relay");
+    relay.run_once().await.expect("run");
+    assert_eq!(first_delivery_order(&rx)[&2], vec![0, 1, 2, 3]);
+
+    // Key 0: its head waits an hour; the three behind it wait exactly as long.
+    let parked = |k: i64| {
+        format!(
+            "key = 'order-{k}' AND (payload->>'n')::int > 0 AND published_at IS NULL
+             AND next_attempt_at = (SELECT next_attempt_at FROM outbox
+                                    WHERE key = 'order-{k}' AND (payload->>'n')::int = 0)"
+        )
+    };
+    assert_eq!(
+        db.count(&parked(0)).await,
+        3,
+        "key 0 parked behind its head"
+    );
+    assert!(
+        db.count("key = 'order-0' AND next_attempt_at > now() + interval '50 minutes'")
+            .await
+            == 4
+    );
+    // Key 1: its head is dead and blocks; the rows behind it are parked for good…
+    assert_eq!(
+        db.count("key = 'order-1' AND next_attempt_at = 'infinity'")
+            .await,
+        3
+    );
+    // …until the dead head is retried: then they are due again (behind it).
+    let retried = pgoutbox::dead::retry(
+        &db.pool,
+        &config.table,
+        &pgoutbox::dead::DeadFilter::default(),
+        false,
+    )
+    .await
+    .expect("dead retry");
+    assert_eq!(retried, 1);
+    assert_eq!(
+        db.count("key = 'order-1' AND next_attempt_at <= now() AND published_at IS NULL")
+            .await,
+        4
+    );
+    rx.set(|_| Reply::ok());
+    relay.run_once().await.expect("run again");
+    assert_eq!(first_delivery_order(&rx)[&1], vec![0, 1, 2, 3]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -314,6 +314,6 @@ pub async fn claim_and_settle(
         chrono::Utc::now(),
         &mut rand::thread_rng(),
     );
-    pgoutbox::settle::apply(table, pool, batch.hold, &plan, delete, &[]).await?;
+    pgoutbox::settle::apply(table, pool, batch.hold, &plan, delete, &[], None).await?;
     Ok((batch.events.len(), claim_time))
 }
