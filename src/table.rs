@@ -349,17 +349,30 @@ WHERE id = ANY($1) AND lease_token = $2";
 /// later unsettled rows cannot go before its failed row, so they take its next attempt time
 /// ('infinity' behind a dead row, when dead rows block: `$2`). They leave the front of the due
 /// range, where every claim's search for heads would otherwise step over them (a key whose head
-/// was retried has all its older followers due before it). `{name:key_idx}` finds them; rows
-/// another relay leased are left alone, as is a failed row someone re-leased since.
+/// was retried has all its older followers due before it). The materialized CTEs fix the plan:
+/// from the failed rows (primary key) to their keys' later rows (`{name:key_idx}`), then back by
+/// primary key; left to itself, with stale statistics, the planner once drove the join from every
+/// pending row instead (32 s). Rows another relay leased are left alone, as is a failed row
+/// someone re-leased since.
 const PARK_FOLLOWERS: &str = "
-UPDATE {outbox} AS o
-SET next_attempt_at = CASE WHEN h.dead_at IS NULL THEN h.next_attempt_at ELSE 'infinity' END
-FROM {outbox} h
-WHERE h.id = ANY($1) AND h.key IS NOT NULL AND h.published_at IS NULL AND h.lease_token IS NULL
-  AND (h.dead_at IS NULL OR $2)
-  AND o.key = h.key AND o.seq > h.seq AND o.published_at IS NULL AND o.dead_at IS NULL
-  AND o.lease_token IS NULL
-  AND o.next_attempt_at < CASE WHEN h.dead_at IS NULL THEN h.next_attempt_at ELSE 'infinity' END";
+WITH failed AS MATERIALIZED (
+    SELECT h.key, h.seq,
+           CASE WHEN h.dead_at IS NULL THEN h.next_attempt_at ELSE 'infinity'::timestamptz END AS until
+    FROM {outbox} h
+    WHERE h.id = ANY($1) AND h.key IS NOT NULL AND h.published_at IS NULL AND h.lease_token IS NULL
+      AND (h.dead_at IS NULL OR $2)
+),
+later AS MATERIALIZED (
+    SELECT l.id, f.until FROM failed f
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM {outbox} o
+        WHERE o.key = f.key AND o.seq > f.seq AND o.published_at IS NULL AND o.dead_at IS NULL
+          AND o.lease_token IS NULL AND o.next_attempt_at < f.until
+        ORDER BY o.key, o.seq
+    ) l
+)
+UPDATE {outbox} AS o SET next_attempt_at = later.until
+FROM later WHERE o.id = later.id";
 
 /// OutboxUnparkFollowers. Rows parked at 'infinity' behind a dead row are due again once no dead
 /// row of their key is ahead of them (it was retried, discarded or cleaned up), or at once when
