@@ -30,6 +30,18 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let workers = config.relay.workers as u32;
     let pool = super::connect_checked(&config, workers + 2).await?;
     super::check_relay_privileges(&pool, &config).await?;
+    // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
+    // them, and without it claims slow down as they pile up.
+    if let Ok(off) = sqlx::query_scalar::<_, String>("SHOW autovacuum")
+        .fetch_one(&pool)
+        .await
+    {
+        if off == "off" {
+            tracing::warn!(
+                "autovacuum is off on this server: the outbox's dead rows and index entries will pile up and claims will slow down; turn autovacuum on or VACUUM the outbox regularly"
+            );
+        }
+    }
     // The recorder goes first: metrics registered while the relay is built must reach it.
     let metrics = match config.observability.listen {
         Some(_) => Some(pgoutbox::observe::install_recorder().map_err(anyhow::Error::msg)?),
