@@ -72,6 +72,18 @@ async fn start_relays(
     (stop, tasks)
 }
 
+/// A receiver that answers 503 to every event of key 0 and 200 to the rest.
+async fn key_0_fails() -> Receiver {
+    Receiver::with(|r| {
+        if r.json()["data"]["k"] == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await
+}
+
 /// Runs `n` relays until no row matches `pending` (true) or `secs` pass (false), then stops them.
 async fn run_relays_until(db: &TestDb, text: &str, n: usize, secs: u64, pending: &str) -> bool {
     let (stop, tasks) = start_relays(db, text, n).await;
@@ -123,14 +135,7 @@ async fn ordered_keys_keep_seq_order_across_four_relays_and_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_head_holds_back_only_its_own_key() {
     let db = TestDb::migrated().await;
-    let rx = Receiver::with(|r| {
-        if r.json()["data"]["k"] == 0 {
-            Reply::status(503)
-        } else {
-            Reply::ok()
-        }
-    })
-    .await;
+    let rx = key_0_fails().await;
     insert_keyed(&db, 5, 4).await;
     let config = parse_config(&webhook_config(
         &db,
@@ -164,14 +169,7 @@ async fn a_failing_head_holds_back_only_its_own_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
     let db = TestDb::migrated().await;
-    let rx = Receiver::with(|r| {
-        if r.json()["data"]["k"] == 0 {
-            Reply::status(503)
-        } else {
-            Reply::ok()
-        }
-    })
-    .await;
+    let rx = key_0_fails().await;
     let text = webhook_config(
         &db,
         &rx.url,
