@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pgoutbox::publish::nats::{NatsConfig, NatsSink};
 use pgoutbox::relay::{Destination, Relay};
 
-use common::nats::{consume, jetstream, URL};
+use common::nats::{consume, jetstream, stored, URL};
 use common::sinks::{
     assert_delivered, commit_events, committed, sink_config, unique, unpublish_all,
 };
@@ -65,14 +65,7 @@ async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
         30,
         "every redelivery acked as a duplicate"
     );
-    let info = js
-        .get_stream(&stream)
-        .await
-        .expect("stream")
-        .get_info()
-        .await
-        .expect("info");
-    assert_eq!(info.state.messages, 30, "no message stored twice");
+    assert_eq!(stored(&js, &stream).await, 30, "no message stored twice");
     js.delete_stream(&stream).await.expect("cleanup");
 }
 
@@ -151,14 +144,7 @@ async fn a_batch_larger_than_the_client_ack_window_is_delivered() {
     assert_eq!(report.delivered, 6000, "{report:?}");
     assert_eq!(report.claimed, 6000, "one batch: {report:?}");
     let js = jetstream().await;
-    let info = js
-        .get_stream(&stream)
-        .await
-        .expect("stream")
-        .get_info()
-        .await
-        .expect("info");
-    assert_eq!(info.state.messages, 6000);
+    assert_eq!(stored(&js, &stream).await, 6000);
     js.delete_stream(&stream).await.expect("cleanup");
 }
 

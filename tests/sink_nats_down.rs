@@ -6,7 +6,7 @@ mod common;
 
 use async_nats::jetstream;
 
-use common::nats::{consume, jetstream, URL};
+use common::nats::{consume, jetstream, stored, URL};
 use common::sinks::{
     assert_delivered_any_order, broker_outage, committed, sink_config, unique, Broker,
 };
@@ -45,13 +45,10 @@ async fn events_committed_while_nats_is_down_are_delivered_when_it_is_back() {
     let js = jetstream().await;
     let (got, _) = consume(&js, &stream, expected.len()).await;
     assert_delivered_any_order(&expected, &got);
-    let info = js
-        .get_stream(&stream)
-        .await
-        .expect("stream")
-        .get_info()
-        .await
-        .expect("info");
-    assert_eq!(info.state.messages, 30, "none lost, none stored twice");
+    assert_eq!(
+        stored(&js, &stream).await,
+        30,
+        "none lost, none stored twice"
+    );
     js.delete_stream(&stream).await.expect("cleanup");
 }

@@ -21,6 +21,18 @@ pub async fn jetstream() -> jetstream::Context {
     )
 }
 
+/// How many messages the stream stores.
+pub async fn stored(js: &jetstream::Context, stream: &str) -> u64 {
+    js.get_stream(stream)
+        .await
+        .expect("stream")
+        .get_info()
+        .await
+        .expect("info")
+        .state
+        .messages
+}
+
 /// Reads `n` messages of the stream back with an ordered pull consumer; returns messages and subjects.
 pub async fn consume(js: &jetstream::Context, stream: &str, n: usize) -> (Vec<Got>, Vec<String>) {
     let stream = js.get_stream(stream).await.expect("stream exists");
