@@ -36,22 +36,17 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let empty = claim_times(scratch, args).await?;
 
     scratch.fresh_outbox().await?;
-    let bar = out.bar(args.history_rows, "history");
-    let mut done = 0;
-    while done < args.history_rows {
-        let chunk = (args.history_rows - done).min(1_000_000);
-        sqlx::query(
+    scratch
+        .generate(
             "INSERT INTO outbox (topic, payload, created_at, published_at)
              SELECT 'bench.old', jsonb_build_object('n', g), now() - interval '2 days', now() - interval '2 days'
              FROM generate_series(1, $1) g",
+            args.history_rows,
+            1_000_000,
+            "history",
+            out,
         )
-        .bind(chunk as i64)
-        .execute(&scratch.pool)
         .await?;
-        done += chunk;
-        bar.set_position(done);
-    }
-    bar.finish_and_clear();
     scratch.prefill(args.events, out).await?;
     let with_history = claim_times(scratch, args).await?;
 

@@ -135,24 +135,43 @@ impl Scratch {
         Ok(())
     }
 
-    /// Inserts `n` pending events server-side (one statement per 100k rows), with a progress bar.
-    pub async fn prefill(&self, n: u64, out: &Output) -> anyhow::Result<()> {
-        let bar = out.bar(n, "prefill");
+    /// Inserts `n` rows server-side with `insert` (an INSERT … SELECT over
+    /// `generate_series(1, $1)`), at most `chunk` rows per statement, with a progress bar.
+    pub async fn generate(
+        &self,
+        insert: &str,
+        n: u64,
+        chunk: u64,
+        label: &str,
+        out: &Output,
+    ) -> anyhow::Result<()> {
+        let bar = out.bar(n, label);
         let mut done = 0;
         while done < n {
-            let chunk = (n - done).min(100_000);
-            sqlx::query(
-                "INSERT INTO outbox (topic, payload)
-                 SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
-                 FROM generate_series(1, $1) g",
-            )
-            .bind(chunk as i64)
-            .execute(&self.pool)
-            .await?;
-            done += chunk;
+            let rows = (n - done).min(chunk);
+            sqlx::query(insert)
+                .bind(rows as i64)
+                .execute(&self.pool)
+                .await?;
+            done += rows;
             bar.set_position(done);
         }
         bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// Inserts `n` pending events server-side (one statement per 100k rows), with a progress bar.
+    pub async fn prefill(&self, n: u64, out: &Output) -> anyhow::Result<()> {
+        self.generate(
+            "INSERT INTO outbox (topic, payload)
+             SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
+             FROM generate_series(1, $1) g",
+            n,
+            100_000,
+            "prefill",
+            out,
+        )
+        .await?;
         sqlx::query("VACUUM ANALYZE outbox")
             .execute(&self.pool)
             .await?;
