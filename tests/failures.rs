@@ -31,6 +31,20 @@ impl Running {
     }
 }
 
+/// Runs a relay (retrying every 100 ms) until the one event inserted is published, at most 20 s.
+async fn run_until_the_event_is_published(db: &TestDb, rx: &Receiver) {
+    let relay = Running::start(
+        db,
+        &webhook_config(db, &rx.url, "retry_schedule = [\"100ms\"]"),
+    );
+    let done = wait_for(Duration::from_secs(20), || async {
+        db.count("published_at IS NOT NULL").await == 1
+    })
+    .await;
+    relay.stop().await;
+    assert!(done);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_503s_then_200_delivers_on_the_fourth_attempt() {
     let db = TestDb::migrated().await;
@@ -43,16 +57,7 @@ async fn three_503s_then_200_delivers_on_the_fourth_attempt() {
     })
     .await;
     let id = db.insert_plain(1, "order.created").await.remove(0);
-    let relay = Running::start(
-        &db,
-        &webhook_config(&db, &rx.url, "retry_schedule = [\"100ms\"]"),
-    );
-    let done = wait_for(Duration::from_secs(20), || async {
-        db.count("published_at IS NOT NULL").await == 1
-    })
-    .await;
-    relay.stop().await;
-    assert!(done);
+    run_until_the_event_is_published(&db, &rx).await;
     let log = rx.log();
     assert_eq!(
         log.iter().map(|r| r.status).collect::<Vec<_>>(),
@@ -92,16 +97,7 @@ async fn retry_after_is_honoured() {
     })
     .await;
     db.insert_plain(1, "order.created").await;
-    let relay = Running::start(
-        &db,
-        &webhook_config(&db, &rx.url, "retry_schedule = [\"100ms\"]"),
-    );
-    let done = wait_for(Duration::from_secs(20), || async {
-        db.count("published_at IS NOT NULL").await == 1
-    })
-    .await;
-    relay.stop().await;
-    assert!(done);
+    run_until_the_event_is_published(&db, &rx).await;
     let log = rx.log();
     assert_eq!(log.len(), 2);
     let gap = log[1].at - log[0].at;
