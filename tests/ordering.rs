@@ -72,6 +72,9 @@ async fn start_relays(
     (stop, tasks)
 }
 
+/// Destination settings: ordered by key, a failed event waits an hour (so it is tried once).
+const ORDERED_RETRY_IN_AN_HOUR: &str = "ordering = \"key\"\nretry_schedule = [\"1h\"]";
+
 /// A receiver that answers 503 to every event of key 0 and 200 to the rest.
 async fn key_0_fails() -> Receiver {
     Receiver::with(|r| {
@@ -137,11 +140,7 @@ async fn a_failing_head_holds_back_only_its_own_key() {
     let db = TestDb::migrated().await;
     let rx = key_0_fails().await;
     insert_keyed(&db, 5, 4).await;
-    let config = parse_config(&webhook_config(
-        &db,
-        &rx.url,
-        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
-    ));
+    let config = parse_config(&webhook_config(&db, &rx.url, ORDERED_RETRY_IN_AN_HOUR));
     let relay = Relay::new(db.pool.clone(), &config).expect("relay");
     relay.run_once().await.expect("run");
     let order = first_delivery_order(&rx);
@@ -170,12 +169,8 @@ async fn a_failing_head_holds_back_only_its_own_key() {
 async fn keys_behind_a_long_run_of_held_back_events_are_still_reached() {
     let db = TestDb::migrated().await;
     let rx = key_0_fails().await;
-    let text = webhook_config(
-        &db,
-        &rx.url,
-        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
-    )
-    .replace("[relay]\n", "[relay]\nbatch_size = 20\n");
+    let text = webhook_config(&db, &rx.url, ORDERED_RETRY_IN_AN_HOUR)
+        .replace("[relay]\n", "[relay]\nbatch_size = 20\n");
     let insert_key0 = |from: i32, to: i32| {
         sqlx::query(
             "INSERT INTO outbox (topic, key, payload)
@@ -240,11 +235,7 @@ async fn followers_wait_with_their_failed_head() {
     })
     .await;
     insert_keyed(&db, 3, 4).await;
-    let config = parse_config(&webhook_config(
-        &db,
-        &rx.url,
-        "ordering = \"key\"\nretry_schedule = [\"1h\"]",
-    ));
+    let config = parse_config(&webhook_config(&db, &rx.url, ORDERED_RETRY_IN_AN_HOUR));
     let relay = Relay::new(db.pool.clone(), &config).expect("relay");
     relay.run_once().await.expect("run");
     assert_eq!(first_delivery_order(&rx)[&2], vec![0, 1, 2, 3]);
