@@ -49,16 +49,12 @@ pub struct KafkaConfig {
     #[serde(default = "Template::topic")]
     pub topic: Template,
     /// How long a record may wait for its delivery report (librdkafka `message.timeout.ms`).
-    #[serde(default = "default_timeout", with = "duration_str")]
+    #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
     /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
     /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 /// Properties the sink's guarantees depend on.

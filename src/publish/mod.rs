@@ -62,6 +62,11 @@ impl Outcome {
     }
 }
 
+/// A sink's `timeout` (per request, or per broker acknowledgement) when the destination sets none.
+pub(crate) fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
 /// A destination events are published to.
 #[async_trait]
 pub trait Sink: Send + Sync {

@@ -61,16 +61,12 @@ pub struct MqttConfig {
     #[serde(default)]
     pub retain: bool,
     /// How long to wait for each PUBACK (and the connection).
-    #[serde(default = "default_timeout", with = "duration_str")]
+    #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
     /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
     /// MQTT's 256 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 fn default_max_message_bytes() -> usize {

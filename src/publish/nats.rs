@@ -53,7 +53,7 @@ pub struct NatsConfig {
     #[serde(default = "Template::topic")]
     pub subject: Template,
     /// How long to wait for a connection and for each PubAck.
-    #[serde(default = "default_timeout", with = "duration_str")]
+    #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
     /// Create the stream `stream` with `subjects` if it does not exist (off by default).
     #[serde(default)]
@@ -66,10 +66,6 @@ pub struct NatsConfig {
     /// JetStream duplicate window of the created stream; default the server's (2 minutes).
     #[serde(default, with = "opt_duration")]
     pub duplicate_window: Option<Duration>,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 /// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.

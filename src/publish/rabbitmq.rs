@@ -50,15 +50,11 @@ pub struct RabbitMqConfig {
     #[serde(default = "Template::topic")]
     pub routing_key: Template,
     /// How long to wait for a connection and for each confirm.
-    #[serde(default = "default_timeout", with = "duration_str")]
+    #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
     /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`, 128 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 fn default_max_message_bytes() -> usize {

@@ -57,12 +57,8 @@ pub struct RedisConfig {
     /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
     pub maxlen: Option<u64>,
     /// How long to wait for a connection and for the pipeline's replies.
-    #[serde(default = "default_timeout", with = "duration_str")]
+    #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 /// Appends events to Redis streams.

@@ -56,7 +56,7 @@ pub struct WebhookConfig {
     #[serde(default)]
     pub body: BodyMode,
     /// Per-request timeout.
-    #[serde(default = "default_timeout", with = "duration_str")]
+    #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
     /// Most requests in flight at once.
     #[serde(default = "default_concurrency")]
@@ -64,10 +64,6 @@ pub struct WebhookConfig {
     /// Extra static headers sent with every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 fn default_concurrency() -> usize {
