@@ -31,6 +31,9 @@ pub enum Hold {
 pub struct ClaimedBatch {
     /// The events to publish, in seq order.
     pub events: Vec<OutboxEvent>,
+    /// Rows that could not be read as events (a NULL where a value is needed, headers that are not
+    /// an object…), with the reason: the settle dead-letters them, so they never block a claim.
+    pub poison: Vec<(Uuid, String)>,
     /// Ordered mode: rows claimed behind a key's first not-due or dead row, not to be published
     /// now (released at settle: the transaction ends, or the lease is given back).
     pub held_back: Vec<Uuid>,
@@ -49,8 +52,8 @@ pub struct ClaimOptions {
     pub limit: usize,
     /// Lease length (lease mode).
     pub lease: Duration,
-    /// Per-key ordering: `Some(block_on_dead)`; `None` claims without regard to keys.
-    pub ordered: Option<bool>,
+    /// Per-key ordering: a key's events are claimed from its first unsettled row on.
+    pub ordered: bool,
     /// Ordered mode: most keys (chain heads) per claim, so that heads plus their followers fill
     /// about `limit` rows; `limit` when events rarely share a key.
     pub heads: usize,
@@ -70,11 +73,13 @@ pub const WINDOW_UNBOUNDED_FROM: u64 = 1 << 20;
 /// Most later events of one key carried in a batch behind its head (ordered mode).
 pub const FOLLOWERS_PER_KEY: usize = 100;
 
-/// Claims due events per `options`.
+/// Claims due events per `options`. Ordered claims: `blocking` names the destinations whose dead
+/// events hold back the later events of their key (`on_dead = "block"`).
 pub async fn claim_due(
     pool: &PgPool,
     table: &OutboxTable,
     options: &ClaimOptions,
+    blocking: &[String],
 ) -> Result<ClaimedBatch> {
     let limit = i64::try_from(options.limit).unwrap_or(i64::MAX);
     let lease = options.lease.as_secs_f64();
@@ -86,7 +91,7 @@ pub async fn claim_due(
         i64::try_from(options.window).unwrap_or(i64::MAX)
     };
     let (rows, hold) = match (options.mode, options.ordered) {
-        (ClaimMode::Transaction, None) => {
+        (ClaimMode::Transaction, false) => {
             let mut tx = pool.begin().await?;
             let rows = sqlx::query(&table.sql.claim_due)
                 .bind(limit)
@@ -94,19 +99,19 @@ pub async fn claim_due(
                 .await?;
             (rows, Hold::Transaction(tx))
         }
-        (ClaimMode::Transaction, Some(block)) => {
+        (ClaimMode::Transaction, true) => {
             let mut tx = pool.begin().await?;
             let rows = sqlx::query(&table.sql.claim_due_ordered)
                 .bind(limit)
                 .bind(followers)
-                .bind(block)
+                .bind(blocking)
                 .bind(heads)
                 .bind(window)
                 .fetch_all(&mut *tx)
                 .await?;
             (rows, Hold::Transaction(tx))
         }
-        (ClaimMode::Lease, None) => {
+        (ClaimMode::Lease, false) => {
             let token = Uuid::new_v4();
             let rows = sqlx::query(&table.sql.claim_lease)
                 .bind(limit)
@@ -116,12 +121,12 @@ pub async fn claim_due(
                 .await?;
             (rows, Hold::Lease(token))
         }
-        (ClaimMode::Lease, Some(block)) => {
+        (ClaimMode::Lease, true) => {
             let token = Uuid::new_v4();
             let rows = sqlx::query(&table.sql.claim_lease_ordered)
                 .bind(limit)
                 .bind(followers)
-                .bind(block)
+                .bind(blocking)
                 .bind(heads)
                 .bind(window)
                 .bind(lease)
@@ -132,36 +137,49 @@ pub async fn claim_due(
         }
     };
     let found = match (options.ordered, rows.first()) {
-        (Some(_), Some(row)) => Some((
+        (true, Some(row)) => Some((
             sqlx::Row::try_get::<i64, _>(row, "heads_found")?,
             sqlx::Row::try_get::<i64, _>(row, "followers_found")?,
         )),
         _ => None,
     };
     let mut events = Vec::with_capacity(rows.len());
+    let mut poison = Vec::new();
     let mut held_back = Vec::new();
     // Ordered mode: a key's chain stops at its first row that is not due or dead; the rows behind
     // it must wait for it, whatever their own state.
     let mut stopped_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
     for row in &rows {
-        let event = OutboxEvent::from_row(row)?;
-        if options.ordered.is_some() {
+        let key: Option<String> = sqlx::Row::try_get(row, "key").ok().flatten();
+        if options.ordered {
             let due: bool = sqlx::Row::try_get(row, "due")?;
-            let stopped = event.key.as_ref().is_some_and(|k| stopped_keys.contains(k));
+            let stopped = key.as_ref().is_some_and(|k| stopped_keys.contains(k));
             if !due || stopped {
-                if let Some(k) = &event.key {
-                    stopped_keys.insert(k.clone());
+                if let Some(k) = key {
+                    stopped_keys.insert(k);
                 }
-                held_back.push(event.id);
+                held_back.push(sqlx::Row::try_get(row, "id")?);
                 continue;
             }
         }
-        events.push(event);
+        match OutboxEvent::from_row(row) {
+            Ok(event) => events.push(event),
+            Err(e) => {
+                // The primary key always decodes; whatever else is wrong is this row's alone.
+                let id: Uuid = sqlx::Row::try_get(row, "id")?;
+                if let Some(k) = key {
+                    // Its later rows wait for the next claim, which sees it dead.
+                    stopped_keys.insert(k);
+                }
+                poison.push((id, crate::error_chain(&e)));
+            }
+        }
     }
     // UPDATE … RETURNING does not keep the CTE's order.
     events.sort_by_key(|e| e.seq);
     Ok(ClaimedBatch {
         events,
+        poison,
         held_back,
         hold,
         found,

@@ -184,8 +184,46 @@ pub struct DestinationConfig {
     pub ordering: Ordering,
     /// Ordered mode: what a dead-lettered event does to the later events of its key.
     pub on_dead: OnDead,
+    /// When the destination counts as down, and how it is probed until it is back.
+    pub breaker: BreakerConfig,
     /// The sink and its own settings.
     pub sink: SinkConfig,
+}
+
+impl DestinationConfig {
+    /// Whether a dead event of this destination holds back the later events of its key.
+    pub fn dead_blocks(&self) -> bool {
+        self.ordering == Ordering::Key && self.on_dead == OnDead::Block
+    }
+}
+
+/// `breaker`: a destination's circuit breaker.
+///
+/// After `failures` failed attempts in a row the breaker opens: the destination's events wait
+/// (held, no attempt counted, not moving toward dead) while one probe at a time, first after
+/// `probe_interval` and then at doubling intervals up to `max_probe_interval`, tries one event.
+/// The first probe the destination answers closes it, and its events are due again.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failed attempts that open the breaker; 0 turns the breaker off.
+    pub failures: u32,
+    /// Wait before the first probe.
+    #[serde(with = "duration_str")]
+    pub probe_interval: Duration,
+    /// Longest wait between probes.
+    #[serde(with = "duration_str")]
+    pub max_probe_interval: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 10,
+            probe_interval: Duration::from_secs(1),
+            max_probe_interval: Duration::from_secs(15),
+        }
+    }
 }
 
 /// `ordering`: whether events of one key are published in insert order.
@@ -286,6 +324,8 @@ struct CommonDestination {
     ordering: Ordering,
     #[serde(default)]
     on_dead: OnDead,
+    #[serde(default)]
+    breaker: BreakerConfig,
 }
 
 const COMMON_KEYS: &[&str] = &[
@@ -297,6 +337,7 @@ const COMMON_KEYS: &[&str] = &[
     "max_age",
     "ordering",
     "on_dead",
+    "breaker",
 ];
 
 impl Config {
@@ -505,12 +546,22 @@ fn parse_destination(
         retry.max_age = Some(parse_duration_key(&at("max_age"), &age)?);
     }
 
+    if common.breaker.probe_interval.is_zero()
+        || common.breaker.max_probe_interval < common.breaker.probe_interval
+    {
+        return Err(ConfigError::at(
+            at("breaker"),
+            "probe_interval must be more than zero and at most max_probe_interval",
+        ));
+    }
+
     Ok(DestinationConfig {
         name: common.name,
         topics: common.topics,
         retry,
         ordering: common.ordering,
         on_dead: common.on_dead,
+        breaker: common.breaker,
         sink,
     })
 }

@@ -137,7 +137,7 @@ async fn apply(
         .fetch_all(pool)
         .await?;
     // Ordered keys: rows parked behind these dead events are due again (retry: behind them).
-    crate::settle::unpark_followers(table, pool, true).await?;
+    crate::settle::unpark_followers(table, pool).await?;
     Ok(rows.len() as u64)
 }
 

@@ -55,6 +55,10 @@ pub enum Error {
         needed: i32,
     },
 
+    /// A claim worker panicked (a bug): the relay stopped so that a supervisor restarts it.
+    #[error("{0}")]
+    WorkerPanicked(String),
+
     /// A sink could not be built from its configuration.
     #[error("destination {name:?}: {message}")]
     SinkConfig {

@@ -36,13 +36,20 @@ impl OutboxEvent {
             source: Box::new(e),
         })?;
         let headers: Option<String> = row.try_get("headers")?;
+        let headers = match headers.as_deref() {
+            Some(text) => parse_headers(text).map_err(|message| sqlx::Error::ColumnDecode {
+                index: "headers".into(),
+                source: message.into(),
+            })?,
+            None => Vec::new(),
+        };
         Ok(Self {
             id: row.try_get("id")?,
             seq: row.try_get("seq")?,
             topic: row.try_get("topic")?,
             key: row.try_get("key")?,
             payload,
-            headers: headers.as_deref().map(parse_headers).unwrap_or_default(),
+            headers,
             created_at: row.try_get("created_at")?,
             attempts: row.try_get("attempts")?,
         })
@@ -57,10 +64,11 @@ impl OutboxEvent {
     }
 }
 
-/// Headers come from a jsonb object; anything else (written by hand in SQL) is treated as empty.
-fn parse_headers(text: &str) -> Vec<(String, String)> {
+/// Headers come from a jsonb object (JSON `null` counts as none). Anything else, written by hand in
+/// SQL, is an error: the row is dead-lettered with it rather than sent without its headers.
+fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
     match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(map)) => map
+        Ok(serde_json::Value::Object(map)) => Ok(map
             .into_iter()
             .map(|(k, v)| {
                 let v = match v {
@@ -69,7 +77,17 @@ fn parse_headers(text: &str) -> Vec<(String, String)> {
                 };
                 (k, v)
             })
-            .collect(),
-        _ => Vec::new(),
+            .collect()),
+        Ok(serde_json::Value::Null) => Ok(Vec::new()),
+        Ok(other) => Err(format!(
+            "headers must be a JSON object of names to values, not {}",
+            match other {
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Number(_) => "a number",
+                _ => "a boolean",
+            }
+        )),
+        Err(e) => Err(format!("headers are not JSON: {e}")),
     }
 }

@@ -4,8 +4,8 @@
 //! data ([`enqueue`]). The relay ([`relay`]) then moves them out, following the data flow that the
 //! modules are named after:
 //!
-//! enqueue → [`table`] → [`claim`] → [`route`] → [`publish`] (sinks) → [`settle`] (ack / retry /
-//! dead) → [`cleanup`].
+//! enqueue → [`table`] → [`claim`] → [`route`] (and [`destination`] health: pause, circuit
+//! breaker) → [`publish`] (sinks) → [`settle`] (ack / retry / hold / dead) → [`cleanup`].
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
 //! (see [`webhook`] for the receiver side of webhook signatures).
@@ -14,6 +14,7 @@ pub mod claim;
 pub mod cleanup;
 pub mod config;
 pub mod dead;
+pub mod destination;
 pub mod enqueue;
 pub mod error;
 pub mod event;

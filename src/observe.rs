@@ -50,6 +50,13 @@ pub const DEAD: &str = "pgoutbox_dead";
 /// Age of the oldest pending event, by destination and topic: the lag.
 pub const OLDEST_PENDING_AGE_SECONDS: &str = "pgoutbox_oldest_pending_age_seconds";
 
+/// Events held for their destination (paused or breaker open), with no attempt counted.
+pub const HELD_TOTAL: &str = "pgoutbox_events_held_total";
+/// A destination's circuit breaker: 0 closed, 1 half-open, 2 open.
+pub const DESTINATION_STATE: &str = "pgoutbox_destination_state";
+/// Whether an operator paused the destination (1) or not (0).
+pub const DESTINATION_PAUSED: &str = "pgoutbox_destination_paused";
+
 /// Every metric: name, type, labels, meaning (for docs and tests).
 pub const METRICS: &[(&str, &str, &str, &str)] = &[
     (
@@ -120,6 +127,24 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         "gauge",
         "destination, topic",
         "age of the oldest pending event (lag)",
+    ),
+    (
+        HELD_TOTAL,
+        "counter",
+        "destination",
+        "events held for a paused destination or an open breaker (no attempt counted)",
+    ),
+    (
+        DESTINATION_STATE,
+        "gauge",
+        "destination",
+        "circuit breaker: 0 closed, 1 half-open, 2 open",
+    ),
+    (
+        DESTINATION_PAUSED,
+        "gauge",
+        "destination",
+        "1 while an operator has paused the destination",
     ),
 ];
 
@@ -226,7 +251,7 @@ pub async fn serve(
             "/metrics",
             axum::routing::get(|State(s): State<ServerState>| async move { s.handle.render() }),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route("/healthz", axum::routing::get(healthz))
         .route("/readyz", axum::routing::get(readyz))
         .with_state(ServerState { handle, relay });
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -235,13 +260,25 @@ pub async fn serve(
         .await
 }
 
-/// Ready when the database answers and every sink passes its healthcheck.
+/// Alive unless a claim worker died (a bug): then 503, and the process is on its way out.
+async fn healthz(State(s): State<ServerState>) -> impl IntoResponse {
+    match s.relay.failure() {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        ),
+    }
+}
+
+/// Ready when the database answers, every sink passes its healthcheck and no breaker is open; the
+/// body has a line per check either way.
 async fn readyz(State(s): State<ServerState>) -> impl IntoResponse {
     match s.relay.readiness().await {
-        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-        Err(problems) => (
+        Ok(lines) => (StatusCode::OK, format!("ready\n{}", lines.join(""))),
+        Err(lines) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", problems.join("; ")),
+            format!("not ready\n{}", lines.join("")),
         ),
     }
 }

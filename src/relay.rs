@@ -1,27 +1,31 @@
 //! The relay: claim → route → publish → settle, in a loop, on a few claim workers.
 //!
 //! Each worker claims a batch, routes every event to its destination, publishes each destination's
-//! share concurrently (bounded by `publish_timeout`), and settles the whole batch in one or two
-//! statements. Database errors (a PostgreSQL restart) are logged and retried with backoff; a bad
-//! event never stops the relay: it is retried or dead-lettered.
+//! share concurrently within the batch's `publish_timeout`, and settles the whole batch in a few
+//! statements: what finished, delivered or failed; what was left unfinished, given back untouched;
+//! what a paused or failing destination cannot take now, held ([`crate::destination`]). Database
+//! errors (a PostgreSQL restart) are logged and retried with backoff; a bad event never stops the
+//! relay: it is retried or dead-lettered, and a row that cannot be read is dead-lettered alone.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::FutureExt;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use crate::claim::{claim_due, ClaimOptions, ClaimedBatch};
+use crate::claim::{claim_due, ClaimOptions, ClaimedBatch, Hold};
 use crate::config::{Config, OnDead, Ordering, RelayConfig};
-use crate::error::Result;
+use crate::destination::{self, BreakerState, Counted, Gate, Health};
+use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::observe;
-use crate::publish::{self, Outcome, Sink};
+use crate::publish::{self, Budget, Outcome, Recorder, Sink};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
 use crate::settle;
@@ -68,6 +72,8 @@ pub struct BatchReport {
     pub retried: usize,
     /// Events dead-lettered.
     pub dead: usize,
+    /// Events held for a paused or failing destination (no attempt counted).
+    pub held: usize,
     /// Settles refused because another relay took the lease over (lease mode).
     pub fenced: u64,
     /// Events given back unpublished because the shutdown grace period ran out.
@@ -80,6 +86,7 @@ impl std::ops::AddAssign for BatchReport {
         self.delivered += o.delivered;
         self.retried += o.retried;
         self.dead += o.dead;
+        self.held += o.held;
         self.fenced += o.fenced;
         self.released += o.released;
     }
@@ -106,6 +113,14 @@ pub struct Relay {
     window: AtomicU64,
     /// When the window last changed or last served a claim (see [`WINDOW_PATIENCE`]).
     window_since: std::sync::Mutex<Instant>,
+    /// Each destination's health (pause, breaker), by index like `destinations`.
+    health: Vec<Arc<Health>>,
+    /// Names of the destinations whose dead events hold back their key (ordered, `on_dead = "block"`).
+    blocking: Vec<String>,
+    /// Set when a claim worker died: `/healthz` reports it.
+    failure: std::sync::Mutex<Option<String>>,
+    /// The outcome given to events no destination takes (settle dead-letters them).
+    unroutable: Outcome,
 }
 
 impl Relay {
@@ -137,6 +152,18 @@ impl Relay {
             metrics::counter!(observe::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
                 .absolute(0);
         }
+        let health = destinations
+            .iter()
+            .enumerate()
+            .map(|(d, dest)| {
+                let breaker = config
+                    .destinations
+                    .get(d)
+                    .map(|c| c.breaker.clone())
+                    .unwrap_or_default();
+                Arc::new(Health::new(&dest.name, breaker))
+            })
+            .collect();
         Self {
             pool,
             table: config.table.clone(),
@@ -153,14 +180,7 @@ impl Relay {
                 ordered: config
                     .destinations
                     .iter()
-                    .any(|d| d.ordering == Ordering::Key)
-                    .then(|| {
-                        // One claim serves every destination: block wins if any ordered one asks for it.
-                        config
-                            .destinations
-                            .iter()
-                            .any(|d| d.ordering == Ordering::Key && d.on_dead == OnDead::Block)
-                    }),
+                    .any(|d| d.ordering == Ordering::Key),
                 heads: initial_heads(config.relay.batch_size),
                 followers: INITIAL_FOLLOWERS,
                 window: base_window(config.relay.batch_size),
@@ -169,6 +189,17 @@ impl Relay {
             followers: AtomicUsize::new(INITIAL_FOLLOWERS),
             window: AtomicU64::new(base_window(config.relay.batch_size)),
             window_since: std::sync::Mutex::new(Instant::now()),
+            health,
+            blocking: config
+                .destinations
+                .iter()
+                .filter(|d| d.dead_blocks())
+                .map(|d| d.name.clone())
+                .collect(),
+            failure: std::sync::Mutex::new(None),
+            unroutable: Outcome::Rejected {
+                reason: "unroutable".into(),
+            },
         }
     }
 
@@ -177,27 +208,46 @@ impl Relay {
         &self.pool
     }
 
-    /// Readiness: the database answers and every sink passes its healthcheck (2 s each).
-    pub async fn readiness(&self) -> std::result::Result<(), Vec<String>> {
+    /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each) and no
+    /// breaker is open. One line per check; `Err` when any failed.
+    pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
         let limit = Duration::from_secs(2);
-        let mut problems = Vec::new();
+        let mut lines = Vec::new();
+        let mut ready = true;
         let db = tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(&self.pool)).await;
-        match db {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => problems.push(format!("database: {}", crate::error_chain(&e))),
-            Err(_) => problems.push("database: no answer within 2 s".into()),
+        let line = match db {
+            Ok(Ok(_)) => "ok".to_owned(),
+            Ok(Err(e)) => format!("not ready: {}", crate::error_chain(&e)),
+            Err(_) => "not ready: no answer within 2 s".into(),
+        };
+        ready &= line == "ok";
+        lines.push(format!("database: {line}\n"));
+        for (dest, health) in self.destinations.iter().zip(&self.health) {
+            let check = match tokio::time::timeout(limit, dest.sink.healthcheck()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("no answer within 2 s".into()),
+            };
+            let (breaker, paused) = health.state();
+            let line = match (health.problem(), check) {
+                // A pause is an operator's decision, not a fault.
+                (Some(p), None) if paused => p,
+                (Some(p), _) => {
+                    ready = false;
+                    format!("not ready: {p}")
+                }
+                (None, Some(e)) => {
+                    ready = false;
+                    format!("not ready: {e}")
+                }
+                (None, None) => format!("ok (breaker {breaker})"),
+            };
+            lines.push(format!("destination {}: {line}\n", dest.name));
         }
-        for dest in &self.destinations {
-            match tokio::time::timeout(limit, dest.sink.healthcheck()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => problems.push(format!("destination {}: {e}", dest.name)),
-                Err(_) => problems.push(format!("destination {}: no answer within 2 s", dest.name)),
-            }
-        }
-        if problems.is_empty() {
-            Ok(())
+        if ready {
+            Ok(lines)
         } else {
-            Err(problems)
+            Err(lines)
         }
     }
 
@@ -264,9 +314,27 @@ impl Relay {
         Ok(self.process_batch().await?.0)
     }
 
+    /// What an event routed now goes to.
+    fn route(&self, event: &OutboxEvent) -> Route {
+        match self.router.route(&event.topic) {
+            None => Route::Unroutable,
+            Some(d) => match self.health[d].gate() {
+                Gate::Send => Route::Send(d),
+                Gate::Hold => Route::Hold(d),
+            },
+        }
+    }
+
     /// One batch; also returns the ids scheduled for another attempt.
+    ///
+    /// Everything the claim holds is bounded by `publish_timeout` from the claim: each
+    /// destination's share publishes within that budget, recording each event's outcome as it
+    /// comes; at the deadline the relay stops waiting, settles what finished and gives the rest
+    /// back untouched (no attempt counted), so an event a destination accepted is never marked
+    /// failed and sent again because a slower one in its batch ran out of time.
     async fn process_batch(&self) -> Result<(BatchReport, Vec<Uuid>)> {
         let claim_started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         let options = ClaimOptions {
             heads: self.heads.load(AtomicOrdering::Relaxed),
             followers: self.followers.load(AtomicOrdering::Relaxed),
@@ -275,52 +343,79 @@ impl Relay {
         };
         let ClaimedBatch {
             events,
+            poison,
             held_back,
             hold,
             found,
-        } = claim_due(&self.pool, &self.table, &options).await?;
+        } = claim_due(&self.pool, &self.table, &options, &self.blocking).await?;
         metrics::histogram!(observe::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
-        if self.claim.ordered.is_some() {
+        if self.claim.ordered {
             self.adapt_claim(found, (options.heads, options.followers));
         }
-        if events.is_empty() {
+        if events.is_empty() && poison.is_empty() {
             crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
-        metrics::histogram!(observe::BATCH_SIZE).record(events.len() as f64);
+        metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
         let started = Instant::now();
-        let route_of: Vec<Option<usize>> =
-            events.iter().map(|e| self.router.route(&e.topic)).collect();
+        let routes: Vec<Route> = events.iter().map(|e| self.route(e)).collect();
 
-        let outcomes = tokio::select! {
-            outcomes = self.publish_chains(&events, &route_of) => outcomes,
-            _ = self.abort.cancelled() => {
-                // Shutdown grace is over: give the rows back untouched (no attempt counted); what was
-                // already delivered will be delivered again, which at-least-once allows.
-                let ids: Vec<Uuid> = events.iter().map(|e| e.id).chain(held_back).collect();
-                crate::claim::release(&self.pool, &self.table, hold, &ids).await?;
-                warn!(released = events.len(), "shutdown grace period over: released an unfinished batch");
-                let report = BatchReport { claimed: events.len(), released: events.len(), ..BatchReport::default() };
-                return Ok((report, Vec::new()));
-            }
+        let run = BatchRun::new(&events, &routes, &self.destinations, deadline);
+        let aborted = tokio::select! {
+            _ = tokio::time::timeout_at(deadline, self.publish_chains(&run)) => false,
+            _ = self.abort.cancelled() => true,
         };
+        let outcomes = run.finish(aborted, self.settings.publish_timeout);
 
-        let attempted =
-            events
-                .iter()
-                .zip(&route_of)
-                .zip(&outcomes)
-                .filter_map(|((event, route), outcome)| {
-                    let outcome = outcome.as_ref()?;
-                    let route = route.map(|d| {
-                        (
-                            self.destinations[d].name.as_str(),
-                            &self.destinations[d].retry,
-                        )
-                    });
-                    Some((event, route, outcome))
-                });
-        let plan = settle::plan(attempted, chrono::Utc::now(), &mut rand::thread_rng());
+        let now = chrono::Utc::now();
+        let mut tripped: Vec<(usize, String)> = Vec::new();
+        let mut attempted = Vec::new();
+        let mut held: Vec<(usize, usize, Option<String>)> = Vec::new();
+        let mut untouched: Vec<Uuid> = Vec::new();
+        for (i, (event, outcome)) in events.iter().zip(&outcomes).enumerate() {
+            match (routes[i], outcome) {
+                (Route::Unroutable, _) => attempted.push((event, None, &self.unroutable)),
+                (Route::Hold(d), _) => held.push((i, d, None)),
+                (Route::Send(_), None) => untouched.push(event.id),
+                (Route::Send(d), Some(outcome)) => match self.health[d].record(outcome) {
+                    Counted::Held => {
+                        let reason = match outcome {
+                            Outcome::Retry { reason, .. } => Some(reason.clone()),
+                            _ => None,
+                        };
+                        held.push((i, d, reason));
+                    }
+                    counted => {
+                        if counted == Counted::Tripped {
+                            if let Outcome::Retry { reason, .. } = outcome {
+                                tripped.push((d, reason.clone()));
+                            }
+                        }
+                        let dest = &self.destinations[d];
+                        attempted.push((event, Some((dest.name.as_str(), &dest.retry)), outcome));
+                    }
+                },
+            }
+        }
+        let mut plan = settle::plan(attempted, now, &mut rand::thread_rng());
+        for (i, d, reason) in held {
+            let (event, dest) = (&events[i], &self.destinations[d]);
+            match dest.retry.expired(event.created_at, now) {
+                // max_age still applies while a destination is unavailable.
+                Some(why) => plan.failed.push(settle::FailedRow {
+                    id: event.id,
+                    error: format!("held for {}: {why}", dest.name),
+                    destination: Some(dest.name.clone()),
+                    delay_secs: 0.0,
+                    dead: true,
+                }),
+                None => plan.hold(event.id, &dest.name, reason.as_deref()),
+            }
+        }
+        for (id, reason) in &poison {
+            warn!(event_id = %id, error = %reason, "dead-lettering a row that cannot be read as an event");
+            plan.poison(*id, reason);
+        }
         for failed in &plan.failed {
             let Some(event) = events.iter().find(|e| e.id == failed.id) else {
                 continue;
@@ -335,13 +430,15 @@ impl Relay {
                 "publish failed"
             );
         }
-        // Events not attempted (behind a failure of their key) and held-back rows go back as they were.
-        let mut untouched: Vec<Uuid> = events
-            .iter()
-            .zip(&outcomes)
-            .filter(|(_, o)| o.is_none())
-            .map(|(e, _)| e.id)
-            .collect();
+        if aborted && !untouched.is_empty() {
+            // Shutdown grace is over: what finished is settled, the rest goes back untouched.
+            warn!(
+                released = untouched.len(),
+                "shutdown grace period over: released an unfinished batch"
+            );
+        }
+        // Events not attempted (behind a failure of their key, or left when the batch's time was
+        // up) and held-back rows go back as they were.
         untouched.extend(held_back);
         let settle_started = Instant::now();
         let settled = settle::apply(
@@ -351,11 +448,24 @@ impl Relay {
             &plan,
             self.delete_on_settle,
             &untouched,
-            self.claim.ordered,
+            self.claim.ordered.then_some(self.blocking.as_slice()),
         )
         .await?;
         metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
         record_outcomes(&events, &plan);
+        for (d, reason) in tripped {
+            let health = &self.health[d];
+            warn!(
+                destination = health.name(),
+                failures = health.config().failures,
+                error = %reason,
+                "circuit breaker open: holding this destination's events, probing until it answers"
+            );
+            if let Err(e) = destination::store_open(&self.pool, &self.table, health, &reason).await
+            {
+                warn!(destination = health.name(), error = %crate::error_chain(&e), "cannot store the breaker state");
+            }
+        }
         if settled.fenced > 0 {
             warn!(
                 fenced = settled.fenced,
@@ -363,10 +473,11 @@ impl Relay {
             );
         }
         let report = BatchReport {
-            claimed: events.len(),
+            claimed: events.len() + poison.len(),
             delivered: plan.delivered_count(),
             retried: plan.retry_count(),
             dead: plan.dead_count(),
+            held: plan.held.len(),
             fenced: settled.fenced,
             released: untouched.len(),
         };
@@ -375,7 +486,8 @@ impl Relay {
             delivered = report.delivered,
             retried = report.retried,
             dead = report.dead,
-            held_back = report.released,
+            held = report.held,
+            released = report.released,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "batch settled"
         );
@@ -388,28 +500,27 @@ impl Relay {
         Ok((report, retried))
     }
 
-    /// Publishes a batch and returns an outcome per event, `None` for events not attempted.
+    /// Publishes a batch, recording an outcome per event into `run` as each finishes.
     ///
     /// Events of an ordered destination that share a key form a chain, published one event after
     /// the other; a chain stops at its first failure, so a later event of a key is never published
-    /// before an earlier one succeeded. Chains run side by side, each at its own pace: a slow
-    /// request holds back only its own key, not the next step of every other chain. Every other
-    /// event is a chain of one; those all go out together in one publish per destination.
-    async fn publish_chains(
-        &self,
-        events: &[OutboxEvent],
-        route_of: &[Option<usize>],
-    ) -> Vec<Option<Outcome>> {
+    /// before an earlier one succeeded, and at the batch's deadline, leaving the rest of its key to
+    /// the next claim, in order. Chains run side by side, each at its own pace: a slow request
+    /// holds back only its own key. Every other event is a chain of one; those all go out together
+    /// in one publish per destination.
+    async fn publish_chains(&self, run: &BatchRun<'_>) {
+        let events = run.events;
         let mut singles: Vec<usize> = Vec::new();
         let mut chains: Vec<Vec<usize>> = Vec::new();
-        if self.claim.ordered.is_none() {
+        let sendable = (0..events.len()).filter(|&i| matches!(run.routes[i], Route::Send(_)));
+        if !self.claim.ordered {
             // No ordered destination: no chains to build.
-            singles = (0..events.len()).collect();
+            singles = sendable.collect();
         } else {
             let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
-            for (i, event) in events.iter().enumerate() {
-                let ordered_key = match (route_of[i], event.key.as_deref()) {
-                    (Some(d), Some(key))
+            for i in sendable {
+                let ordered_key = match (run.routes[i], events[i].key.as_deref()) {
+                    (Route::Send(d), Some(key))
                         if self.config.destinations[d].ordering == Ordering::Key =>
                     {
                         (d, key)
@@ -434,63 +545,41 @@ impl Relay {
                 _ => true,
             });
         }
-        let (single_results, chain_results) = futures::future::join(
-            self.publish_together(events, route_of, &singles),
-            join_all(
-                chains
-                    .iter()
-                    .map(|chain| self.publish_chain(events, route_of, chain)),
-            ),
+        futures::future::join(
+            self.publish_together(run, &singles),
+            join_all(chains.iter().map(|chain| self.publish_chain(run, chain))),
         )
         .await;
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        for (i, outcome) in single_results
-            .into_iter()
-            .chain(chain_results.into_iter().flatten())
-        {
-            outcomes[i] = Some(outcome);
-        }
-        outcomes
     }
 
     /// Publishes one key's chain in order, stopping at the first event that neither was delivered
-    /// nor may be skipped (`on_dead = "skip"` lets a rejected event's successors go on).
-    async fn publish_chain(
-        &self,
-        events: &[OutboxEvent],
-        route_of: &[Option<usize>],
-        chain: &[usize],
-    ) -> Vec<(usize, Outcome)> {
-        let mut results = Vec::with_capacity(chain.len());
+    /// nor may be skipped (`on_dead = "skip"` lets a rejected event's successors go on), or when
+    /// the batch's time is up.
+    async fn publish_chain(&self, run: &BatchRun<'_>, chain: &[usize]) {
         for &i in chain {
-            let Some((_, outcome)) = self.publish_together(events, route_of, &[i]).await.pop()
-            else {
+            let Route::Send(d) = run.routes[i] else {
                 break;
             };
-            let go_on = match &outcome {
-                Outcome::Delivered => true,
-                Outcome::Rejected { .. } => {
-                    route_of[i].is_some_and(|d| self.config.destinations[d].on_dead == OnDead::Skip)
+            if run.budgets[d].is_over() {
+                break;
+            }
+            self.publish_together(run, &[i]).await;
+            let go_on = match run.slots[i].get() {
+                Some(Outcome::Delivered) => true,
+                Some(Outcome::Rejected { .. }) => {
+                    self.config.destinations[d].on_dead == OnDead::Skip
                 }
-                Outcome::Retry { .. } => false,
+                Some(Outcome::Retry { .. }) | None => false,
             };
-            results.push((i, outcome));
             if !go_on {
                 break;
             }
         }
-        results
     }
 
-    /// Publishes the events at `indexes`: each destination's share concurrently, each bounded by
-    /// `publish_timeout`. Unroutable events get no outcome here (settle dead-letters them).
-    async fn publish_together(
-        &self,
-        events: &[OutboxEvent],
-        route_of: &[Option<usize>],
-        indexes: &[usize],
-    ) -> Vec<(usize, Outcome)> {
-        let timeout = self.settings.publish_timeout;
+    /// Publishes the events at `indexes`: each destination's share concurrently, within the
+    /// destination's budget. A sink that panics fails the events it left without an outcome.
+    async fn publish_together(&self, run: &BatchRun<'_>, indexes: &[usize]) {
         let publishes = self
             .destinations
             .iter()
@@ -499,61 +588,50 @@ impl Relay {
                 let members: Vec<usize> = indexes
                     .iter()
                     .copied()
-                    .filter(|&i| route_of[i] == Some(d))
+                    .filter(|&i| run.routes[i] == Route::Send(d))
                     .collect();
                 if members.is_empty() {
                     return None;
                 }
                 Some(async move {
-                    let batch: Vec<&OutboxEvent> = members.iter().map(|&i| &events[i]).collect();
+                    for &i in &members {
+                        run.handed[i].store(true, AtomicOrdering::Relaxed);
+                    }
+                    let batch: Vec<&OutboxEvent> =
+                        members.iter().map(|&i| &run.events[i]).collect();
+                    let recorder = Recorder::new(&run.slots, &members);
                     let started = Instant::now();
-                    let result = tokio::time::timeout(timeout, dest.sink.publish(&batch)).await;
+                    let publish = dest
+                        .sink
+                        .publish_until(&batch, &run.budgets[d], &recorder);
+                    if let Err(panic) = std::panic::AssertUnwindSafe(publish).catch_unwind().await {
+                        let reason = format!("the sink panicked: {}", panic_message(&*panic));
+                        warn!(destination = %dest.name, error = %reason, "sink panicked; its unfinished events will be retried");
+                        for i in 0..members.len() {
+                            recorder.record(i, Outcome::retry(reason.clone()));
+                        }
+                    }
                     metrics::histogram!(observe::PUBLISH_SECONDS, "destination" => dest.name.clone())
                         .record(started.elapsed().as_secs_f64());
-                    let outcomes =
-                        match result {
-                            Ok(o) if o.len() == members.len() => o,
-                            Ok(o) => vec![
-                                Outcome::retry(format!(
-                                    "sink returned {} outcomes for {} events",
-                                    o.len(),
-                                    members.len()
-                                ));
-                                members.len()
-                            ],
-                            Err(_) => vec![
-                                Outcome::retry(format!(
-                                    "publish_timeout of {} reached",
-                                    humantime::format_duration(timeout)
-                                ));
-                                members.len()
-                            ],
-                        };
-                    members.into_iter().zip(outcomes).collect::<Vec<_>>()
                 })
             });
-        let mut results: Vec<(usize, Outcome)> =
-            join_all(publishes).await.into_iter().flatten().collect();
-        // Unroutable events: an outcome is still needed to settle them (as dead).
-        results.extend(
-            indexes
-                .iter()
-                .filter(|&&i| route_of[i].is_none())
-                .map(|&i| {
-                    (
-                        i,
-                        Outcome::Rejected {
-                            reason: "unroutable".into(),
-                        },
-                    )
-                }),
-        );
-        results
+        join_all(publishes).await;
     }
 
-    /// Runs until `shutdown` is cancelled: claim workers plus the periodic cleanup.
-    /// In-flight batches then get `shutdown_grace` to finish; past it they are released unsettled.
+    /// Whether the relay is alive: `Some(reason)` once a claim worker died.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Runs until `shutdown` is cancelled: claim workers plus the maintenance loops (destination
+    /// state and probes, cleanup). In-flight batches then get `shutdown_grace` to finish; past it
+    /// they settle what finished and release the rest. A worker that panics (a bug) stops the
+    /// relay: the others finish as on shutdown, then this returns [`Error::WorkerPanicked`].
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<BatchReport> {
+        self.prepare().await;
         let grace_timer = {
             let (shutdown, abort, grace) = (
                 shutdown.clone(),
@@ -566,28 +644,58 @@ impl Relay {
                 abort.cancel();
             })
         };
-        let mut tasks = Vec::new();
+        let mut workers = tokio::task::JoinSet::new();
         for worker in 0..self.settings.workers {
             let relay = Arc::clone(&self);
             let shutdown = shutdown.clone();
-            tasks.push(tokio::spawn(
-                async move { relay.worker(worker, shutdown).await },
-            ));
+            workers.spawn(async move { relay.worker(worker, shutdown).await });
         }
-        let cleanup = {
+        let maintenance = {
             let relay = Arc::clone(&self);
             let shutdown = shutdown.clone();
-            tokio::spawn(async move { relay.cleanup_loop(shutdown).await })
+            tokio::spawn(async move {
+                tokio::join!(
+                    relay.cleanup_loop(shutdown.clone()),
+                    relay.destinations_loop(shutdown)
+                )
+            })
         };
         let mut total = BatchReport::default();
-        for task in tasks {
-            if let Ok(report) = task.await {
-                total += report;
+        let mut panicked = None;
+        while let Some(joined) = workers.join_next().await {
+            match joined {
+                Ok(report) => total += report,
+                Err(e) => {
+                    let why = match e.try_into_panic() {
+                        Ok(panic) => format!("a claim worker panicked: {}", panic_message(&*panic)),
+                        Err(e) => format!("a claim worker was cancelled: {e}"),
+                    };
+                    error!(error = %why, "stopping the relay");
+                    *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    shutdown.cancel();
+                    panicked.get_or_insert(why);
+                }
             }
         }
-        cleanup.abort();
+        maintenance.abort();
         grace_timer.abort();
-        Ok(total)
+        match panicked {
+            Some(why) => Err(Error::WorkerPanicked(why)),
+            None => Ok(total),
+        }
+    }
+
+    /// Before the first claim: registers the destinations and reads their shared state (an
+    /// operator's pause, an open breaker), and releases rows whose wait is over.
+    async fn prepare(&self) {
+        let steps = async {
+            destination::register(&self.pool, &self.table, &self.config.destinations).await?;
+            destination::sync(&self.pool, &self.table, &self.health).await?;
+            settle::unpark_followers(&self.table, &self.pool).await
+        };
+        if let Err(e) = steps.await {
+            warn!(error = %crate::error_chain(&e), "cannot read the destinations' state yet; will try again");
+        }
     }
 
     async fn worker(&self, worker: usize, shutdown: CancellationToken) -> BatchReport {
@@ -633,6 +741,145 @@ impl Relay {
         total
     }
 
+    /// Every [`destination::SYNC_INTERVAL`]: re-reads the shared destination state (pauses,
+    /// breakers opened or closed by other relays), then probes each open destination whose probe is
+    /// due, if this relay wins it.
+    async fn destinations_loop(&self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(destination::SYNC_INTERVAL) => {}
+            }
+            if let Err(e) = destination::sync(&self.pool, &self.table, &self.health).await {
+                warn!(error = %crate::error_chain(&e), "cannot read the destinations' state; will try again");
+                continue;
+            }
+            for d in 0..self.destinations.len() {
+                let (state, paused) = self.health[d].state();
+                if paused || state == BreakerState::Closed {
+                    continue;
+                }
+                if let Err(e) = self.probe(d).await {
+                    warn!(destination = %self.destinations[d].name, error = %crate::error_chain(&e), "probe failed on a database error; will try again");
+                }
+            }
+        }
+    }
+
+    /// Sends one held event to destination `d` if its probe is due and this relay takes it. An
+    /// answer (delivered, or a permanent rejection) closes the breaker and releases the held
+    /// events; a failure counts no attempt and schedules the next probe, later each time.
+    async fn probe(&self, d: usize) -> Result<()> {
+        let (dest, health) = (&self.destinations[d], &self.health[d]);
+        let hold_for = self.settings.publish_timeout * 2;
+        let Some(failed_probes) =
+            destination::take_probe(&self.pool, &self.table, &dest.name, hold_for).await?
+        else {
+            return Ok(());
+        };
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&self.table.sql.claim_probe)
+            .bind(&dest.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let event = match row.as_ref().map(OutboxEvent::from_row) {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => {
+                // A poison row: dead-letter it; the next probe takes another.
+                let id: Uuid = sqlx::Row::try_get(row.as_ref().expect("some"), "id")?;
+                let mut plan = settle::SettlePlan::default();
+                plan.poison(id, &crate::error_chain(&e));
+                settle::apply(
+                    &self.table,
+                    &self.pool,
+                    Hold::Transaction(tx),
+                    &plan,
+                    false,
+                    &[],
+                    None,
+                )
+                .await?;
+                let delay = health.probe_delay(failed_probes);
+                return destination::store_probe_failed(
+                    &self.pool,
+                    &self.table,
+                    &dest.name,
+                    None,
+                    delay,
+                )
+                .await;
+            }
+            None => {
+                // Nothing held (yet): the next events routed to it will be, for the next probe.
+                tx.rollback().await?;
+                let delay = health.probe_delay(failed_probes);
+                return destination::store_probe_failed(
+                    &self.pool,
+                    &self.table,
+                    &dest.name,
+                    None,
+                    delay,
+                )
+                .await;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
+        let routes = [Route::Send(d)];
+        let run = BatchRun::new(
+            std::slice::from_ref(&event),
+            &routes,
+            &self.destinations,
+            deadline,
+        );
+        let _ = tokio::time::timeout_at(deadline, self.publish_together(&run, &[0])).await;
+        let outcome = run
+            .finish(false, self.settings.publish_timeout)
+            .pop()
+            .flatten();
+        match outcome {
+            Some(outcome @ (Outcome::Delivered | Outcome::Rejected { .. })) => {
+                let plan = settle::plan(
+                    [(&event, Some((dest.name.as_str(), &dest.retry)), &outcome)],
+                    chrono::Utc::now(),
+                    &mut rand::thread_rng(),
+                );
+                settle::apply(
+                    &self.table,
+                    &self.pool,
+                    Hold::Transaction(tx),
+                    &plan,
+                    self.delete_on_settle,
+                    &[],
+                    None,
+                )
+                .await?;
+                record_outcomes(std::slice::from_ref(&event), &plan);
+                health.close();
+                let released =
+                    destination::store_closed(&self.pool, &self.table, &dest.name).await?;
+                info!(destination = %dest.name, released, "probe answered: circuit breaker closed, held events are due again");
+            }
+            failed => {
+                let reason = match failed {
+                    Some(Outcome::Retry { reason, .. }) => reason,
+                    _ => "no answer within publish_timeout".to_owned(),
+                };
+                tx.rollback().await?;
+                let delay = health.probe_delay(failed_probes + 1);
+                info!(destination = %dest.name, error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
+                destination::store_probe_failed(
+                    &self.pool,
+                    &self.table,
+                    &dest.name,
+                    Some(&reason),
+                    delay,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn cleanup_loop(&self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
@@ -651,12 +898,31 @@ impl Relay {
                 Ok(_) => {}
                 Err(e) => warn!(error = %crate::error_chain(&e), "cleanup failed; will try again"),
             }
-            // Rows parked behind a dead row that cleanup (or an operator) removed, or parked under
-            // an `on_dead = "block"` that is now "skip", are due again.
-            let dead_blocks = self.claim.ordered.unwrap_or(false);
-            match settle::unpark_followers(&self.table, &self.pool, dead_blocks).await {
+            // Held events of a destination that stays unavailable still reach their max_age.
+            for dest in &self.destinations {
+                let Some(max_age) = dest.retry.max_age else {
+                    continue;
+                };
+                match sqlx::query(&self.table.sql.expire_held)
+                    .bind(&dest.name)
+                    .bind(max_age.as_secs_f64())
+                    .execute(&self.pool)
+                    .await
+                {
+                    Ok(done) if done.rows_affected() > 0 => {
+                        warn!(destination = %dest.name, rows = done.rows_affected(), "held events reached max_age: dead-lettered")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %crate::error_chain(&e), "expiring held events failed; will try again")
+                    }
+                }
+            }
+            // Rows whose wait is over (a dead row ahead was retried, discarded or cleaned up; an
+            // `on_dead` that is now "skip"; a destination resumed) are due again.
+            match settle::unpark_followers(&self.table, &self.pool).await {
                 Ok(n) if n > 0 => {
-                    info!(rows = n, "rows no longer behind a dead event are due again")
+                    info!(rows = n, "rows no longer held back are due again")
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -668,9 +934,13 @@ impl Relay {
 
     /// Processes everything due now, then returns: for cron-style runs (`relay --once`).
     ///
+    /// Destinations paused or with an open breaker keep their events held (no probe is sent).
     /// Events that fail are scheduled per their policy; one that comes due again within the run
     /// (a zero retry delay) is not retried in a loop: the run ends when a batch holds only such.
     pub async fn run_once(&self) -> Result<BatchReport> {
+        destination::register(&self.pool, &self.table, &self.config.destinations).await?;
+        destination::sync(&self.pool, &self.table, &self.health).await?;
+        settle::unpark_followers(&self.table, &self.pool).await?;
         let mut total = BatchReport::default();
         let mut failed_before: HashSet<Uuid> = HashSet::new();
         let mut unbounded_tried = false;
@@ -681,7 +951,7 @@ impl Relay {
                 && report.dead == 0
                 && !retried.is_empty()
                 && retried.iter().all(|id| failed_before.contains(id));
-            if report.claimed == 0 && self.claim.ordered.is_some() && !unbounded_tried {
+            if report.claimed == 0 && self.claim.ordered && !unbounded_tried {
                 // Ordered: an empty claim only saw the window; make sure nothing further on is due.
                 unbounded_tried = true;
                 self.window
@@ -695,6 +965,91 @@ impl Relay {
             failed_before.extend(retried);
         }
     }
+}
+
+/// Where a claimed event goes in this batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Published to destination `d`.
+    Send(usize),
+    /// Held for destination `d` (paused, or its breaker is open).
+    Hold(usize),
+    /// No destination takes its topic.
+    Unroutable,
+}
+
+/// One batch being published: its events, where each goes, the outcome slots sinks fill as they
+/// go, and each destination's time budget.
+struct BatchRun<'a> {
+    events: &'a [OutboxEvent],
+    routes: &'a [Route],
+    slots: Vec<OnceLock<Outcome>>,
+    /// Events handed to a sink (their publish started, or was queued to start).
+    handed: Vec<AtomicBool>,
+    budgets: Vec<Budget>,
+}
+
+impl<'a> BatchRun<'a> {
+    fn new(
+        events: &'a [OutboxEvent],
+        routes: &'a [Route],
+        destinations: &[Destination],
+        deadline: tokio::time::Instant,
+    ) -> Self {
+        Self {
+            events,
+            routes,
+            slots: events.iter().map(|_| OnceLock::new()).collect(),
+            handed: events.iter().map(|_| AtomicBool::new(false)).collect(),
+            budgets: destinations
+                .iter()
+                .map(|_| Budget::until(deadline))
+                .collect(),
+        }
+    }
+
+    /// The outcomes: `None` for events that have none (not attempted, or unfinished at the
+    /// deadline: given back untouched). A destination that finished nothing at all within the
+    /// whole budget is not making progress: its unfinished events count as failed attempts (it
+    /// would otherwise be retried at no cost forever), unless the batch was aborted by shutdown.
+    fn finish(self, aborted: bool, publish_timeout: Duration) -> Vec<Option<Outcome>> {
+        let mut outcomes: Vec<Option<Outcome>> =
+            self.slots.into_iter().map(OnceLock::into_inner).collect();
+        if aborted {
+            return outcomes;
+        }
+        let stalled: HashSet<usize> = (0..self.budgets.len())
+            .filter(|&d| {
+                let mine =
+                    || (0..outcomes.len()).filter(move |&i| self.routes[i] == Route::Send(d));
+                mine().any(|i| self.handed[i].load(AtomicOrdering::Relaxed))
+                    && mine().all(|i| outcomes[i].is_none())
+            })
+            .collect();
+        for (i, outcome) in outcomes.iter_mut().enumerate() {
+            if let Route::Send(d) = self.routes[i] {
+                if outcome.is_none()
+                    && stalled.contains(&d)
+                    && self.handed[i].load(AtomicOrdering::Relaxed)
+                {
+                    *outcome = Some(Outcome::retry(format!(
+                        "no answer within publish_timeout ({})",
+                        humantime::format_duration(publish_timeout)
+                    )));
+                }
+            }
+        }
+        outcomes
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// Counts a settled batch's outcomes per (destination, topic): one metric update per group, not

@@ -80,15 +80,8 @@ impl RetryPolicy {
                 ));
             }
         }
-        if let Some(max_age) = self.max_age {
-            let age = (now - failure.created_at).to_std().unwrap_or_default();
-            if age >= max_age {
-                return Decision::Dead(format!(
-                    "gave up after {} (max_age = {})",
-                    humantime::format_duration(Duration::from_secs(age.as_secs())),
-                    humantime::format_duration(max_age)
-                ));
-            }
+        if let Some(why) = self.expired(failure.created_at, now) {
+            return Decision::Dead(why);
         }
         if let Some(asked) = failure.retry_after {
             // The receiver knows best when it can take more, within bounds that keep a wrong header
@@ -96,6 +89,20 @@ impl RetryPolicy {
             return Decision::Retry(asked.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX));
         }
         Decision::Retry(self.jittered(self.scheduled(attempts), rng))
+    }
+
+    /// Why an event written at `created_at` is past `max_age` at `now`; `None` when it is not (or
+    /// there is no `max_age`).
+    pub fn expired(&self, created_at: DateTime<Utc>, now: DateTime<Utc>) -> Option<String> {
+        let max_age = self.max_age?;
+        let age = (now - created_at).to_std().unwrap_or_default();
+        (age >= max_age).then(|| {
+            format!(
+                "gave up after {} (max_age = {})",
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(max_age)
+            )
+        })
     }
 
     /// The un-jittered delay after the `attempts`-th failed attempt (1-based).

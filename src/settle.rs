@@ -36,6 +36,17 @@ pub struct FailedRow {
     pub dead: bool,
 }
 
+/// One event held for its destination (paused, or breaker open): it waits, no attempt counted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldRow {
+    /// The event.
+    pub id: Uuid,
+    /// The destination it waits for.
+    pub destination: String,
+    /// The failure that was not counted as an attempt (the breaker was open), if any.
+    pub error: Option<String>,
+}
+
 /// What a batch's settle writes.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct SettlePlan {
@@ -43,6 +54,8 @@ pub struct SettlePlan {
     pub delivered: BTreeMap<String, Vec<Uuid>>,
     /// Failures, retried or dead.
     pub failed: Vec<FailedRow>,
+    /// Events held for their destination.
+    pub held: Vec<HeldRow>,
 }
 
 impl SettlePlan {
@@ -59,6 +72,32 @@ impl SettlePlan {
     /// Number of events scheduled for another attempt.
     pub fn retry_count(&self) -> usize {
         self.failed.len() - self.dead_count()
+    }
+
+    /// Dead-letters a row the relay could not read (a poison row), with the reason.
+    pub fn poison(&mut self, id: Uuid, reason: &str) {
+        self.failed.push(FailedRow {
+            id,
+            error: truncate(format!(
+                "cannot relay this row: {reason} [dead: unreadable row]"
+            )),
+            destination: None,
+            delay_secs: 0.0,
+            dead: true,
+        });
+    }
+
+    /// Holds an event for `destination`; `error` is a failure not counted as an attempt.
+    pub fn hold(&mut self, id: Uuid, destination: &str, error: Option<&str>) {
+        self.held.push(HeldRow {
+            id,
+            destination: destination.to_owned(),
+            error: error.map(|e| {
+                truncate(format!(
+                    "{e} [held: {destination} is unavailable, not counted as an attempt]"
+                ))
+            }),
+        });
     }
 }
 
@@ -152,8 +191,8 @@ pub struct SettleReport {
 
 /// Writes `plan` under the batch's claim; `delete` settles successes by deleting the rows.
 /// `untouched` rows were claimed but not attempted: they are given back as they were.
-/// `park`: ordered mode, `Some(dead rows block)`: the later rows of each failed event's key wait
-/// behind it (OutboxParkFollowers).
+/// `park`: ordered mode, `Some(names of the destinations whose dead rows block)`: the later rows of
+/// each failed or held event's key wait behind it (OutboxParkFollowers).
 pub async fn apply(
     table: &OutboxTable,
     pool: &sqlx::PgPool,
@@ -161,7 +200,7 @@ pub async fn apply(
     plan: &SettlePlan,
     delete: bool,
     untouched: &[Uuid],
-    park: Option<bool>,
+    park: Option<&[String]>,
 ) -> Result<SettleReport> {
     match hold {
         Hold::Transaction(mut tx) => {
@@ -183,7 +222,7 @@ pub async fn apply(
             }
             // After the release, which makes the given-back rows due now.
             park_followers(table, &mut conn, plan, park).await?;
-            let expected = (plan.delivered_count() + plan.failed.len()) as u64;
+            let expected = (plan.delivered_count() + plan.failed.len() + plan.held.len()) as u64;
             Ok(SettleReport {
                 rows,
                 fenced: expected.saturating_sub(rows),
@@ -196,32 +235,33 @@ async fn park_followers(
     table: &OutboxTable,
     conn: &mut sqlx::PgConnection,
     plan: &SettlePlan,
-    park: Option<bool>,
+    park: Option<&[String]>,
 ) -> Result<()> {
-    let Some(dead_blocks) = park else {
+    let Some(blocking) = park else {
         return Ok(());
     };
-    if plan.failed.is_empty() {
+    if plan.failed.is_empty() && plan.held.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Uuid> = plan.failed.iter().map(|f| f.id).collect();
+    let ids: Vec<Uuid> = plan
+        .failed
+        .iter()
+        .map(|f| f.id)
+        .chain(plan.held.iter().map(|h| h.id))
+        .collect();
     sqlx::query(&table.sql.park_followers)
         .bind(ids)
-        .bind(dead_blocks)
+        .bind(blocking)
         .execute(&mut *conn)
         .await?;
     Ok(())
 }
 
-/// Makes rows parked behind a dead row due again once nothing dead is ahead of them in their key
-/// (or at once, when dead rows no longer block). Returns how many.
-pub async fn unpark_followers(
-    table: &OutboxTable,
-    pool: &sqlx::PgPool,
-    dead_blocks: bool,
-) -> Result<u64> {
+/// Makes rows waiting at 'infinity' due again once nothing holds them back: no dead row of a
+/// blocking destination and no held row ahead of them in their key, and their own destination
+/// neither paused nor with its breaker open (OutboxUnparkFollowers). Returns how many.
+pub async fn unpark_followers(table: &OutboxTable, pool: &sqlx::PgPool) -> Result<u64> {
     let done = sqlx::query(&table.sql.unpark_followers)
-        .bind(dead_blocks)
         .execute(pool)
         .await?;
     Ok(done.rows_affected())
@@ -264,6 +304,17 @@ async fn write(
             )
             .bind(f.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
             .bind(f.iter().map(|r| r.dead).collect::<Vec<_>>())
+            .bind(token)
+            .execute(&mut *conn)
+            .await?;
+        rows += done.rows_affected();
+    }
+    if !plan.held.is_empty() {
+        let h = &plan.held;
+        let done = sqlx::query(&table.sql.hold_many)
+            .bind(h.iter().map(|r| r.id).collect::<Vec<_>>())
+            .bind(h.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
+            .bind(h.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
             .bind(token)
             .execute(&mut *conn)
             .await?;

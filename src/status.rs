@@ -14,7 +14,9 @@ const STATUS: &str = "
 SELECT destination, topic,
   count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()) AS due,
   count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at > now()
-                   AND lease_token IS NULL) AS backoff,
+                   AND next_attempt_at <> 'infinity' AND lease_token IS NULL) AS backoff,
+  count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL
+                   AND next_attempt_at = 'infinity') AS held,
   count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at > now()
                    AND lease_token IS NOT NULL) AS in_flight,
   count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND attempts > 0) AS failing,
@@ -39,6 +41,9 @@ pub struct StatusRow {
     pub due: i64,
     /// Pending events waiting for a retry.
     pub backoff: i64,
+    /// Pending events held until their destination is back (paused, breaker open) or until a
+    /// dead event ahead of them in their key is retried or discarded.
+    pub held: i64,
     /// Events leased by a relay right now (lease mode).
     pub in_flight: i64,
     /// Pending events that have failed at least once.
@@ -66,6 +71,8 @@ pub struct Status {
     pub totals: StatusRow,
     /// Per destination and topic.
     pub rows: Vec<StatusRow>,
+    /// Each destination's shared state: paused, circuit breaker.
+    pub destinations: Vec<crate::destination::DestinationState>,
 }
 
 /// Reads the status; with a router, rows not yet tried get the destination routing would pick.
@@ -106,12 +113,14 @@ pub async fn read(
         generated_at: Utc::now(),
         totals,
         rows,
+        destinations: crate::destination::read(pool, table).await?,
     })
 }
 
 fn add(into: &mut StatusRow, row: &StatusRow) {
     into.due += row.due;
     into.backoff += row.backoff;
+    into.held += row.held;
     into.in_flight += row.in_flight;
     into.failing += row.failing;
     into.dead += row.dead;

@@ -182,6 +182,28 @@ pub struct Queries {
     pub park_followers: String,
     /// OutboxUnparkFollowers.
     pub unpark_followers: String,
+    /// OutboxHoldMany.
+    pub hold_many: String,
+    /// OutboxClaimProbe.
+    pub claim_probe: String,
+    /// OutboxExpireHeld.
+    pub expire_held: String,
+    /// DestinationsRegister.
+    pub destinations_register: String,
+    /// DestinationsRead.
+    pub destinations_read: String,
+    /// DestinationOpen.
+    pub destination_open: String,
+    /// DestinationTakeProbe.
+    pub destination_take_probe: String,
+    /// DestinationProbeFailed.
+    pub destination_probe_failed: String,
+    /// DestinationClose.
+    pub destination_close: String,
+    /// DestinationPause.
+    pub destination_pause: String,
+    /// DestinationResume.
+    pub destination_resume: String,
     /// `OutboxInsert`: one event.
     pub insert_one: String,
     /// `OutboxInsertMany`: many events in one statement.
@@ -202,6 +224,17 @@ impl Queries {
             release_lease: r(RELEASE_LEASE),
             park_followers: r(PARK_FOLLOWERS),
             unpark_followers: r(UNPARK_FOLLOWERS),
+            hold_many: r(HOLD_MANY),
+            claim_probe: r(CLAIM_PROBE),
+            expire_held: r(EXPIRE_HELD),
+            destinations_register: r(DESTINATIONS_REGISTER),
+            destinations_read: r(DESTINATIONS_READ),
+            destination_open: r(DESTINATION_OPEN),
+            destination_take_probe: r(DESTINATION_TAKE_PROBE),
+            destination_probe_failed: r(DESTINATION_PROBE_FAILED),
+            destination_close: r(DESTINATION_CLOSE),
+            destination_pause: r(DESTINATION_PAUSE),
+            destination_resume: r(DESTINATION_RESUME),
             insert_one: r(INSERT_ONE),
             insert_many: r(INSERT_MANY),
         }
@@ -249,8 +282,8 @@ RETURNING o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::te
 /// the relay widens the window when it comes back empty, so keys beyond a long run of held-back
 /// rows are still reached.
 /// `followers`: up to `$2` later rows of each head's key, in seq order, so a hot key moves many
-/// events per round trip. Rows that are not due (backoff) or dead under `on_dead = "block"` (`$3`)
-/// are returned with `due = false`; the relay cuts each key's chain there. `picked` keeps a seq
+/// events per round trip. Rows that are not due (backoff) or dead for a destination with
+/// `on_dead = "block"` (`$3`, their names) are returned with `due = false`; the relay cuts each key's chain there. `picked` keeps a seq
 /// prefix of at most `$1` rows, so every kept follower keeps its head. Rows are read once, with
 /// the event columns, in the CTEs themselves.
 const ORDERED_PICK: &str = "
@@ -270,7 +303,7 @@ WITH heads AS (
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} p
             WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL
-              AND (p.dead_at IS NULL OR $3)))
+              AND (p.dead_at IS NULL OR p.destination = ANY($3::text[]))))
     ORDER BY o.next_attempt_at, o.seq
     LIMIT $4
     FOR UPDATE SKIP LOCKED
@@ -282,7 +315,7 @@ followers AS (
                f.created_at, f.attempts, (f.next_attempt_at <= now() AND f.dead_at IS NULL) AS due
         FROM {outbox} f
         WHERE h.key IS NOT NULL AND f.key = h.key AND f.seq > h.seq AND f.published_at IS NULL
-          AND (f.dead_at IS NULL OR $3)
+          AND (f.dead_at IS NULL OR f.destination = ANY($3::text[]))
         ORDER BY f.seq
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -345,9 +378,9 @@ const RELEASE_LEASE: &str = "
 UPDATE {outbox} SET next_attempt_at = now(), lease_token = NULL
 WHERE id = ANY($1) AND lease_token = $2";
 
-/// OutboxParkFollowers. Ordered mode, in the settle of a batch with failed keyed events: a key's
-/// later unsettled rows cannot go before its failed row, so they take its next attempt time
-/// ('infinity' behind a dead row, when dead rows block: `$2`). They leave the front of the due
+/// OutboxParkFollowers. Ordered mode, in the settle of a batch with failed or held keyed events: a
+/// key's later unsettled rows cannot go before that row, so they take its next attempt time
+/// ('infinity' behind a held row, or behind a dead row of a destination whose dead rows block: `$2`). They leave the front of the due
 /// range, where every claim's search for heads would otherwise step over them (a key whose head
 /// was retried has all its older followers due before it). The materialized CTEs fix the plan:
 /// from the failed rows (primary key) to their keys' later rows (`{name:key_idx}`), then back by
@@ -360,7 +393,7 @@ WITH failed AS MATERIALIZED (
            CASE WHEN h.dead_at IS NULL THEN h.next_attempt_at ELSE 'infinity'::timestamptz END AS until
     FROM {outbox} h
     WHERE h.id = ANY($1) AND h.key IS NOT NULL AND h.published_at IS NULL AND h.lease_token IS NULL
-      AND (h.dead_at IS NULL OR $2)
+      AND (h.dead_at IS NULL OR h.destination = ANY($2::text[]))
 ),
 later AS MATERIALIZED (
     SELECT l.id, f.until FROM failed f
@@ -374,16 +407,119 @@ later AS MATERIALIZED (
 UPDATE {outbox} AS o SET next_attempt_at = later.until
 FROM later WHERE o.id = later.id";
 
-/// OutboxUnparkFollowers. Rows parked at 'infinity' behind a dead row are due again once no dead
-/// row of their key is ahead of them (it was retried, discarded or cleaned up), or at once when
-/// dead rows no longer block (`$1` false: `on_dead = "skip"` now). Range scan of `{name:pending_idx}`
-/// at 'infinity', which holds only parked rows.
+/// OutboxUnparkFollowers. Rows wait at 'infinity' for one of two reasons: their destination is
+/// held (paused, or its breaker is not closed), or an earlier row of their key is dead (for a
+/// destination whose dead rows block) or held. Each is due again once none of its reasons is left.
+/// Reads the reasons from `{qname:destinations}` (a few rows), then a range scan of
+/// `{name:pending_idx}` at 'infinity', which holds only waiting rows, with one `{name:key_idx}`
+/// probe per keyed row.
 const UNPARK_FOLLOWERS: &str = "
+WITH d AS MATERIALIZED (
+    SELECT coalesce(array_agg(name) FILTER (WHERE paused_at IS NOT NULL OR breaker <> 'closed'), '{}') AS held,
+           coalesce(array_agg(name) FILTER (WHERE dead_blocks), '{}') AS blocking
+    FROM {qname:destinations}
+)
 UPDATE {outbox} AS o SET next_attempt_at = now()
+FROM d
 WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at = 'infinity'
-  AND NOT ($1 AND EXISTS (
+  AND NOT (o.destination IS NOT NULL AND o.destination = ANY(d.held))
+  AND NOT (o.key IS NOT NULL AND EXISTS (
         SELECT 1 FROM {outbox} p
-        WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL AND p.dead_at IS NOT NULL))";
+        WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL
+          AND ((p.dead_at IS NOT NULL AND p.destination = ANY(d.blocking))
+               OR (p.dead_at IS NULL AND p.next_attempt_at = 'infinity' AND p.destination = ANY(d.held)))))";
+
+/// OutboxHoldMany. Events of a destination that is paused or whose breaker is open: they wait at
+/// 'infinity' with no attempt counted (primary-key lookups; they leave the due range, so claims do
+/// not meet them again) until the destination is back and OutboxUnparkFollowers releases them.
+/// `last_error` takes the failure that was not counted, when there was one.
+const HOLD_MANY: &str = "
+UPDATE {outbox} AS o
+SET next_attempt_at = 'infinity', destination = h.destination,
+    last_error = coalesce(h.error, o.last_error), lease_token = NULL
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS h(id, destination, error)
+WHERE o.id = h.id AND ($4::uuid IS NULL OR o.lease_token = $4)";
+
+/// OutboxClaimProbe. The one event a destination's probe sends: its oldest held row that is its
+/// key's first unsettled row (so a probe never breaks per-key order). Range scan of
+/// `{name:pending_idx}` at 'infinity', `{name:key_idx}` for the order check; the row lock lasts
+/// until the probe's transaction settles it.
+const CLAIM_PROBE: &str = "
+SELECT {columns}
+FROM {outbox} o
+WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at = 'infinity'
+  AND o.destination = $1
+  AND (o.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {outbox} p
+        WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL AND p.dead_at IS NULL))
+ORDER BY o.next_attempt_at, o.seq
+LIMIT 1
+FOR UPDATE SKIP LOCKED";
+
+/// OutboxExpireHeld. `max_age` still applies to held events: those of destination `$1` older than
+/// `$2` seconds are dead-lettered. Range scan of `{name:pending_idx}` at 'infinity'.
+const EXPIRE_HELD: &str = "
+UPDATE {outbox}
+SET dead_at = now(),
+    last_error = left(coalesce(last_error || ' ', '') || '[dead: older than max_age while ' || $1 || ' was unavailable]', 1024)
+WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at = 'infinity'
+  AND destination = $1 AND created_at < now() - make_interval(secs => $2)";
+
+/// DestinationsRegister. At relay start: one row per configured destination (kept when present),
+/// with whether its dead events block their key.
+const DESTINATIONS_REGISTER: &str = "
+INSERT INTO {qname:destinations} AS d (name, dead_blocks)
+SELECT * FROM unnest($1::text[], $2::bool[])
+ON CONFLICT (name) DO UPDATE SET dead_blocks = excluded.dead_blocks
+WHERE d.dead_blocks IS DISTINCT FROM excluded.dead_blocks";
+
+/// DestinationsRead. Every destination's shared state (a few rows, sequential scan).
+const DESTINATIONS_READ: &str = "
+SELECT name, paused_at, breaker, breaker_since, last_error, failed_probes, probe_at
+FROM {qname:destinations} ORDER BY name";
+
+/// DestinationOpen. A relay saw `failures` failed attempts in a row: the breaker opens, unless it
+/// is open already (another relay was first), and the first probe is due after `$3` seconds.
+const DESTINATION_OPEN: &str = "
+INSERT INTO {qname:destinations} AS d (name, breaker, breaker_since, last_error, failed_probes, probe_at)
+VALUES ($1, 'open', now(), $2, 0, now() + make_interval(secs => $3))
+ON CONFLICT (name) DO UPDATE
+SET breaker = 'open', breaker_since = now(), last_error = excluded.last_error, failed_probes = 0,
+    probe_at = excluded.probe_at, updated_at = now()
+WHERE d.breaker = 'closed'";
+
+/// DestinationTakeProbe. One probe at a time across every relay: the row update is the lock. An
+/// open breaker whose probe is due, or a half-open one whose prober did not report back in time
+/// (it died), goes half-open for `$2` seconds under this relay. Paused destinations are not probed.
+const DESTINATION_TAKE_PROBE: &str = "
+UPDATE {qname:destinations}
+SET breaker = 'half_open', probe_at = now() + make_interval(secs => $2), updated_at = now()
+WHERE name = $1 AND breaker IN ('open', 'half_open') AND probe_at <= now() AND paused_at IS NULL
+RETURNING failed_probes";
+
+/// DestinationProbeFailed. Back to open; the next probe after `$3` seconds (the caller doubles it
+/// per failed probe). `$4`: whether the probe really failed (false: it found nothing to send).
+const DESTINATION_PROBE_FAILED: &str = "
+UPDATE {qname:destinations}
+SET breaker = 'open', last_error = coalesce($2, last_error),
+    failed_probes = failed_probes + CASE WHEN $4 THEN 1 ELSE 0 END,
+    probe_at = now() + make_interval(secs => $3), updated_at = now()
+WHERE name = $1 AND breaker = 'half_open'";
+
+/// DestinationClose. The probe was answered: the destination is back.
+const DESTINATION_CLOSE: &str = "
+UPDATE {qname:destinations}
+SET breaker = 'closed', breaker_since = now(), failed_probes = 0, probe_at = NULL, updated_at = now()
+WHERE name = $1 AND breaker <> 'closed'";
+
+/// DestinationPause / DestinationResume. Operator commands; every relay obeys within a second.
+const DESTINATION_PAUSE: &str = "
+INSERT INTO {qname:destinations} AS d (name, paused_at) VALUES ($1, now())
+ON CONFLICT (name) DO UPDATE SET paused_at = coalesce(d.paused_at, now()), updated_at = now()";
+
+/// See DESTINATION_PAUSE.
+const DESTINATION_RESUME: &str = "
+UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name = $1";
 
 /// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
 const INSERT_ONE: &str = "

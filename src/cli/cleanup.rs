@@ -73,6 +73,14 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         report.batches,
         report.longest_batch.as_millis()
     );
+    if !args.dry_run {
+        // Rows waiting behind a dead event that this cleanup removed (or on a destination that is
+        // back) are due again, as the long-running relay's cleanup would make them.
+        let released = pgoutbox::settle::unpark_followers(&config.table, &pool).await?;
+        if released > 0 {
+            println!("{released} rows no longer held back are due again");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -69,6 +69,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         retry: RetryPolicy::default(),
         ordering: Default::default(),
         on_dead: Default::default(),
+        breaker: Default::default(),
         sink: SinkConfig::bare("stdout"),
     }];
     let url = config.database_url()?.to_owned();

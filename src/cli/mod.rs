@@ -4,6 +4,7 @@ mod bench;
 mod cleanup;
 mod dead;
 mod demo;
+mod destination;
 mod migrate;
 mod relay;
 mod status;
@@ -75,6 +76,9 @@ enum Command {
     /// Inspect, redrive or discard dead-lettered events.
     #[command(subcommand)]
     Dead(dead::Command),
+    /// Pause or resume a destination for every relay; list breaker states.
+    #[command(subcommand)]
+    Destination(destination::Command),
     /// Delete published rows older than the retention, in short batches.
     Cleanup(cleanup::Args),
     /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history.
@@ -109,6 +113,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay(args) => relay::run(&cli, args).await,
         Command::Status(args) => status::run(&cli, args).await,
         Command::Dead(cmd) => dead::run(&cli, cmd).await,
+        Command::Destination(cmd) => destination::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,

@@ -52,10 +52,10 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if args.once {
         let report = relay.run_once().await?;
         eprintln!(
-            "relay --once: claimed {}, delivered {}, scheduled for retry {}, dead-lettered {}",
-            report.claimed, report.delivered, report.retried, report.dead
+            "relay --once: claimed {}, delivered {}, scheduled for retry {}, dead-lettered {}, held for an unavailable destination {}",
+            report.claimed, report.delivered, report.retried, report.dead, report.held
         );
-        return Ok(if report.retried + report.dead == 0 {
+        return Ok(if report.retried + report.dead + report.held == 0 {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(EXIT_SOME_FAILED)

@@ -126,6 +126,7 @@ fn print_table(status: &pgoutbox::status::Status) {
         "TOPIC",
         "DUE",
         "BACKOFF",
+        "HELD",
         "IN-FLIGHT",
         "FAILING",
         "DEAD",
@@ -148,6 +149,7 @@ fn print_table(status: &pgoutbox::status::Status) {
             row.topic.clone(),
             row.due.to_string(),
             row.backoff.to_string(),
+            row.held.to_string(),
             row.in_flight.to_string(),
             row.failing.to_string(),
             row.dead.to_string(),
@@ -179,5 +181,31 @@ fn print_table(status: &pgoutbox::status::Status) {
             })
             .collect();
         println!("{}", cells.join("  ").trim_end());
+    }
+    if status.destinations.is_empty() {
+        return;
+    }
+    println!();
+    println!("DESTINATIONS");
+    for d in &status.destinations {
+        let since = d.paused_at.unwrap_or(d.breaker_since);
+        let state = match (&d.paused_at, d.breaker.as_str()) {
+            (Some(_), breaker) => format!("paused (breaker {breaker})"),
+            (None, "closed") => "running".to_owned(),
+            (None, breaker) => format!("breaker {breaker}"),
+        };
+        let age = (chrono::Utc::now() - since).num_milliseconds() as f64 / 1000.0;
+        let mut line = format!("  {:<24} {state} for {}", d.name, human_age(Some(age)));
+        if d.breaker != "closed" {
+            if let Some(e) = &d.last_error {
+                let mut e = e.clone();
+                e.truncate(160);
+                line.push_str(&format!(" — last error: {e}"));
+            }
+            if d.failed_probes > 0 {
+                line.push_str(&format!(" ({} failed probes)", d.failed_probes));
+            }
+        }
+        println!("{line}");
     }
 }

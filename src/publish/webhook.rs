@@ -15,7 +15,7 @@ use reqwest::StatusCode;
 
 use serde::Deserialize;
 
-use super::{Envelope, Outcome, Sink, SinkKind};
+use super::{Budget, Envelope, Latency, Outcome, Recorder, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::event::OutboxEvent;
@@ -79,6 +79,8 @@ pub struct WebhookSink {
     body: BodyMode,
     concurrency: usize,
     static_headers: HeaderMap,
+    timeout: Duration,
+    latency: Latency,
 }
 
 impl WebhookSink {
@@ -127,6 +129,8 @@ impl WebhookSink {
             body: cfg.body,
             concurrency: cfg.concurrency,
             static_headers,
+            timeout: cfg.timeout,
+            latency: Latency::default(),
         })
     }
 
@@ -138,7 +142,8 @@ impl WebhookSink {
         }
     }
 
-    async fn send(&self, event: &OutboxEvent) -> Outcome {
+    /// Posts one event; `timeout` bounds the request (the sink's own, or less near a deadline).
+    async fn send(&self, event: &OutboxEvent, timeout: Duration) -> Outcome {
         let body = self.body_of(event);
         let id = event.id.to_string();
         let timestamp = chrono::Utc::now().timestamp();
@@ -165,6 +170,7 @@ impl WebhookSink {
         let response = self
             .client
             .post(self.url.clone())
+            .timeout(timeout)
             .headers(headers)
             .body(body)
             .send()
@@ -235,11 +241,31 @@ fn is_transient(status: StatusCode) -> bool {
 #[async_trait]
 impl Sink for WebhookSink {
     async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let sends: Vec<_> = events.iter().map(|e| self.send(e)).collect();
+        let sends: Vec<_> = events.iter().map(|e| self.send(e, self.timeout)).collect();
         futures::stream::iter(sends)
             .buffered(self.concurrency)
             .collect()
             .await
+    }
+
+    /// Up to `concurrency` requests at a time, each outcome recorded as it comes. A request is
+    /// only started when it should end before the deadline (by the recent latency), so a slow
+    /// receiver gets fewer events per batch rather than requests the relay stops waiting for.
+    async fn publish_until(
+        &self,
+        events: &[&OutboxEvent],
+        budget: &Budget,
+        recorder: &Recorder<'_>,
+    ) {
+        futures::stream::iter(events.iter().enumerate())
+            .take_while(|_| futures::future::ready(budget.may_start(self.latency.estimate())))
+            .for_each_concurrent(self.concurrency, |(i, event)| async move {
+                let started = std::time::Instant::now();
+                let outcome = self.send(event, budget.request_limit(self.timeout)).await;
+                self.latency.observe(started.elapsed());
+                recorder.record(i, outcome);
+            })
+            .await;
     }
 
     async fn healthcheck(&self) -> std::result::Result<(), String> {

@@ -40,10 +40,15 @@ const MIGRATIONS: &[Migration] = &[
         description: "add the per-key ordering index",
         sql: include_str!("migrations/0004_key_order_index.sql"),
     },
+    Migration {
+        version: 5,
+        description: "add the per-destination state table (pause, circuit breaker)",
+        sql: include_str!("migrations/0005_destinations.sql"),
+    },
 ];
 
 /// The schema version this build of pgoutbox needs.
-pub const CURRENT_VERSION: i32 = 4;
+pub const CURRENT_VERSION: i32 = 5;
 
 /// Advisory lock key shared by every `migrate`, whatever the table: migrations are rare and short.
 pub(crate) const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
@@ -183,7 +188,8 @@ pub async fn ensure_current(conn: &mut PgConnection, table: &OutboxTable) -> Res
 pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
-/// DELETE on the outbox table, SELECT on the migrations registry. Run as the table's owner.
+/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT on the
+/// migrations registry. Run as the table's owner.
 pub async fn grant_relay(
     conn: &mut PgConnection,
     table: &OutboxTable,
@@ -192,6 +198,7 @@ pub async fn grant_relay(
     let sql = table.render(&format!(
         "GRANT USAGE ON SCHEMA {{schema}} TO {role};
          GRANT {privileges} ON {{outbox}} TO {role};
+         GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
          GRANT SELECT ON {{schema}}.pgoutbox_migrations TO {role};",
         role = role.quoted(),
         privileges = RELAY_TABLE_PRIVILEGES.join(", ")

@@ -202,6 +202,15 @@ impl Receiver {
 
     /// A receiver answering per `behaviour`.
     pub async fn with(behaviour: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> Self {
+        Self::on("127.0.0.1:0", behaviour).await
+    }
+
+    /// A receiver on a given address (e.g. one that was closed until now), answering per
+    /// `behaviour`.
+    pub async fn on(
+        addr: &str,
+        behaviour: impl Fn(&Received) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         let state = ReceiverState {
             log: Arc::new(Mutex::new(Vec::new())),
             seen: Arc::default(),
@@ -210,9 +219,7 @@ impl Receiver {
         let app = axum::Router::new()
             .route("/events", axum::routing::post(handle))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr: SocketAddr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -292,6 +299,14 @@ async fn handle(State(state): State<ReceiverState>, headers: HeaderMap, body: By
         );
     }
     response
+}
+
+/// A local TCP port nothing listens on (bound, then closed): connections to it are refused.
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
 }
 
 /// Polls `check` every 50 ms until it holds or `timeout` passes; returns whether it held.

@@ -311,13 +311,13 @@ pub async fn claim_and_settle(
         mode: pgoutbox::config::ClaimMode::Transaction,
         limit: batch_size,
         lease: Duration::from_secs(60),
-        ordered: None,
+        ordered: false,
         heads: batch_size,
         followers: 0,
         window: u64::MAX,
     };
     let started = std::time::Instant::now();
-    let batch = pgoutbox::claim::claim_due(pool, table, &options).await?;
+    let batch = pgoutbox::claim::claim_due(pool, table, &options, &[]).await?;
     let claim_time = started.elapsed();
     if batch.events.is_empty() {
         pgoutbox::claim::release(pool, table, batch.hold, &[]).await?;
