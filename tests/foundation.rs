@@ -493,3 +493,27 @@ async fn custom_schema_and_table() {
     let status: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(status["totals"]["due"], 1);
 }
+
+/// CI runs the tests exactly as the README tells a newcomer to, without fail-fast (one failure
+/// must not hide the others).
+#[test]
+fn ci_runs_the_readme_test_command() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let command_in = |file: &str| -> Vec<String> {
+        std::fs::read_to_string(root.join(file))
+            .expect(file)
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("cargo nextest run --workspace"))
+            .map(|l| l.split('#').next().unwrap_or_default().trim().to_owned())
+            .collect()
+    };
+    let readme = command_in("README.md");
+    assert_eq!(readme.len(), 1, "one test command in README.md: {readme:?}");
+    assert_eq!(
+        command_in(".ci/run"),
+        readme,
+        ".ci/run runs the README's command"
+    );
+    assert!(readme[0].contains("--no-fail-fast"), "{}", readme[0]);
+}
