@@ -375,6 +375,23 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Waits for `child` to exit by itself; past `guard` (a hang guard, not a property) it is killed
+/// and `None` returned.
+pub async fn exit_status(child: &mut Child, guard: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + guard;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sends a signal to a child process.
 pub fn signal(child: &Child, sig: i32) {
     // SAFETY: kill(2) on a pid we spawned; no memory is touched.
