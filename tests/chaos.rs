@@ -2,15 +2,17 @@
 //!
 //! Producers commit keyed and unkeyed events and roll others back; 4 `pgoutbox relay` processes
 //! deliver them to a real HTTP receiver that fails ~20 % of requests and stalls some past the
-//! timeout; the suite SIGKILLs random relays and restarts them, and restarts PostgreSQL once. At the
-//! end it checks, from the receiver's log and the table: lost = 0, phantom = 0, order violations = 0
-//! on the ordered destination, and prints the duplicates with their causes.
+//! timeout; the suite SIGKILLs random relays and restarts them, restarts PostgreSQL once, and for
+//! part of the run makes the unordered destination slow (every request answered 200 after 2 s). At
+//! the end it checks, from the receiver's log and the table: lost = 0, phantom = 0, order
+//! violations = 0 on the ordered destination, and prints the duplicates with their causes.
 //!
 //! The bounded run (20k events) is part of the test suite. The long run is opt-in:
 //! `CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --release --test chaos --run-ignored only`;
 //! with a duration, producers spread the events evenly over it.
 //! `CHAOS_SEED=N` replays a run (the seed is printed). `CHAOS_KILL_EVERY=5s` sets the mean time
-//! between relay kills (default 1.25 s).
+//! between relay kills (default 1.25 s). The slow phase starts once a quarter of the events (or of
+//! the duration) is produced and lasts `CHAOS_SLOW_FOR` (default 10 s, or a tenth of the duration).
 
 mod common;
 
@@ -31,6 +33,8 @@ struct Settings {
     seed: u64,
     /// Mean time between relay kills (a kill every 0.5× to 1.5× of it).
     kill_every: Duration,
+    /// How long the unordered destination stays slow.
+    slow_for: Duration,
 }
 
 impl Settings {
@@ -50,11 +54,16 @@ impl Settings {
             .ok()
             .and_then(|v| humantime::parse_duration(&v).ok())
             .unwrap_or(Duration::from_millis(1250));
+        let slow_for = std::env::var("CHAOS_SLOW_FOR")
+            .ok()
+            .and_then(|v| humantime::parse_duration(&v).ok())
+            .unwrap_or_else(|| duration.map_or(Duration::from_secs(10), |d| d / 10));
         Self {
             events,
             duration,
             seed,
             kill_every,
+            slow_for,
         }
     }
 }
@@ -87,20 +96,36 @@ async fn chaos(settings: Settings) {
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let db = TestDb::migrated().await;
 
-    // The receiver: ~20 % 503, ~2 % stalled past the relay's 1 s timeout (but counted as received:
-    // the consumer got it, the answer was lost), the rest 200.
+    // The receiver: ~20 % 503, ~2 % stalled 0.5 s past their destination's timeout (but counted as
+    // received: the consumer got it, the answer was lost), the rest 200. During the slow phase
+    // every request of the unordered destination waits 2 s, then is answered 200 (received).
     let receiver_rng = Arc::new(Mutex::new(StdRng::seed_from_u64(settings.seed ^ 0x5eed)));
     let stalls = Arc::new(AtomicU64::new(0));
     let stalled_ids: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let slow = Arc::new(SlowPhase::default());
+    let slow_requests = Arc::new(AtomicU64::new(0));
     let (r, s, sid) = (receiver_rng.clone(), stalls.clone(), stalled_ids.clone());
+    let (slow_now, slowed) = (slow.clone(), slow_requests.clone());
     let rx = Receiver::with(move |req| {
+        let plain = req.json()["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("plain."));
+        if plain && slow_now.active() {
+            slowed.fetch_add(1, AtomicOrdering::Relaxed);
+            return Reply::ok().delay(SLOW_ANSWER);
+        }
         let roll: f64 = r.lock().expect("rng").gen();
         if roll < 0.20 {
             Reply::status(503)
         } else if roll < 0.22 {
             s.fetch_add(1, AtomicOrdering::Relaxed);
             sid.lock().expect("stalled").insert(req.id.clone());
-            Reply::ok().delay(Duration::from_millis(1500))
+            let timeout = if plain {
+                PLAIN_TIMEOUT
+            } else {
+                ORDERED_TIMEOUT
+            };
+            Reply::ok().delay(timeout + Duration::from_millis(500))
         } else {
             Reply::ok()
         }
@@ -108,12 +133,15 @@ async fn chaos(settings: Settings) {
     .await;
 
     let dir = scratch();
+    // The unordered destination answers in 2 s while slow: its timeout is above that, and its
+    // concurrency covers a whole batch, so a batch waits 2 s once rather than once per round of
+    // requests; publish_timeout leaves room above both destinations' timeouts.
     let config_text = format!(
         r#"database_url = "{url}"
 [relay]
 batch_size = 200
 poll_interval = "50ms"
-publish_timeout = "5s"
+publish_timeout = "10s"
 
 [[destinations]]
 name = "ordered"
@@ -121,7 +149,7 @@ type = "webhook"
 url = "{rx}"
 topics = ["ordered.*"]
 ordering = "key"
-timeout = "1s"
+timeout = "{ordered_timeout}"
 retry_schedule = ["100ms", "300ms", "1s"]
 max_attempts = 1000
 
@@ -130,12 +158,15 @@ name = "plain"
 type = "webhook"
 url = "{rx}"
 topics = ["plain.*"]
-timeout = "1s"
+timeout = "{plain_timeout}"
+concurrency = 200
 retry_schedule = ["100ms", "300ms", "1s"]
 max_attempts = 1000
 "#,
         url = db.url,
-        rx = rx.url
+        rx = rx.url,
+        ordered_timeout = humantime::format_duration(ORDERED_TIMEOUT),
+        plain_timeout = humantime::format_duration(PLAIN_TIMEOUT),
     );
     let config = write_config(dir.path(), &config_text);
     let mut relays: Vec<Child> = (0..4)
@@ -190,7 +221,8 @@ max_attempts = 1000
         })
     });
 
-    // Chaos: kill a random relay every 0.5–2 s and restart it; restart PostgreSQL once, mid-run.
+    // Chaos: kill a random relay every 0.5–2 s and restart it; restart PostgreSQL once, mid-run;
+    // make the unordered destination slow for a while from a quarter on.
     let mut kills = 0;
     let mut pg_restarts = 0;
     let started = Instant::now();
@@ -226,6 +258,17 @@ max_attempts = 1000
         if pg_restarts == 0 && halfway && restart_postgres() {
             pg_restarts += 1;
         }
+        let a_quarter = produced.load(AtomicOrdering::Relaxed) as usize >= settings.events / 4
+            || settings
+                .duration
+                .is_some_and(|d| started.elapsed() >= d / 4);
+        if a_quarter && slow.start(settings.slow_for) {
+            println!(
+                "chaos: {:.0?} the plain destination is slow ({SLOW_ANSWER:?} per request) for {:?}",
+                started.elapsed(),
+                settings.slow_for
+            );
+        }
     }
     for p in producers {
         p.await.expect("producer");
@@ -233,8 +276,8 @@ max_attempts = 1000
     let production_time = started.elapsed();
 
     // Let the relays finish the backlog (retries included). A long run under this much chaos builds
-    // a backlog (every stalled request holds its batch for the 1 s timeout): allow as long as
-    // production took, and at least 4 minutes.
+    // a backlog (every stalled request holds its batch for its destination's timeout, every slow
+    // one for 2 s): allow as long as production took, and at least 4 minutes.
     let drain_limit = production_time.max(Duration::from_secs(240));
     println!(
         "chaos: production over after {production_time:.1?}; draining (limit {drain_limit:.0?})"
@@ -325,7 +368,7 @@ max_attempts = 1000
             .await
             .expect("count");
     println!(
-        "chaos summary: seed {} events {} committed {} rolled_back {} lost {} phantom {} order_violations {} duplicates {} ({:.2} %) kills {} pg_restarts {} stalls {} produced_in {:.1?} unpublished {}",
+        "chaos summary: seed {} events {} committed {} rolled_back {} lost {} phantom {} order_violations {} duplicates {} ({:.2} %) kills {} pg_restarts {} stalls {} slow_requests {} produced_in {:.1?} unpublished {}",
         settings.seed,
         ledger.committed.len() + ledger.rolled_back.len(),
         ledger.committed.len(),
@@ -338,11 +381,12 @@ max_attempts = 1000
         kills,
         pg_restarts,
         stalls.load(AtomicOrdering::Relaxed),
+        slow_requests.load(AtomicOrdering::Relaxed),
         production_time,
         unpublished
     );
     println!(
-        "duplicates explained: {from_stalls} from {} stalled requests (received, answer lost to the 1 s timeout, sent again), {from_crashes} from batches in flight at {kills} relay SIGKILLs and {pg_restarts} PostgreSQL restarts (bound {crash_bound})",
+        "duplicates explained: {from_stalls} from {} stalled requests (received, answer lost to the timeout, sent again), {from_crashes} from batches in flight at {kills} relay SIGKILLs and {pg_restarts} PostgreSQL restarts (bound {crash_bound})",
         stalls.load(AtomicOrdering::Relaxed),
     );
     assert!(
@@ -358,6 +402,32 @@ max_attempts = 1000
         from_crashes <= crash_bound,
         "more duplicates than the crashes explain"
     );
+}
+
+/// Request timeout of the ordered destination; its stalled requests answer 0.5 s after it.
+const ORDERED_TIMEOUT: Duration = Duration::from_secs(1);
+/// Request timeout of the unordered destination: above its slow answers.
+const PLAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the unordered destination takes per request while slow.
+const SLOW_ANSWER: Duration = Duration::from_secs(2);
+
+/// The window in which the unordered destination is slow: set once, by the chaos loop.
+#[derive(Default)]
+struct SlowPhase(std::sync::OnceLock<(Instant, Instant)>);
+
+impl SlowPhase {
+    /// Starts the window now, for `span`; false when it was started before.
+    fn start(&self, span: Duration) -> bool {
+        let now = Instant::now();
+        self.0.set((now, now + span)).is_ok()
+    }
+
+    /// Whether a request arriving now is in the window.
+    fn active(&self) -> bool {
+        self.0
+            .get()
+            .is_some_and(|(from, to)| (*from..*to).contains(&Instant::now()))
+    }
 }
 
 /// One producer: transactions of 1–5 events, ~10 % rolled back, keys owned by this producer.

@@ -412,50 +412,100 @@ async fn a_stalled_lease_holder_cannot_settle_after_another_relay_took_over() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_mode_holds_no_transaction_while_a_slow_destination_answers() {
+/// What `pg_stat_activity` shows of a relay process's sessions while the receiver holds every
+/// request of its batch.
+struct WhileHeld {
+    /// Relay sessions seen in the test's database (the probe sees the relay at all).
+    sessions: i64,
+    /// Relay sessions that held a transaction across the wait: idle in transaction, or in a
+    /// transaction that began before the requests were held.
+    holding: i64,
+}
+
+/// Runs `pgoutbox relay` with `claim` mode against a receiver that holds every request at a gate;
+/// once the whole batch (20 events) is held, looks at the relay's sessions 20 times, then opens
+/// the gate and waits for the batch to be delivered and the relay to exit 0 on SIGTERM.
+async fn relay_sessions_while_requests_are_held(claim: &str) -> WhileHeld {
     let db = TestDb::migrated().await;
-    let rx = Receiver::with(|_| Reply::ok().delay(Duration::from_secs(5))).await;
-    db.insert_plain(400, "order.created").await;
+    let gate = Gate::closed();
+    let g = gate.clone();
+    let rx = Receiver::with(move |_| Reply::ok().held_at(&g)).await;
+    db.insert_plain(20, "order.created").await;
     let dir = scratch();
-    let text = webhook_config(&db, &rx.url, "concurrency = 200\ntimeout = \"20s\"").replace(
+    let text = webhook_config(&db, &rx.url, "concurrency = 20\ntimeout = \"60s\"").replace(
         "[relay]\n",
-        "[relay]\nclaim = \"lease\"\nbatch_size = 200\nworkers = 1\n",
+        &format!(
+            "[relay]\nclaim = \"{claim}\"\nbatch_size = 20\nworkers = 1\npublish_timeout = \"90s\"\n"
+        ),
     );
     let config = write_config(dir.path(), &text);
-    let started = std::time::Instant::now();
-    let mut relay = spawn_relay(dir.path(), &config, "lease");
-    let longest = std::sync::Mutex::new(0f64);
-    let done = wait_for(Duration::from_secs(40), || {
-        let pool = db.pool.clone();
-        let (db, longest) = (&db, &longest);
-        async move {
-            let age: Option<f64> = sqlx::query_scalar(
-                "SELECT extract(epoch FROM max(now() - xact_start))::float8 FROM pg_stat_activity
-                 WHERE application_name = 'pgoutbox' AND xact_start IS NOT NULL",
-            )
-            .fetch_one(&pool)
-            .await
-            .expect("pg_stat_activity");
-            {
-                let mut l = longest.lock().expect("lock");
-                *l = l.max(age.unwrap_or(0.0));
-            }
-            db.count("published_at IS NULL").await == 0
-        }
+    let mut relay = spawn_relay(dir.path(), &config, claim);
+    // Hang guard only: a relay that never sends its batch fails here, however slow the machine.
+    let all_held = wait_for(Duration::from_secs(60), || async { rx.count() == 20 }).await;
+    if !all_held {
+        gate.open();
+        let _ = relay.kill();
+        panic!(
+            "the relay did not send its batch of 20 within 60 s ({} received)",
+            rx.count()
+        );
+    }
+    let held_since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .expect("now");
+    let mut seen = WhileHeld {
+        sessions: 0,
+        holding: 0,
+    };
+    for _ in 0..20 {
+        let (sessions, holding): (i64, i64) = sqlx::query_as(
+            "SELECT count(*),
+                    count(*) FILTER (WHERE state LIKE 'idle in transaction%' OR xact_start < $1)
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'pgoutbox-relay'",
+        )
+        .bind(held_since)
+        .fetch_one(&db.pool)
+        .await
+        .expect("pg_stat_activity");
+        seen.sessions = seen.sessions.max(sessions);
+        seen.holding = seen.holding.max(holding);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        db.count("published_at IS NOT NULL").await,
+        0,
+        "nothing settled while held"
+    );
+    gate.open();
+    let delivered = wait_for(Duration::from_secs(60), || async {
+        db.count("published_at IS NULL").await == 0
     })
     .await;
-    let elapsed = started.elapsed();
     signal(&relay, libc::SIGTERM);
-    relay.wait().expect("wait");
-    let longest_xact = *longest.lock().expect("lock");
-    assert!(done, "all delivered");
-    assert!(
-        longest_xact < 1.0,
-        "no transaction stays open while publishing: longest {longest_xact:.3} s"
+    let status = relay.wait().expect("wait");
+    assert!(delivered, "the batch was settled once the gate opened");
+    assert!(status.success(), "{status:?}");
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_holds_no_transaction_while_a_slow_destination_answers() {
+    let seen = relay_sessions_while_requests_are_held("lease").await;
+    assert!(seen.sessions > 0, "the relay's sessions are visible");
+    assert_eq!(
+        seen.holding, 0,
+        "no relay session is in a transaction while the destination holds the requests"
     );
-    println!(
-        "lease mode, 5 s per request, concurrency 200: 400 events in {elapsed:?} = {:.1} events/s",
-        400.0 / elapsed.as_secs_f64()
+}
+
+/// The control for the test above: the same probe does see transaction mode's claim held open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_is_seen_holding_its_claim_while_a_slow_destination_answers() {
+    let seen = relay_sessions_while_requests_are_held("transaction").await;
+    assert!(
+        seen.holding >= 1,
+        "the claim's transaction stays open while the destination holds the requests"
     );
 }

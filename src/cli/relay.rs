@@ -2,13 +2,15 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
+use pgoutbox::config::RelayConfig;
 use pgoutbox::relay::Relay;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::Cli;
+use super::{Cli, PoolSettings};
 
 /// Exit status of `relay --once` when some events were not delivered.
 pub const EXIT_SOME_FAILED: u8 = 3;
@@ -27,8 +29,9 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if config.destinations.is_empty() {
         bail!("no destinations configured: add a [[destinations]] table to the config file (see README)");
     }
-    let workers = config.relay.workers as u32;
-    let pool = super::connect_checked(&config, workers + 2).await?;
+    let workers = config.relay.workers;
+    let pool_settings = pool_settings(&config.relay);
+    let pool = super::connect_checked_with(&config, &pool_settings).await?;
     super::check_relay_privileges(&pool, &config).await?;
     // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
     // them, and without it claims slow down as they pile up.
@@ -67,6 +70,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         destinations = config.destinations.len(),
         workers,
         claim = ?config.relay.claim,
+        pool = pool_settings.max_connections,
         "relay started"
     );
     let shutdown = CancellationToken::new();
@@ -103,6 +107,48 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Longest a relay statement may run: claims and settles take milliseconds, a cleanup chunk
+/// seconds; past this something is wrong (a lock wait, a runaway plan) and the statement fails and
+/// is retried rather than hold its locks. Set your own with the URL's `options`.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the relay waits for a pool connection before a claim, settle or cleanup fails (and is
+/// retried): long enough that a busy pool is waited for, short enough that an unreachable database
+/// is logged soon.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The relay's pool and sessions, derived from its settings.
+///
+/// - Size: every claim worker holds a connection for its whole batch in transaction mode and takes
+///   another to settle in lease mode (2 per worker); cleanup holds its leader lock on one and
+///   deletes on another, the gauge refresher and `/readyz` take one each: `workers * 2 + 4`.
+/// - `idle_in_transaction_session_timeout`: a transaction-mode claim stays idle in its transaction
+///   while it publishes, for up to `publish_timeout`; the server ends the session only well past
+///   that (twice it, plus 30 s), so a server default cannot cut a healthy claim, while a relay
+///   that hangs with its rows locked still loses them.
+/// - `statement_timeout`: [`STATEMENT_TIMEOUT`], whatever the server's default.
+fn pool_settings(relay: &RelayConfig) -> PoolSettings {
+    let workers = u32::try_from(relay.workers).unwrap_or(u32::MAX);
+    let idle_in_transaction = relay.publish_timeout * 2 + Duration::from_secs(30);
+    PoolSettings {
+        application_name: "pgoutbox-relay",
+        max_connections: workers.saturating_mul(2).saturating_add(4),
+        acquire_timeout: ACQUIRE_TIMEOUT,
+        session: vec![
+            ("statement_timeout", millis(STATEMENT_TIMEOUT)),
+            (
+                "idle_in_transaction_session_timeout",
+                millis(idle_in_transaction),
+            ),
+        ],
+    }
+}
+
+/// A duration as a PostgreSQL setting in milliseconds (the unit both timeouts default to).
+fn millis(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
 /// First SIGINT/SIGTERM: stop claiming and let in-flight batches settle. Second: exit at once
 /// (still safe: unsettled events are claimed again, at least once).
 async fn watch_signals(shutdown: CancellationToken) {
@@ -120,4 +166,28 @@ async fn watch_signals(shutdown: CancellationToken) {
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     warn!("second signal: exiting now; unsettled events will be delivered again");
     std::process::exit(130);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_and_sessions_follow_the_relay_settings() {
+        let relay = RelayConfig {
+            workers: 3,
+            publish_timeout: Duration::from_secs(20),
+            ..RelayConfig::default()
+        };
+        let settings = pool_settings(&relay);
+        assert_eq!(settings.application_name, "pgoutbox-relay");
+        assert_eq!(settings.max_connections, 10);
+        assert_eq!(
+            settings.session,
+            vec![
+                ("statement_timeout", "60000".to_owned()),
+                ("idle_in_transaction_session_timeout", "70000".to_owned()),
+            ]
+        );
+    }
 }

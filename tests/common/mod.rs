@@ -120,11 +120,34 @@ impl Drop for TestDb {
     }
 }
 
+/// A gate the receiver holds requests at until the test opens it: "while a request is held" is
+/// then a state the test controls, not a guess about timing.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Gate {
+    /// A closed gate.
+    pub fn closed() -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(false).0))
+    }
+
+    /// Lets every held request (and every later one) through.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn passed(&self) {
+        let _ = self.0.subscribe().wait_for(|open| *open).await;
+    }
+}
+
 /// What the receiver answers to one request.
 #[derive(Clone, Debug)]
 pub struct Reply {
     pub status: u16,
     pub delay: Duration,
+    /// Held here (after `delay`) until the gate opens.
+    pub gate: Option<Gate>,
     pub headers: Vec<(String, String)>,
     pub body: String,
 }
@@ -138,6 +161,7 @@ impl Reply {
         Self {
             status,
             delay: Duration::ZERO,
+            gate: None,
             headers: vec![],
             body: String::new(),
         }
@@ -155,6 +179,12 @@ impl Reply {
 
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = d;
+        self
+    }
+
+    /// Answers only once `gate` is open.
+    pub fn held_at(mut self, gate: &Gate) -> Self {
+        self.gate = Some(gate.clone());
         self
     }
 }
@@ -287,6 +317,9 @@ async fn handle(State(state): State<ReceiverState>, headers: HeaderMap, body: By
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    if let Some(gate) = &reply.gate {
+        gate.passed().await;
+    }
     let mut response = (
         StatusCode::from_u16(reply.status).expect("status"),
         reply.body,
@@ -388,6 +421,23 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Waits for `child` to exit by itself; past `guard` (a hang guard, not a property) it is killed
+/// and `None` returned.
+pub async fn exit_status(child: &mut Child, guard: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + guard;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Sends a signal to a child process.
