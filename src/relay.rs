@@ -151,6 +151,7 @@ impl Relay {
         for d in &destinations {
             metrics::counter!(observe::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
                 .absolute(0);
+            metrics::counter!(observe::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
         }
         let health = destinations
             .iter()
@@ -1072,6 +1073,14 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
             metrics::counter!(observe::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
                 .increment(n);
         }
+    }
+    let mut held: HashMap<&str, u64> = HashMap::new();
+    for h in &plan.held {
+        *held.entry(h.destination.as_str()).or_default() += 1;
+    }
+    for (destination, n) in held {
+        metrics::counter!(observe::HELD_TOTAL, "destination" => destination.to_owned())
+            .increment(n);
     }
     let mut failures: HashMap<(&str, &str, bool), u64> = HashMap::new();
     for f in &plan.failed {
