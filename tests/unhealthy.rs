@@ -342,3 +342,50 @@ async fn ordered_chains_end_within_publish_timeout_under_a_lease() {
         assert!(ns.windows(2).all(|w| w[0] < w[1]), "{key}: {ns:?}");
     }
 }
+
+/// `on_dead` is per destination: a destination with `on_dead = "skip"` lets a key go on past its
+/// dead event even when another ordered destination blocks on its own dead events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_dead_skip_holds_even_beside_a_blocking_destination() {
+    let db = TestDb::migrated().await;
+    // The first `skip.*` event of key k is refused for good; everything else is accepted.
+    let rx = Receiver::with(|r| {
+        let j = r.json();
+        if j["type"] == "skip.first" {
+            Reply::status(400).body("bad event")
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox (topic, payload, key) VALUES
+           ('skip.first', '{}', 'k'), ('skip.second', '{}', 'k'),
+           ('block.first', '{}', 'b'), ('block.second', '{}', 'b');",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert");
+    let config = format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n
+[[destinations]]\nname = \"skipper\"\ntype = \"webhook\"\nurl = \"{url}\"\ntopics = [\"skip.*\"]\nordering = \"key\"\non_dead = \"skip\"\n
+[[destinations]]\nname = \"blocker\"\ntype = \"webhook\"\nurl = \"{url}\"\ntopics = [\"block.*\"]\nordering = \"key\"\non_dead = \"block\"\n",
+        db.url,
+        url = rx.url
+    );
+    let relay = Running::start(&db, &config);
+    let done = wait_for(Duration::from_secs(20), || async {
+        db.count("published_at IS NOT NULL").await == 3
+    })
+    .await;
+    relay.stop().await;
+    assert!(
+        done,
+        "the skip destination's later event went on past its dead one"
+    );
+    assert_eq!(
+        db.count("dead_at IS NOT NULL AND topic = 'skip.first'")
+            .await,
+        1
+    );
+}
