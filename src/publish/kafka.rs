@@ -9,9 +9,11 @@
 //! first publish, and while the brokers are unreachable records time out after `timeout` and are
 //! retried by the relay.
 //!
-//! Classification: timeouts, transport errors, a full local queue and unknown topics (auto-create
-//! may be on its way) are retried; a record over the broker's size limit, an invalid topic name
-//! and a corrupt record are rejected.
+//! Classification: timeouts, transport errors, authentication and authorization failures (SASL,
+//! topic and cluster ACLs), a full local queue, unknown topics (auto-create may be on its way)
+//! and any error not listed here are retried; a record over the broker's size limit, an invalid
+//! topic name, a record the broker's validation refuses (invalid or corrupt record, a timestamp
+//! outside the topic's allowed range) are rejected.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -151,6 +153,7 @@ fn classify(e: &KafkaError) -> Outcome {
             | C::InvalidMessage
             | C::InvalidRecord
             | C::InvalidTopic
+            | C::InvalidTimestamp
             | C::MessageBatchTooLarge,
         ) => Outcome::Rejected {
             reason: format!("Kafka refused the record: {e}"),

@@ -11,9 +11,10 @@
 //! event is a `Retry` and the next publish starts a fresh session, so nothing queued on a dead
 //! connection can be mismatched with a later PUBACK.
 //!
-//! Classification: connection errors and ack timeouts are retried, as are the PUBACK reasons
-//! "quota exceeded", "unspecified" and "implementation specific"; "not authorized", "topic name
-//! invalid" and "payload format invalid", an invalid topic and an oversize message are rejected.
+//! Classification: connection errors (including a refused login) and ack timeouts are retried, as
+//! are the PUBACK reasons "not authorized" (ACLs change), "quota exceeded", "unspecified",
+//! "implementation specific" and "packet identifier in use"; "topic name invalid" and "payload
+//! format invalid", an invalid topic and a payload over `max_message_bytes` are rejected.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -244,15 +245,16 @@ async fn drive(mut eventloop: EventLoop, waiters: Arc<StdMutex<Waiters>>, alive:
 fn classify(reason: PubAckReason) -> Outcome {
     match reason {
         PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Outcome::Delivered,
-        PubAckReason::QuotaExceeded
+        // Not authorized: ACLs and credentials change, and a spell of it must not dead-letter
+        // every event.
+        PubAckReason::NotAuthorized
+        | PubAckReason::QuotaExceeded
         | PubAckReason::UnspecifiedError
         | PubAckReason::ImplementationSpecificError
         | PubAckReason::PacketIdentifierInUse => Outcome::retry(format!(
             "the broker refused the publish for now: {reason:?}"
         )),
-        PubAckReason::NotAuthorized
-        | PubAckReason::TopicNameInvalid
-        | PubAckReason::PayloadFormatInvalid => Outcome::Rejected {
+        PubAckReason::TopicNameInvalid | PubAckReason::PayloadFormatInvalid => Outcome::Rejected {
             reason: format!("the broker refused the publish: {reason:?}"),
         },
     }
@@ -341,5 +343,25 @@ mod tests {
         assert!(!valid_topic("orders/+"));
         assert!(!valid_topic(""));
         assert_eq!(percent_decode("a%40b"), "a@b");
+    }
+
+    #[test]
+    fn authorization_is_transient_and_bad_topics_permanent() {
+        assert!(matches!(
+            classify(PubAckReason::NotAuthorized),
+            Outcome::Retry { .. }
+        ));
+        assert!(matches!(
+            classify(PubAckReason::QuotaExceeded),
+            Outcome::Retry { .. }
+        ));
+        assert!(matches!(
+            classify(PubAckReason::TopicNameInvalid),
+            Outcome::Rejected { .. }
+        ));
+        assert_eq!(
+            classify(PubAckReason::NoMatchingSubscribers),
+            Outcome::Delivered
+        );
     }
 }

@@ -6,9 +6,10 @@
 //! event is `Delivered` only once the stream has stored it. The client connects on the first publish and reconnects by itself;
 //! while it is disconnected every event is a `Retry`.
 //!
-//! Classification: no connection, ack timeouts and JetStream being unavailable are retried; an
-//! invalid subject, a message over the server's `max_payload` and a subject no stream takes are
-//! rejected.
+//! Classification: no connection (including authentication and authorization failures), ack
+//! timeouts, JetStream being unavailable and any JetStream error not listed here are retried; an
+//! invalid subject, a message over the server's `max_payload` or the stream's `max_msg_size`, and
+//! a subject no stream takes are rejected.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -17,8 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
-use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::ErrorCode;
 use async_trait::async_trait;
 use serde::Deserialize;
 use tokio::sync::OnceCell;
@@ -209,12 +211,19 @@ impl NatsSink {
         &self,
         js: &async_nats::jetstream::Context,
         subject: &str,
-        kind: PublishErrorKind,
+        error: &PublishError,
         reason: String,
         streamless: &mut HashMap<String, bool>,
     ) -> Outcome {
-        match kind {
+        match error.kind() {
             PublishErrorKind::MaxPayloadExceeded => Outcome::Rejected { reason },
+            // A JetStream error in the PubAck: only "over the stream's max_msg_size" is about
+            // the message itself; the others (limits reached, JetStream unavailable) may pass.
+            PublishErrorKind::Other
+                if jetstream_code(error) == Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) =>
+            {
+                Outcome::Rejected { reason }
+            }
             // "No responders" also happens while JetStream starts up or elects a leader: only a
             // definite "no stream matches" from JetStream is permanent. Asked once per subject
             // per batch.
@@ -241,6 +250,13 @@ impl NatsSink {
             _ => Outcome::retry(reason),
         }
     }
+}
+
+/// The JetStream API error code behind a publish error, when JetStream answered with one.
+fn jetstream_code(error: &PublishError) -> Option<ErrorCode> {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+        .map(async_nats::jetstream::Error::error_code)
 }
 
 /// A subject a message can be published to: non-empty dot-separated tokens, no whitespace, no
@@ -308,7 +324,7 @@ impl NatsSink {
                 Err(e) => {
                     let reason = format!("publish to {subject:?} failed: {}", error_chain(&e));
                     Err(self
-                        .classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
+                        .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
                         .await)
                 }
             });
@@ -327,7 +343,7 @@ impl NatsSink {
                     }
                     Err(e) => {
                         let reason = format!("no PubAck for {subject:?}: {}", error_chain(&e));
-                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
+                        self.classify_publish_error(&conn.js, &subject, &e, reason, streamless)
                             .await
                     }
                 },

@@ -7,9 +7,11 @@
 //! `appendfsync` setting). The connection is made on the first publish and re-made by the
 //! connection manager after it breaks; while Redis is unreachable every event is a `Retry`.
 //!
-//! Classification: I/O errors, timeouts and transient server errors (`OOM`, `LOADING`, `BUSY`,
-//! `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`) are retried; any other server error
-//! (e.g. `WRONGTYPE`: the stream name is a key of another type) is rejected.
+//! Classification: only `WRONGTYPE` (the stream name is a key of another type, so this event's
+//! `XADD` cannot succeed) is rejected. Everything else is retried: I/O errors, timeouts, a refused
+//! login or permission (`NOAUTH`, `WRONGPASS`, `NOPERM`: credentials and ACLs change), busy or
+//! failing-over servers (`OOM`, `LOADING`, `BUSY`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`,
+//! `CLUSTERDOWN`, …) and any error code not known here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,17 +26,8 @@ use crate::config::duration_str;
 use crate::event::OutboxEvent;
 use crate::route::Template;
 
-/// Server error codes worth another attempt later.
-const TRANSIENT_CODES: &[&str] = &[
-    "OOM",
-    "LOADING",
-    "BUSY",
-    "READONLY",
-    "TRYAGAIN",
-    "MASTERDOWN",
-    "CLUSTERDOWN",
-    "NOREPLICAS",
-];
+/// Server error codes that say this event's `XADD` cannot succeed, however often it is tried.
+const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];
 
 /// Registry entry: `type = "redis"`.
 pub const KIND: SinkKind = SinkKind {
@@ -140,17 +133,12 @@ impl RedisSink {
 }
 
 fn classify(e: &redis::RedisError) -> Outcome {
-    let transient = e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.code().is_none_or(|c| TRANSIENT_CODES.contains(&c));
-    if transient {
-        Outcome::retry(format!("Redis: {e}"))
-    } else {
+    if e.code().is_some_and(|c| PERMANENT_CODES.contains(&c)) {
         Outcome::Rejected {
             reason: format!("Redis refused the XADD: {e}"),
         }
+    } else {
+        Outcome::retry(format!("Redis: {e}"))
     }
 }
 

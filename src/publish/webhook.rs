@@ -1,8 +1,10 @@
 //! The `webhook` sink: one HTTP POST per event, signed per Standard Webhooks.
 //!
-//! Classification: 2xx delivered; 408, 425, 429 and 5xx, timeouts and connection errors retried
-//! (honouring `Retry-After`); any other status rejected for good. Redirects are not followed: a
-//! 3xx is reported with its `Location`, as a misconfigured URL.
+//! Classification: 2xx delivered; a status listed in `permanent_statuses` (by default the ones a
+//! retry cannot fix: 400, 410, 413, 422) rejected for good; every other status, timeouts and
+//! connection errors retried (honouring `Retry-After`). A 401, 403 or 404 is retried: credentials
+//! get rotated and routes move, and one such spell must not dead-letter every event. Redirects are
+//! not followed: a 3xx is retried with its `Location` in the reason, as a misconfigured URL.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +25,10 @@ use crate::retry::parse_retry_after;
 
 /// How much of a failed response's body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 256;
+
+/// Statuses that dead-letter an event when the destination does not set `permanent_statuses`:
+/// the request itself is wrong (400, 422), too large (413) or the resource is gone for good (410).
+const DEFAULT_PERMANENT_STATUSES: [u16; 4] = [400, 410, 413, 422];
 
 /// Registry entry: `type = "webhook"`.
 pub const KIND: SinkKind = SinkKind {
@@ -64,10 +70,19 @@ pub struct WebhookConfig {
     /// Extra static headers sent with every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// HTTP statuses that dead-letter the event at once (each 100 to 599, not 2xx); default
+    /// `[400, 410, 413, 422]`, the ones a retry cannot fix. Every other non-2xx status is retried
+    /// per `retry_schedule` (honouring `Retry-After`).
+    #[serde(default = "default_permanent_statuses")]
+    pub permanent_statuses: Vec<u16>,
 }
 
 fn default_concurrency() -> usize {
     64
+}
+
+fn default_permanent_statuses() -> Vec<u16> {
+    DEFAULT_PERMANENT_STATUSES.to_vec()
 }
 
 /// Posts events to one URL.
@@ -79,6 +94,8 @@ pub struct WebhookSink {
     body: BodyMode,
     concurrency: usize,
     static_headers: HeaderMap,
+    /// Statuses that reject the event for good, sorted.
+    permanent_statuses: Vec<u16>,
 }
 
 impl WebhookSink {
@@ -112,6 +129,21 @@ impl WebhookSink {
                 .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
             static_headers.insert(name, value);
         }
+        let mut permanent_statuses = cfg.permanent_statuses.clone();
+        for &status in &permanent_statuses {
+            if !(100..=599).contains(&status) {
+                return Err(format!(
+                    "key `permanent_statuses`: {status} is not an HTTP status (100 to 599)"
+                ));
+            }
+            if (200..=299).contains(&status) {
+                return Err(format!(
+                    "key `permanent_statuses`: {status} is a success, not a failure"
+                ));
+            }
+        }
+        permanent_statuses.sort_unstable();
+        permanent_statuses.dedup();
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
@@ -127,6 +159,7 @@ impl WebhookSink {
             body: cfg.body,
             concurrency: cfg.concurrency,
             static_headers,
+            permanent_statuses,
         })
     }
 
@@ -170,12 +203,62 @@ impl WebhookSink {
             .send()
             .await;
         match response {
-            Ok(resp) => classify(resp).await,
+            Ok(resp) => self.classify(resp).await,
             Err(e) if e.is_timeout() => {
                 Outcome::retry(format!("request timed out: {}", error_chain(&e)))
             }
             Err(e) => Outcome::retry(format!("request failed: {}", error_chain(&e))),
         }
+    }
+
+    /// The outcome of one response: delivered, rejected (a permanent status) or retried.
+    async fn classify(&self, mut resp: reqwest::Response) -> Outcome {
+        let status = resp.status();
+        if status.is_success() {
+            return Outcome::Delivered;
+        }
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let location = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let mut excerpt = Vec::new();
+        while excerpt.len() < BODY_EXCERPT_BYTES {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => excerpt.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        excerpt.truncate(BODY_EXCERPT_BYTES);
+        let excerpt = String::from_utf8_lossy(&excerpt);
+        let mut reason = format!("HTTP {status}");
+        if let Some(location) = location.filter(|_| status.is_redirection()) {
+            reason.push_str(&format!(" (redirect to {location} not followed)"));
+        }
+        if !excerpt.trim().is_empty() {
+            reason.push_str(": ");
+            reason.push_str(excerpt.trim());
+        }
+        if self.is_permanent(status) {
+            Outcome::Rejected { reason }
+        } else {
+            Outcome::Retry {
+                reason,
+                retry_after,
+            }
+        }
+    }
+
+    /// Whether `status` rejects the event for good (it is in `permanent_statuses`).
+    fn is_permanent(&self, status: StatusCode) -> bool {
+        self.permanent_statuses
+            .binary_search(&status.as_u16())
+            .is_ok()
     }
 }
 
@@ -183,53 +266,6 @@ fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
     if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(HeaderName::from_static(name), v);
     }
-}
-
-async fn classify(mut resp: reqwest::Response) -> Outcome {
-    let status = resp.status();
-    if status.is_success() {
-        return Outcome::Delivered;
-    }
-    let retry_after = resp
-        .headers()
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, SystemTime::now()));
-    let location = resp
-        .headers()
-        .get(LOCATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let mut excerpt = Vec::new();
-    while excerpt.len() < BODY_EXCERPT_BYTES {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => excerpt.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    excerpt.truncate(BODY_EXCERPT_BYTES);
-    let excerpt = String::from_utf8_lossy(&excerpt);
-    let mut reason = format!("HTTP {status}");
-    if let Some(location) = location.filter(|_| status.is_redirection()) {
-        reason.push_str(&format!(" (redirect to {location} not followed)"));
-    }
-    if !excerpt.trim().is_empty() {
-        reason.push_str(": ");
-        reason.push_str(excerpt.trim());
-    }
-    if is_transient(status) {
-        Outcome::Retry {
-            reason,
-            retry_after,
-        }
-    } else {
-        Outcome::Rejected { reason }
-    }
-}
-
-/// Statuses worth retrying: the receiver is busy, rate-limiting or broken for now.
-fn is_transient(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error()
 }
 
 #[async_trait]
@@ -257,15 +293,48 @@ impl Sink for WebhookSink {
 mod tests {
     use super::*;
 
+    fn sink(settings: &str) -> Result<WebhookSink, String> {
+        let table: toml::Table = format!("url = \"http://127.0.0.1:9/events\"\n{settings}")
+            .parse()
+            .expect("toml");
+        WebhookSink::new(&crate::config::sink_settings(&table)?)
+    }
+
+    fn permanent(sink: &WebhookSink, status: u16) -> bool {
+        sink.is_permanent(StatusCode::from_u16(status).expect("valid"))
+    }
+
     #[test]
-    fn statuses_are_classified() {
-        for s in [408u16, 425, 429, 500, 502, 503, 504] {
-            assert!(is_transient(StatusCode::from_u16(s).expect("valid")), "{s}");
+    fn only_statuses_a_retry_cannot_fix_are_permanent_by_default() {
+        let sink = sink("").expect("valid");
+        for s in [400u16, 410, 413, 422] {
+            assert!(permanent(&sink, s), "{s}");
         }
-        for s in [301u16, 400, 401, 403, 404, 410, 413, 422] {
+        for s in [
+            301u16, 302, 307, 308, 401, 403, 404, 405, 408, 409, 425, 429, 500, 502, 503, 504,
+        ] {
+            assert!(!permanent(&sink, s), "{s}");
+        }
+    }
+
+    #[test]
+    fn permanent_statuses_are_configurable_and_checked() {
+        let sink = sink("permanent_statuses = [404, 400, 404]").expect("valid");
+        assert!(permanent(&sink, 404) && permanent(&sink, 400));
+        assert!(!permanent(&sink, 410) && !permanent(&sink, 422));
+        assert!(!permanent(
+            &self::sink("permanent_statuses = []").expect("valid"),
+            400
+        ));
+        for (bad, want) in [
+            ("[99]", "99 is not an HTTP status"),
+            ("[600]", "600 is not an HTTP status"),
+            ("[204]", "204 is a success"),
+        ] {
+            let err = self::sink(&format!("permanent_statuses = {bad}")).expect_err(bad);
             assert!(
-                !is_transient(StatusCode::from_u16(s).expect("valid")),
-                "{s}"
+                err.contains("key `permanent_statuses`") && err.contains(want),
+                "{err}"
             );
         }
     }
