@@ -83,6 +83,10 @@ enum Command {
     Demo(demo::Args),
 }
 
+/// Log targets whose trace level prints credentials, capped at debug: lapin traces every frame it
+/// writes, among them `connection.start-ok`, whose SASL response holds the AMQP password.
+const SECRET_TRACING_TARGETS: &[&str] = &["lapin::io_loop=debug"];
+
 /// Sets up `tracing` on standard error.
 pub fn init_logging(cli: &Cli) {
     let default = match cli.verbose {
@@ -91,8 +95,14 @@ pub fn init_logging(cli: &Cli) {
         1 => "pgoutbox=debug,sqlx=error,info",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Whatever RUST_LOG asks, no target that traces credentials logs at trace level.
+    for directive in SECRET_TRACING_TARGETS {
+        if let Ok(directive) = directive.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -140,17 +150,7 @@ impl Cli {
     }
 }
 
-/// Hides the password of a database URL, for messages.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(u) => u.to_string(),
-        Err(_) => "<unparsable URL>".to_owned(),
-    }
-}
+pub use pgoutbox::secrets::redact_url;
 
 /// Opens a pool; errors name the (redacted) URL and the cause.
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
@@ -159,7 +159,7 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
             anyhow!(
                 "invalid database URL {}: {}",
                 redact_url(url),
-                strip_url(&e.to_string(), url)
+                pgoutbox::secrets::scrub(&e.to_string(), url)
             )
         })?
         .application_name("pgoutbox");
@@ -182,11 +182,6 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .connect_with(options)
         .await
         .with_context(failed)
-}
-
-/// Makes sure an error text does not carry the raw URL (and so its password).
-fn strip_url(message: &str, url: &str) -> String {
-    message.replace(url, &redact_url(url))
 }
 
 /// Connects and checks that the outbox table is migrated.

@@ -6,6 +6,9 @@
 //! event is `Delivered` only once the stream has stored it. The client connects on the first publish and reconnects by itself;
 //! while it is disconnected every event is a `Retry`.
 //!
+//! Credentials in the URL (`nats://user:password@host`, or `nats://token@host`) are taken out of
+//! it and given to the client as its credentials, so the address the client logs carries none.
+//!
 //! Classification: no connection (including authentication and authorization failures), ack
 //! timeouts, JetStream being unavailable and any JetStream error not listed here are retried; an
 //! invalid subject, a message over the server's `max_payload` or the stream's `max_msg_size`, and
@@ -21,15 +24,17 @@ use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::ErrorCode;
+use async_nats::ServerAddr;
 use async_trait::async_trait;
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::{Outcome, Sink, SinkKind};
-use crate::config::duration_str;
+use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+use crate::secrets::{self, redact_url, Credentials};
 
 /// Events sent before their PubAcks are awaited. async-nats holds one permit per unacknowledged
 /// publish (5,000 by default) and blocks the next send when they run out: a batch larger than
@@ -49,8 +54,10 @@ pub const KIND: SinkKind = SinkKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
-    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222` (credentials may go in the URL).
-    pub url: String,
+    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
+    /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
+    /// never shown in messages.
+    pub url: Secret,
     /// Subject template; default `{topic}`.
     #[serde(default = "Template::topic")]
     pub subject: Template,
@@ -84,6 +91,10 @@ mod opt_duration {
 /// Publishes events to JetStream.
 pub struct NatsSink {
     cfg: NatsConfig,
+    /// The servers, without credentials.
+    servers: Vec<ServerAddr>,
+    /// The credentials the URL carried.
+    credentials: Option<Credentials>,
     conn: OnceCell<Conn>,
     duplicates: AtomicU64,
 }
@@ -104,13 +115,36 @@ impl std::fmt::Debug for NatsSink {
 impl NatsSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: NatsConfig) -> Result<Self, String> {
-        if cfg.url.trim().is_empty() {
+        if cfg.url.0.trim().is_empty() {
             return Err("key `url`: must not be empty".into());
         }
-        for url in cfg.url.split(',') {
-            url.trim()
-                .parse::<async_nats::ServerAddr>()
-                .map_err(|e| format!("key `url`: {url:?} is not a NATS server address: {e}"))?;
+        let mut servers = Vec::new();
+        let mut credentials = None;
+        for part in cfg.url.0.split(',').map(str::trim) {
+            let mut url = part
+                .parse::<ServerAddr>()
+                .map_err(|e| {
+                    format!(
+                        "key `url`: {} is not a NATS server address: {}",
+                        redact_url(part),
+                        secrets::scrub(&e.to_string(), part)
+                    )
+                })?
+                .into_inner();
+            let found = secrets::credentials(&url).map_err(|e| format!("key `url`: {e}"))?;
+            if found.is_some() {
+                if credentials.is_some() && credentials != found {
+                    return Err(
+                        "key `url`: the servers carry different credentials; give every server the same ones"
+                            .into(),
+                    );
+                }
+                credentials = found;
+                // Only the client options carry them from here on.
+                let _ = url.set_password(None);
+                let _ = url.set_username("");
+            }
+            servers.push(ServerAddr::from_url(url).map_err(|e| format!("key `url`: {e}"))?);
         }
         if cfg.timeout.is_zero() {
             return Err("key `timeout`: must be more than zero".into());
@@ -145,9 +179,20 @@ impl NatsSink {
         }
         Ok(Self {
             cfg,
+            servers,
+            credentials,
             conn: OnceCell::new(),
             duplicates: AtomicU64::new(0),
         })
+    }
+
+    /// `message` with the secrets of every configured server URL masked.
+    fn scrub(&self, message: String) -> String {
+        self.cfg
+            .url
+            .0
+            .split(',')
+            .fold(message, |m, part| secrets::scrub(&m, part.trim()))
     }
 
     /// How many publishes JetStream acknowledged as duplicates (redeliveries it dropped).
@@ -158,14 +203,28 @@ impl NatsSink {
     async fn connect(&self) -> Result<&Conn, String> {
         self.conn
             .get_or_try_init(|| async {
-                let client = async_nats::ConnectOptions::new()
+                let mut options = async_nats::ConnectOptions::new()
                     .connection_timeout(self.cfg.timeout)
                     .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
                     // Reconnect forever: the relay keeps running through broker outages.
-                    .max_reconnects(None)
-                    .connect(self.cfg.url.as_str())
+                    .max_reconnects(None);
+                options = match &self.credentials {
+                    Some(Credentials {
+                        user,
+                        password: Some(password),
+                    }) => options.user_and_password(user.clone(), password.clone()),
+                    Some(Credentials {
+                        user,
+                        password: None,
+                    }) => options.token(user.clone()),
+                    None => options,
+                };
+                let client = options
+                    .connect(self.servers.as_slice())
                     .await
-                    .map_err(|e| format!("cannot connect to NATS: {}", error_chain(&e)))?;
+                    .map_err(|e| {
+                        self.scrub(format!("cannot connect to NATS: {}", error_chain(&e)))
+                    })?;
                 let js = async_nats::jetstream::context::ContextBuilder::new()
                     .timeout(self.cfg.timeout)
                     .build(client.clone());
@@ -177,7 +236,10 @@ impl NatsSink {
                         ..Default::default()
                     };
                     js.get_or_create_stream(config).await.map_err(|e| {
-                        format!("cannot create the JetStream stream: {}", error_chain(&e))
+                        self.scrub(format!(
+                            "cannot create the JetStream stream: {}",
+                            error_chain(&e)
+                        ))
                     })?;
                 }
                 Ok(Conn { client, js })
@@ -294,7 +356,7 @@ impl Sink for NatsSink {
         conn.client
             .flush()
             .await
-            .map_err(|e| format!("NATS is not reachable: {}", error_chain(&e)))
+            .map_err(|e| self.scrub(format!("NATS is not reachable: {}", error_chain(&e))))
     }
 }
 
@@ -322,7 +384,10 @@ impl NatsSink {
             pending.push(match sent {
                 Ok(ack) => Ok((subject, ack)),
                 Err(e) => {
-                    let reason = format!("publish to {subject:?} failed: {}", error_chain(&e));
+                    let reason = self.scrub(format!(
+                        "publish to {subject:?} failed: {}",
+                        error_chain(&e)
+                    ));
                     Err(self
                         .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
                         .await)
@@ -342,7 +407,8 @@ impl NatsSink {
                         Outcome::Delivered
                     }
                     Err(e) => {
-                        let reason = format!("no PubAck for {subject:?}: {}", error_chain(&e));
+                        let reason =
+                            self.scrub(format!("no PubAck for {subject:?}: {}", error_chain(&e)));
                         self.classify_publish_error(&conn.js, &subject, &e, reason, streamless)
                             .await
                     }

@@ -6,9 +6,11 @@
 //! `Delivered` only once the broker has confirmed it. The connection is made on the first publish
 //! and made again after it breaks; while the broker is unreachable every event is a `Retry`.
 //!
-//! Classification: connection and channel errors, timeouts and broker nacks are retried; a
-//! returned (unroutable) message, a routing key over 255 bytes and a message over
-//! `max_message_bytes` are rejected.
+//! Classification: connection and channel errors (including a refused login and a refused
+//! permission, `ACCESS_REFUSED`), timeouts and broker nacks are retried; a returned (unroutable)
+//! message, a routing key over 255 bytes and a message over `max_message_bytes` are rejected.
+//!
+//! The URL's password never reaches a message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+use crate::secrets;
 
 /// AMQP short strings (routing keys, header names, message ids) are at most this long.
 const SHORT_STRING_MAX: usize = 255;
@@ -94,7 +97,13 @@ impl RabbitMqSink {
         cfg.url
             .0
             .parse::<lapin::uri::AMQPUri>()
-            .map_err(|e| format!("key `url`: not an AMQP URI: {e}"))?;
+            // The parser's error may quote the whole URI.
+            .map_err(|e| {
+                format!(
+                    "key `url`: not an AMQP URI: {}",
+                    secrets::scrub(&e, &cfg.url.0)
+                )
+            })?;
         if cfg.exchange.len() > SHORT_STRING_MAX {
             return Err(format!(
                 "key `exchange`: longer than {SHORT_STRING_MAX} bytes"
@@ -110,6 +119,11 @@ impl RabbitMqSink {
             cfg,
             link: Mutex::new(None),
         })
+    }
+
+    /// A client error as text, with the URL's secrets masked.
+    fn error_text(&self, e: &lapin::Error) -> String {
+        secrets::scrub(&e.to_string(), &self.cfg.url.0)
     }
 
     async fn link(&self) -> Result<Arc<Link>, String> {
@@ -136,7 +150,12 @@ impl RabbitMqSink {
         };
         let link = match tokio::time::timeout(self.cfg.timeout, connect).await {
             Ok(Ok(link)) => Arc::new(link),
-            Ok(Err(e)) => return Err(format!("cannot connect to RabbitMQ: {e}")),
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "cannot connect to RabbitMQ: {}",
+                    self.error_text(&e)
+                ))
+            }
             Err(_) => {
                 return Err(format!(
                     "cannot connect to RabbitMQ: no answer within {:?}",
@@ -221,7 +240,11 @@ impl Sink for RabbitMqSink {
                     Self::properties(event),
                 )
                 .await;
-            pending.push(sent.map_err(|e| Outcome::retry(format!("publish failed: {e}"))));
+            pending.push(
+                sent.map_err(|e| {
+                    Outcome::retry(format!("publish failed: {}", self.error_text(&e)))
+                }),
+            );
         }
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
@@ -248,7 +271,7 @@ impl Sink for RabbitMqSink {
                     Ok(Ok(Confirmation::NotRequested)) => {
                         Outcome::retry("publisher confirms are off on this channel")
                     }
-                    Ok(Err(e)) => Outcome::retry(format!("no confirm: {e}")),
+                    Ok(Err(e)) => Outcome::retry(format!("no confirm: {}", self.error_text(&e))),
                     Err(_) => Outcome::retry(format!("no confirm within {:?}", self.cfg.timeout)),
                 },
             );

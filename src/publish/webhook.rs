@@ -5,6 +5,8 @@
 //! connection errors retried (honouring `Retry-After`). A 401, 403 or 404 is retried: credentials
 //! get rotated and routes move, and one such spell must not dead-letter every event. Redirects are
 //! not followed: a 3xx is retried with its `Location` in the reason, as a misconfigured URL.
+//!
+//! The URL reaches messages only redacted (no password, no query values).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::event::OutboxEvent;
 use crate::retry::parse_retry_after;
+use crate::secrets::{redact_url, scrub};
 
 /// How much of a failed response's body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 256;
@@ -51,10 +54,13 @@ pub enum BodyMode {
 }
 
 /// Settings of `type = "webhook"`.
-#[derive(Debug, Clone, Deserialize)]
+///
+/// Its `Debug` shows the URL redacted and no secret, header value or signing key.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// Endpoint URL (http or https).
+    /// Endpoint URL (http or https). Credentials and query values in it are never shown in
+    /// messages (`last_error`, logs, `/readyz`).
     pub url: String,
     /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
     pub secret: Option<Secret>,
@@ -77,6 +83,20 @@ pub struct WebhookConfig {
     pub permanent_statuses: Vec<u16>,
 }
 
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &redact_url(&self.url))
+            .field("secret", &self.secret)
+            .field("body", &self.body)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("permanent_statuses", &self.permanent_statuses)
+            .finish()
+    }
+}
+
 fn default_concurrency() -> usize {
     64
 }
@@ -86,7 +106,6 @@ fn default_permanent_statuses() -> Vec<u16> {
 }
 
 /// Posts events to one URL.
-#[derive(Debug)]
 pub struct WebhookSink {
     client: reqwest::Client,
     url: reqwest::Url,
@@ -98,9 +117,22 @@ pub struct WebhookSink {
     permanent_statuses: Vec<u16>,
 }
 
+impl std::fmt::Debug for WebhookSink {
+    // The URL may hold a token, the headers credentials, the key signs: none of them is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSink")
+            .field("url", &redact_url(self.url.as_str()))
+            .field("body", &self.body)
+            .field("concurrency", &self.concurrency)
+            .field("permanent_statuses", &self.permanent_statuses)
+            .finish_non_exhaustive()
+    }
+}
+
 impl WebhookSink {
     /// Builds the sink; the HTTP client keeps connections alive across batches.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, String> {
+        // The parser's error never quotes the URL.
         let url =
             reqwest::Url::parse(&cfg.url).map_err(|e| format!("key `url`: not a URL: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -125,8 +157,9 @@ impl WebhookSink {
         for (k, v) in &cfg.headers {
             let name = HeaderName::try_from(k.as_str())
                 .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
+            // The value may be a credential: the error does not quote it.
             let value = HeaderValue::try_from(v.as_str())
-                .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
+                .map_err(|e| format!("key `headers`: the value of {k:?}: {e}"))?;
             static_headers.insert(name, value);
         }
         let mut permanent_statuses = cfg.permanent_statuses.clone();
@@ -205,10 +238,16 @@ impl WebhookSink {
         match response {
             Ok(resp) => self.classify(resp).await,
             Err(e) if e.is_timeout() => {
-                Outcome::retry(format!("request timed out: {}", error_chain(&e)))
+                Outcome::retry(format!("request timed out: {}", self.error_text(e)))
             }
-            Err(e) => Outcome::retry(format!("request failed: {}", error_chain(&e))),
+            Err(e) => Outcome::retry(format!("request failed: {}", self.error_text(e))),
         }
+    }
+
+    /// A client error as one line, without the URL (reqwest's `Display` quotes it, query and
+    /// all), and scrubbed of the URL's secrets should a cause quote them.
+    fn error_text(&self, e: reqwest::Error) -> String {
+        scrub(&error_chain(&e.without_url()), self.url.as_str())
     }
 
     /// The outcome of one response: delivered, rejected (a permanent status) or retried.
@@ -226,7 +265,7 @@ impl WebhookSink {
             .headers()
             .get(LOCATION)
             .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+            .map(redact_url);
         let mut excerpt = Vec::new();
         while excerpt.len() < BODY_EXCERPT_BYTES {
             match resp.chunk().await {
@@ -242,7 +281,8 @@ impl WebhookSink {
         }
         if !excerpt.trim().is_empty() {
             reason.push_str(": ");
-            reason.push_str(excerpt.trim());
+            // A receiver may echo the request line back.
+            reason.push_str(&scrub(excerpt.trim(), self.url.as_str()));
         }
         if self.is_permanent(status) {
             Outcome::Rejected { reason }
@@ -285,7 +325,7 @@ impl Sink for WebhookSink {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| error_chain(&e))
+            .map_err(|e| self.error_text(e))
     }
 }
 
@@ -336,6 +376,22 @@ mod tests {
                 err.contains("key `permanent_statuses`") && err.contains(want),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let table: toml::Table = "url = \"https://u:pw-s3cret@example.com/h?token=tok-s3cret\"\n\
+                                  secret = \"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\"\n\
+                                  headers = { authorization = \"Bearer hdr-s3cret\" }"
+            .parse()
+            .expect("toml");
+        let cfg: WebhookConfig = crate::config::sink_settings(&table).expect("valid");
+        let sink = WebhookSink::new(&cfg).expect("valid");
+        for shown in [format!("{cfg:?}"), format!("{sink:?}")] {
+            for secret in ["s3cret", "C2FVsBQ"] {
+                assert!(!shown.contains(secret), "{shown}");
+            }
         }
     }
 }
