@@ -14,7 +14,8 @@ use tokio::sync::mpsc;
 
 use common::private::Private;
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
+    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    unique, unpublish_all, Got,
 };
 use common::{parse_config, TestDb};
 
@@ -157,6 +158,36 @@ fn bad_settings_are_config_errors() {
             .to_string();
         assert!(e.contains(says), "{settings}: {e}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_headers_cannot_set_the_pgoutbox_user_properties() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgtforge/");
+    let (_sub, mut rx) = subscribe(&format!("{prefix}/#")).await;
+    let config = parse_config(&sink_config(
+        &db,
+        "mqtt",
+        &format!("url = \"mqtt://127.0.0.1:1883\"\ntopic = \"{prefix}/{{topic}}\"\n"),
+    ));
+    let id = commit_forged(&db, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let (_, got) = receive(&mut rx, 1).await;
+    assert_not_forged(
+        &got[0],
+        &id,
+        &[
+            ("pgoutbox-id", id.as_str()),
+            ("pgoutbox-topic", "order.created"),
+            ("pgoutbox-key", "k"),
+        ],
+        &["pgoutbox-id", "pgoutbox-topic", "pgoutbox-key"],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,8 @@ use pgoutbox::relay::{Destination, Relay};
 use common::nats::{consume, jetstream, stored, URL};
 use common::private::Private;
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all,
+    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    unique, unpublish_all,
 };
 use common::{parse_config, TestDb};
 
@@ -200,6 +201,50 @@ async fn a_traceparent_set_at_enqueue_arrives_in_the_nats_headers() {
         got[0].headers.get("traceparent").map(String::as_str),
         Some(traceparent),
         "the producer's trace context, unchanged"
+    );
+    js.delete_stream(&stream).await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_headers_cannot_set_jetstream_or_pgoutbox_headers() {
+    let db = TestDb::migrated().await;
+    let stream = unique("PGTFORGE_");
+    let prefix = unique("pgtforge");
+    let config = parse_config(&sink_config(
+        &db,
+        "nats",
+        &format!(
+            "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\n\
+             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+        ),
+    ));
+    // Passed through, `Nats-Expected-Stream` would fail the publish and `Nats-Rollup` purge the
+    // stream (or fail: rollups are off by default).
+    let id = commit_forged(&db, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let js = jetstream().await;
+    let (got, _) = consume(&js, &stream, 1).await;
+    assert_not_forged(
+        &got[0],
+        &id,
+        &[
+            ("Nats-Msg-Id", id.as_str()),
+            ("pgoutbox-topic", "order.created"),
+            ("pgoutbox-key", "k"),
+        ],
+        &[
+            "nats-msg-id",
+            "nats-expected-stream",
+            "nats-rollup",
+            "pgoutbox-topic",
+            "pgoutbox-key",
+            "pgoutbox-id",
+        ],
     );
     js.delete_stream(&stream).await.expect("cleanup");
 }

@@ -14,6 +14,8 @@
 //! and any error not listed here are retried; a record over the broker's size limit, an invalid
 //! topic name, a record the broker's validation refuses (invalid or corrupt record, a timestamp
 //! outside the topic's allowed range) are rejected.
+//!
+//! Event headers cannot set the `id` and `topic` headers; such a header is dropped with a warning.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -65,6 +68,7 @@ const FIXED: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")
 /// Produces events to Kafka.
 pub struct KafkaSink {
     cfg: KafkaConfig,
+    reserved: Reserved,
     client_config: ClientConfig,
     producer: OnceCell<FutureProducer>,
 }
@@ -112,6 +116,7 @@ impl KafkaSink {
         }
         Ok(Self {
             cfg,
+            reserved: Reserved::new("kafka", ["id", "topic"], &[]),
             client_config,
             producer: OnceCell::new(),
         })
@@ -189,7 +194,11 @@ impl Sink for KafkaSink {
                     key: "topic",
                     value: Some(event.topic.as_str()),
                 });
-            for (k, v) in &event.headers {
+            for (k, v) in event
+                .headers
+                .iter()
+                .filter(|(k, _)| self.reserved.permits(k))
+            {
                 headers = headers.insert(Header {
                     key: k.as_str(),
                     value: Some(v.as_str()),

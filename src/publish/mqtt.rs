@@ -18,6 +18,9 @@
 //! are the PUBACK reasons "not authorized" (ACLs change), "quota exceeded", "unspecified",
 //! "implementation specific" and "packet identifier in use"; "topic name invalid" and "payload
 //! format invalid", an invalid topic and a payload over `max_message_bytes` are rejected.
+//!
+//! Event headers cannot set the `pgoutbox-*` user properties; such a header is dropped with a
+//! warning.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +35,7 @@ use rumqttc::Outgoing;
 use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -84,6 +88,7 @@ fn default_max_message_bytes() -> usize {
 pub struct MqttSink {
     cfg: MqttConfig,
     options: MqttOptions,
+    reserved: Reserved,
     session: Mutex<Option<Arc<Session>>>,
 }
 
@@ -159,6 +164,7 @@ impl MqttSink {
         Ok(Self {
             cfg,
             options,
+            reserved: Reserved::new("mqtt", [] as [&str; 0], &["pgoutbox-"]),
             session: Mutex::new(None),
         })
     }
@@ -182,14 +188,20 @@ impl MqttSink {
         session
     }
 
-    fn properties(event: &OutboxEvent) -> PublishProperties {
+    fn properties(&self, event: &OutboxEvent) -> PublishProperties {
         let mut user_properties = Vec::with_capacity(event.headers.len() + 3);
         user_properties.push(("pgoutbox-id".to_owned(), event.id.to_string()));
         user_properties.push(("pgoutbox-topic".to_owned(), event.topic.clone()));
         if let Some(key) = &event.key {
             user_properties.push(("pgoutbox-key".to_owned(), key.clone()));
         }
-        user_properties.extend(event.headers.iter().cloned());
+        user_properties.extend(
+            event
+                .headers
+                .iter()
+                .filter(|(k, _)| self.reserved.permits(k))
+                .cloned(),
+        );
         PublishProperties {
             // 1 = the payload is UTF-8 (JSON text).
             payload_format_indicator: Some(1),
@@ -299,7 +311,7 @@ impl Sink for MqttSink {
                         QoS::AtLeastOnce,
                         self.cfg.retain,
                         payload.to_vec(),
-                        Self::properties(event),
+                        self.properties(event),
                     )
                     .await;
                 // A request that never entered the queue has no packet coming: its waiter (the

@@ -13,6 +13,10 @@
 //! timeouts, JetStream being unavailable and any JetStream error not listed here are retried; an
 //! invalid subject, a message over the server's `max_payload` or the stream's `max_msg_size`, and
 //! a subject no stream takes are rejected.
+//!
+//! Event headers cannot set `Nats-*` headers (JetStream acts on them: `Nats-Msg-Id` deduplicates,
+//! `Nats-Rollup` purges, `Nats-Expected-*` fail the publish) nor `pgoutbox-*`; such a header is
+//! dropped with a warning.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -29,6 +33,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
@@ -88,6 +93,9 @@ mod opt_duration {
     }
 }
 
+/// Event header names JetStream or this sink act on.
+const RESERVED_PREFIXES: &[&str] = &["nats-", "pgoutbox-"];
+
 /// Publishes events to JetStream.
 pub struct NatsSink {
     cfg: NatsConfig,
@@ -95,6 +103,7 @@ pub struct NatsSink {
     servers: Vec<ServerAddr>,
     /// The credentials the URL carried.
     credentials: Option<Credentials>,
+    reserved: Reserved,
     conn: OnceCell<Conn>,
     duplicates: AtomicU64,
 }
@@ -181,6 +190,7 @@ impl NatsSink {
             cfg,
             servers,
             credentials,
+            reserved: Reserved::new("nats", [] as [&str; 0], RESERVED_PREFIXES),
             conn: OnceCell::new(),
             duplicates: AtomicU64::new(0),
         })
@@ -252,7 +262,7 @@ impl NatsSink {
         for (k, v) in &event.headers {
             // A header written by hand in SQL may not be valid NATS; it is skipped, not fatal.
             if let Ok(name) = HeaderName::from_str(k) {
-                if !v.contains(['\r', '\n']) {
+                if !v.contains(['\r', '\n']) && self.reserved.permits(k) {
                     headers.insert(name, HeaderValue::from(v.as_str()));
                 }
             }

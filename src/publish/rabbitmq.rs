@@ -10,7 +10,9 @@
 //! permission, `ACCESS_REFUSED`), timeouts and broker nacks are retried; a returned (unroutable)
 //! message, a routing key over 255 bytes and a message over `max_message_bytes` are rejected.
 //!
-//! The URL's password never reaches a message.
+//! Event headers cannot set `pgoutbox-*` headers nor `CC` / `BCC` (RabbitMQ routes copies of
+//! the message to the queues they name); such a header is dropped with a warning. The URL's
+//! password never reaches a message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -30,6 +33,13 @@ use crate::secrets;
 
 /// AMQP short strings (routing keys, header names, message ids) are at most this long.
 const SHORT_STRING_MAX: usize = 255;
+
+/// Event header names this sink writes, or that make RabbitMQ route the message elsewhere
+/// (sender-selected distribution).
+const RESERVED_NAMES: &[&str] = &["cc", "bcc"];
+
+/// Event header prefixes this sink writes.
+const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
 
 /// Registry entry: `type = "rabbitmq"`.
 pub const KIND: SinkKind = SinkKind {
@@ -67,6 +77,7 @@ fn default_max_message_bytes() -> usize {
 /// Publishes events to one RabbitMQ exchange.
 pub struct RabbitMqSink {
     cfg: RabbitMqConfig,
+    reserved: Reserved,
     // One connection and confirm-mode channel, replaced when either breaks.
     link: Mutex<Option<Arc<Link>>>,
 }
@@ -117,6 +128,7 @@ impl RabbitMqSink {
         }
         Ok(Self {
             cfg,
+            reserved: Reserved::new("rabbitmq", RESERVED_NAMES, RESERVED_PREFIXES),
             link: Mutex::new(None),
         })
     }
@@ -167,11 +179,11 @@ impl RabbitMqSink {
         Ok(link)
     }
 
-    fn properties(event: &OutboxEvent) -> BasicProperties {
+    fn properties(&self, event: &OutboxEvent) -> BasicProperties {
         let mut headers = FieldTable::default();
         for (k, v) in &event.headers {
             // AMQP header names are short strings; a longer one (hand-written SQL) is skipped.
-            if k.len() <= SHORT_STRING_MAX {
+            if k.len() <= SHORT_STRING_MAX && self.reserved.permits(k) {
                 headers.insert(
                     ShortString::from(k.as_str()),
                     AMQPValue::LongString(LongString::from(v.as_str())),
@@ -237,7 +249,7 @@ impl Sink for RabbitMqSink {
                     routing_key.into(),
                     options,
                     payload,
-                    Self::properties(event),
+                    self.properties(event),
                 )
                 .await;
             pending.push(

@@ -6,7 +6,10 @@
 //! get rotated and routes move, and one such spell must not dead-letter every event. Redirects are
 //! not followed: a 3xx is retried with its `Location` in the reason, as a misconfigured URL.
 //!
-//! The URL reaches messages only redacted (no password, no query values).
+//! Headers: the destination's static `headers` win over the event's headers, and an event header
+//! can never set a header the sink writes itself (`content-type`, `webhook-id`, …) or one the
+//! destination configures; such a header is dropped with a warning. The URL reaches messages only
+//! redacted (no password, no query values).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use reqwest::StatusCode;
 
 use serde::Deserialize;
 
+use super::reserved::Reserved;
 use super::{Envelope, Outcome, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
@@ -32,6 +36,26 @@ const BODY_EXCERPT_BYTES: usize = 256;
 /// Statuses that dead-letter an event when the destination does not set `permanent_statuses`:
 /// the request itself is wrong (400, 422), too large (413) or the resource is gone for good (410).
 const DEFAULT_PERMANENT_STATUSES: [u16; 4] = [400, 410, 413, 422];
+
+/// Headers the sink writes itself, or that frame the request: no event header may set them.
+const PROTOCOL_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "host",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "proxy-authorization",
+    "proxy-connection",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
 
 /// Registry entry: `type = "webhook"`.
 pub const KIND: SinkKind = SinkKind {
@@ -73,7 +97,9 @@ pub struct WebhookConfig {
     /// Most requests in flight at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
-    /// Extra static headers sent with every request.
+    /// Extra static headers sent with every request (e.g. `Authorization`). They win over the
+    /// event's headers: an event header with the same name is dropped. They cannot set the
+    /// headers the sink writes itself (`content-type`, `webhook-id`, `webhook-signature`, …).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// HTTP statuses that dead-letter the event at once (each 100 to 599, not 2xx); default
@@ -113,6 +139,8 @@ pub struct WebhookSink {
     body: BodyMode,
     concurrency: usize,
     static_headers: HeaderMap,
+    /// Header names no event may set: the protocol's and the configured ones.
+    reserved: Reserved,
     /// Statuses that reject the event for good, sorted.
     permanent_statuses: Vec<u16>,
 }
@@ -157,6 +185,11 @@ impl WebhookSink {
         for (k, v) in &cfg.headers {
             let name = HeaderName::try_from(k.as_str())
                 .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
+            if PROTOCOL_HEADERS.contains(&name.as_str()) {
+                return Err(format!(
+                    "key `headers`: {k:?} is set by pgoutbox and cannot be configured"
+                ));
+            }
             // The value may be a credential: the error does not quote it.
             let value = HeaderValue::try_from(v.as_str())
                 .map_err(|e| format!("key `headers`: the value of {k:?}: {e}"))?;
@@ -177,6 +210,14 @@ impl WebhookSink {
         }
         permanent_statuses.sort_unstable();
         permanent_statuses.dedup();
+        let reserved = Reserved::new(
+            "webhook",
+            PROTOCOL_HEADERS
+                .iter()
+                .copied()
+                .chain(static_headers.keys().map(HeaderName::as_str)),
+            &[],
+        );
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
@@ -192,6 +233,7 @@ impl WebhookSink {
             body: cfg.body,
             concurrency: cfg.concurrency,
             static_headers,
+            reserved,
             permanent_statuses,
         })
     }
@@ -208,15 +250,21 @@ impl WebhookSink {
         let body = self.body_of(event);
         let id = event.id.to_string();
         let timestamp = chrono::Utc::now().timestamp();
-        let mut headers = self.static_headers.clone();
+        let mut headers = HeaderMap::new();
         for (k, v) in &event.headers {
             // A header written by hand in SQL may not be valid HTTP; it is skipped, not fatal.
             if let (Ok(name), Ok(value)) = (
                 HeaderName::try_from(k.as_str()),
                 HeaderValue::try_from(v.as_str()),
             ) {
-                headers.insert(name, value);
+                if self.reserved.permits(name.as_str()) {
+                    headers.insert(name, value);
+                }
             }
+        }
+        // The destination's headers, then the sink's own, win over anything the event carried.
+        for (name, value) in &self.static_headers {
+            headers.insert(name.clone(), value.clone());
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         insert(&mut headers, "webhook-id", &id);
@@ -377,6 +425,17 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn configured_headers_cannot_replace_the_sinks_own() {
+        let err = sink("headers = { \"Webhook-Signature\" = \"v1,x\" }").expect_err("reserved");
+        assert!(err.contains("set by pgoutbox"), "{err}");
+        let sink = sink("headers = { \"Authorization\" = \"Bearer t0ken\" }").expect("valid");
+        assert!(!sink.reserved.permits("authorization"));
+        assert!(!sink.reserved.permits("Webhook-Id"));
+        assert!(sink.reserved.permits("x-tenant"));
+        assert!(!format!("{sink:?}").contains("t0ken"));
     }
 
     #[test]
