@@ -25,6 +25,7 @@ pub mod relay;
 pub mod retry;
 pub mod route;
 pub mod schema;
+pub mod secrets;
 pub mod settle;
 pub mod status;
 pub mod table;

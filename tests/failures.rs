@@ -136,6 +136,50 @@ async fn a_400_dead_letters_at_once_with_status_and_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_or_404_is_retried_unless_listed_in_permanent_statuses() {
+    // Credentials being rotated, a route moved: retried by default, then delivered.
+    for status in [401u16, 403, 404, 301] {
+        let db = TestDb::migrated().await;
+        let rx = Receiver::with(move |r| {
+            if r.nth < 2 {
+                Reply::status(status).header("location", "http://127.0.0.1:1/moved")
+            } else {
+                Reply::ok()
+            }
+        })
+        .await;
+        db.insert_plain(1, "order.created").await;
+        run_until_the_event_is_published(&db, &rx).await;
+        assert_eq!(rx.log().len(), 3, "{status}: two failures, then delivered");
+        assert_eq!(db.count("dead_at IS NOT NULL").await, 0, "{status}");
+    }
+
+    // A destination that knows its 404s are final says so.
+    let db = TestDb::migrated().await;
+    let rx = Receiver::with(|_| Reply::status(404).body("no such hook")).await;
+    db.insert_plain(1, "order.created").await;
+    let config = parse_config(&webhook_config(
+        &db,
+        &rx.url,
+        "permanent_statuses = [404, 410]",
+    ));
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.dead, 1, "{report:?}");
+    let last_error: String = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+    assert!(
+        last_error.contains("HTTP 404 Not Found") && last_error.contains("no such hook"),
+        "{last_error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timing_out_endpoint_is_retried_while_other_events_flow() {
     let db = TestDb::migrated().await;
     // Events of topic "slow" hang far past the request timeout; the rest answer at once.

@@ -16,7 +16,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
+    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    unique, unpublish_all, Got,
 };
 use common::{parse_config, TestDb};
 
@@ -104,6 +105,32 @@ async fn events_are_produced_with_keys_headers_and_ids() {
     assert_eq!(report.delivered, 30, "{report:?}");
     let all = consume(&topic, 60).await;
     assert_delivered(&expected, &all[30..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_headers_cannot_set_the_id_and_topic_headers() {
+    let db = TestDb::migrated().await;
+    let topic = unique("pgtforge.");
+    create_topic(&topic).await;
+    let config = parse_config(&sink_config(
+        &db,
+        "kafka",
+        &format!("brokers = \"{BROKERS}\"\ntopic = \"{topic}\"\n"),
+    ));
+    let id = commit_forged(&db, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let got = consume(&topic, 1).await;
+    assert_not_forged(
+        &got[0],
+        &id,
+        &[("id", id.as_str()), ("topic", "order.created")],
+        &["id", "topic"],
+    );
 }
 
 #[test]

@@ -12,8 +12,10 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::mpsc;
 
+use common::private::Private;
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
+    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    unique, unpublish_all, Got,
 };
 use common::{parse_config, TestDb};
 
@@ -156,4 +158,80 @@ fn bad_settings_are_config_errors() {
             .to_string();
         assert!(e.contains(says), "{settings}: {e}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_headers_cannot_set_the_pgoutbox_user_properties() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgtforge/");
+    let (_sub, mut rx) = subscribe(&format!("{prefix}/#")).await;
+    let config = parse_config(&sink_config(
+        &db,
+        "mqtt",
+        &format!("url = \"mqtt://127.0.0.1:1883\"\ntopic = \"{prefix}/{{topic}}\"\n"),
+    ));
+    let id = commit_forged(&db, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let (_, got) = receive(&mut rx, 1).await;
+    assert_not_forged(
+        &got[0],
+        &id,
+        &[
+            ("pgoutbox-id", id.as_str()),
+            ("pgoutbox-topic", "order.created"),
+            ("pgoutbox-key", "k"),
+        ],
+        &["pgoutbox-id", "pgoutbox-topic", "pgoutbox-key"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_are_percent_decoded_and_a_wrong_password_is_retried_not_dead() {
+    // A Mosquitto of this test's own with a password file; the shared one on 1883 is untouched.
+    let password = "pa:ss+w@rd%";
+    let broker = Private::mosquitto("pg+t@x", password);
+    let url = |password: &str| {
+        format!(
+            "url = \"mqtt://pg+t%40x:{password}@127.0.0.1:{}\"\ntimeout = \"3s\"\n",
+            broker.port
+        )
+    };
+
+    // `+` is a plus (form-decoding made it a space and the login failed), `%40` an `@`, `%3A`
+    // a `:`, `%25` a `%`.
+    let db = TestDb::migrated().await;
+    let config = parse_config(&sink_config(&db, "mqtt", &url("pa%3Ass+w%40rd%25")));
+    commit_events(&db, 3, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 3, "{report:?}");
+
+    // A refused login is transient: retried, never dead-lettered, the password not in last_error.
+    let db = TestDb::migrated().await;
+    let config = parse_config(&sink_config(&db, "mqtt", &url("wr0ng-pw-77")));
+    commit_events(&db, 3, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!((report.retried, report.dead), (3, 0), "{report:?}");
+    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_all(&db.pool)
+        .await
+        .expect("errors");
+    assert!(
+        errors
+            .iter()
+            .all(|e| (e.contains("MQTT") || e.contains("PUBACK")) && !e.contains("wr0ng")),
+        "{errors:?}"
+    );
 }

@@ -9,8 +9,10 @@ use pgoutbox::publish::nats::{NatsConfig, NatsSink};
 use pgoutbox::relay::{Destination, Relay};
 
 use common::nats::{consume, jetstream, stored, URL};
+use common::private::Private;
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all,
+    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    unique, unpublish_all,
 };
 use common::{parse_config, TestDb};
 
@@ -201,4 +203,98 @@ async fn a_traceparent_set_at_enqueue_arrives_in_the_nats_headers() {
         "the producer's trace context, unchanged"
     );
     js.delete_stream(&stream).await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_headers_cannot_set_jetstream_or_pgoutbox_headers() {
+    let db = TestDb::migrated().await;
+    let stream = unique("PGTFORGE_");
+    let prefix = unique("pgtforge");
+    let config = parse_config(&sink_config(
+        &db,
+        "nats",
+        &format!(
+            "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\n\
+             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+        ),
+    ));
+    // Passed through, `Nats-Expected-Stream` would fail the publish and `Nats-Rollup` purge the
+    // stream (or fail: rollups are off by default).
+    let id = commit_forged(&db, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let js = jetstream().await;
+    let (got, _) = consume(&js, &stream, 1).await;
+    assert_not_forged(
+        &got[0],
+        &id,
+        &[
+            ("Nats-Msg-Id", id.as_str()),
+            ("pgoutbox-topic", "order.created"),
+            ("pgoutbox-key", "k"),
+        ],
+        &[
+            "nats-msg-id",
+            "nats-expected-stream",
+            "nats-rollup",
+            "pgoutbox-topic",
+            "pgoutbox-key",
+            "pgoutbox-id",
+        ],
+    );
+    js.delete_stream(&stream).await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_log_in_and_a_wrong_password_is_retried_not_dead() {
+    // A server of this test's own: the shared one has no users.
+    let user = "pg+t@x";
+    let password = "pa:ss+w@rd%";
+    let server = Private::nats(user, password);
+    let prefix = unique("pgtauth");
+    let settings = |password: &str| {
+        format!(
+            "url = \"nats://pg+t%40x:{password}@127.0.0.1:{}\"\ntimeout = \"2s\"\n\
+             subject = \"{prefix}.{{topic}}\"\ncreate_stream = true\nstream = \"AUTH\"\n\
+             subjects = [\"{prefix}.>\"]\n",
+            server.port
+        )
+    };
+
+    // `+` is a plus (form-decoding would make it a space), `%40` an `@`, `%3A` a `:`.
+    let db = TestDb::migrated().await;
+    let config = parse_config(&sink_config(&db, "nats", &settings("pa%3Ass+w%40rd%25")));
+    commit_events(&db, 3, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 3, "{report:?}");
+
+    // A refused login is transient: retried, never dead-lettered, and the password stays out of
+    // last_error.
+    let db = TestDb::migrated().await;
+    let config = parse_config(&sink_config(&db, "nats", &settings("wr0ng-pw-77")));
+    commit_events(&db, 3, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!((report.retried, report.dead), (3, 0), "{report:?}");
+    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_all(&db.pool)
+        .await
+        .expect("errors");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("cannot connect to NATS") && !e.contains("wr0ng")),
+        "{errors:?}"
+    );
 }

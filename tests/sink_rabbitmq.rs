@@ -7,7 +7,8 @@ use pgoutbox::relay::Relay;
 
 use common::amqp::{channel, consume, queue, URL};
 use common::sinks::{
-    assert_delivered, commit_events, committed, sink_config, unique, unpublish_all,
+    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    unique, unpublish_all,
 };
 use common::{parse_config, TestDb};
 
@@ -74,6 +75,38 @@ async fn an_unroutable_event_is_rejected_as_no_route() {
         .await
         .expect("errors");
     assert!(errors.iter().all(|e| e.contains("no route")), "{errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_headers_cannot_set_pgoutbox_or_routing_headers() {
+    // Passed through, a string `CC` header makes RabbitMQ close the channel (it must be an
+    // array), failing every message in flight; as an array it would copy the message elsewhere.
+    let db = TestDb::migrated().await;
+    let name = unique("pgtforge_");
+    let (_conn, ch) = channel().await;
+    queue(&ch, &name, &format!("{name}.#")).await;
+    let config = parse_config(&sink_config(
+        &db,
+        "rabbitmq",
+        &format!("url = \"{URL}\"\nexchange = \"amq.topic\"\nrouting_key = \"{name}.{{topic}}\"\n"),
+    ));
+    let id = commit_forged(&db, "order.created").await;
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let (got, _, _) = consume(&ch, &name, 1).await;
+    assert_not_forged(
+        &got[0],
+        &id,
+        &[("pgoutbox-topic", "order.created"), ("pgoutbox-key", "k")],
+        &["pgoutbox-topic", "pgoutbox-key", "pgoutbox-id", "cc", "bcc"],
+    );
+    ch.queue_delete(name.as_str().into(), Default::default())
+        .await
+        .expect("cleanup");
 }
 
 #[test]

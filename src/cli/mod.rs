@@ -87,6 +87,10 @@ enum Command {
     Demo(demo::Args),
 }
 
+/// Log targets whose trace level prints credentials, capped at debug: lapin traces every frame it
+/// writes, among them `connection.start-ok`, whose SASL response holds the AMQP password.
+const SECRET_TRACING_TARGETS: &[&str] = &["lapin::io_loop=debug"];
+
 /// Sets up `tracing` on standard error.
 pub fn init_logging(cli: &Cli) {
     let default = match cli.verbose {
@@ -95,8 +99,14 @@ pub fn init_logging(cli: &Cli) {
         1 => "pgoutbox=debug,sqlx=error,info",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Whatever RUST_LOG asks, no target that traces credentials logs at trace level.
+    for directive in SECRET_TRACING_TARGETS {
+        if let Ok(directive) = directive.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -145,17 +155,7 @@ impl Cli {
     }
 }
 
-/// Hides the password of a database URL, for messages.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(u) => u.to_string(),
-        Err(_) => "<unparsable URL>".to_owned(),
-    }
-}
+pub use pgoutbox::secrets::redact_url;
 
 /// How a command's pool is sized and its sessions are set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,7 +195,7 @@ pub async fn connect_with(url: &str, settings: &PoolSettings) -> anyhow::Result<
         anyhow!(
             "invalid database URL {}: {}",
             redact_url(url),
-            strip_url(&e.to_string(), url)
+            pgoutbox::secrets::scrub(&e.to_string(), url)
         )
     })?;
     let options = session_options(options, settings);
@@ -234,11 +234,6 @@ fn session_options(options: PgConnectOptions, settings: &PoolSettings) -> PgConn
     } else {
         options.options(own)
     }
-}
-
-/// Makes sure an error text does not carry the raw URL (and so its password).
-fn strip_url(message: &str, url: &str) -> String {
-    message.replace(url, &redact_url(url))
 }
 
 /// Connects a short-lived command and checks that the outbox table is migrated.

@@ -9,9 +9,13 @@
 //! first publish, and while the brokers are unreachable records time out after `timeout` and are
 //! retried by the relay.
 //!
-//! Classification: timeouts, transport errors, a full local queue and unknown topics (auto-create
-//! may be on its way) are retried; a record over the broker's size limit, an invalid topic name
-//! and a corrupt record are rejected.
+//! Classification: timeouts, transport errors, authentication and authorization failures (SASL,
+//! topic and cluster ACLs), a full local queue, unknown topics (auto-create may be on its way)
+//! and any error not listed here are retried; a record over the broker's size limit, an invalid
+//! topic name, a record the broker's validation refuses (invalid or corrupt record, a timestamp
+//! outside the topic's allowed range) are rejected.
+//!
+//! Event headers cannot set the `id` and `topic` headers; such a header is dropped with a warning.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -63,6 +68,7 @@ const FIXED: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")
 /// Produces events to Kafka.
 pub struct KafkaSink {
     cfg: KafkaConfig,
+    reserved: Reserved,
     client_config: ClientConfig,
     producer: OnceCell<FutureProducer>,
 }
@@ -110,6 +116,7 @@ impl KafkaSink {
         }
         Ok(Self {
             cfg,
+            reserved: Reserved::new("kafka", ["id", "topic"], &[]),
             client_config,
             producer: OnceCell::new(),
         })
@@ -151,6 +158,7 @@ fn classify(e: &KafkaError) -> Outcome {
             | C::InvalidMessage
             | C::InvalidRecord
             | C::InvalidTopic
+            | C::InvalidTimestamp
             | C::MessageBatchTooLarge,
         ) => Outcome::Rejected {
             reason: format!("Kafka refused the record: {e}"),
@@ -186,7 +194,11 @@ impl Sink for KafkaSink {
                     key: "topic",
                     value: Some(event.topic.as_str()),
                 });
-            for (k, v) in &event.headers {
+            for (k, v) in event
+                .headers
+                .iter()
+                .filter(|(k, _)| self.reserved.permits(k))
+            {
                 headers = headers.insert(Header {
                     key: k.as_str(),
                     value: Some(v.as_str()),

@@ -15,6 +15,7 @@ mod null;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod reserved;
 mod stdout;
 mod webhook;
 

@@ -11,9 +11,16 @@
 //! event is a `Retry` and the next publish starts a fresh session, so nothing queued on a dead
 //! connection can be mismatched with a later PUBACK.
 //!
-//! Classification: connection errors and ack timeouts are retried, as are the PUBACK reasons
-//! "quota exceeded", "unspecified" and "implementation specific"; "not authorized", "topic name
-//! invalid" and "payload format invalid", an invalid topic and an oversize message are rejected.
+//! Credentials come from the URL's userinfo, percent-decoded (`%2B` is `+`, and a `+` stays a
+//! `+`); they never reach a message.
+//!
+//! Classification: connection errors (including a refused login) and ack timeouts are retried, as
+//! are the PUBACK reasons "not authorized" (ACLs change), "quota exceeded", "unspecified",
+//! "implementation specific" and "packet identifier in use"; "topic name invalid" and "payload
+//! format invalid", an invalid topic and a payload over `max_message_bytes` are rejected.
+//!
+//! Event headers cannot set the `pgoutbox-*` user properties; such a header is dropped with a
+//! warning.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,10 +35,12 @@ use rumqttc::Outgoing;
 use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+use crate::secrets;
 
 /// The largest MQTT packet (remaining length is at most 268,435,455 bytes).
 const MQTT_MAX_PACKET: usize = 268_435_455;
@@ -49,7 +58,9 @@ pub const KIND: SinkKind = SinkKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MqttConfig {
-    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default; no TLS yet).
+    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default; no TLS yet). User
+    /// and password are percent-decoded: write `%40` for `@`, `%3A` for `:` in the user name,
+    /// `%25` for `%`; a `+` is a `+`.
     pub url: crate::config::Secret,
     /// Topic template; default `{topic}`.
     #[serde(default = "Template::topic")]
@@ -77,6 +88,7 @@ fn default_max_message_bytes() -> usize {
 pub struct MqttSink {
     cfg: MqttConfig,
     options: MqttOptions,
+    reserved: Reserved,
     session: Mutex<Option<Arc<Session>>>,
 }
 
@@ -144,14 +156,15 @@ impl MqttSink {
             .set_keep_alive(Duration::from_secs(30))
             .set_connection_timeout(cfg.timeout.as_secs().max(1))
             .set_max_packet_size(Some(MQTT_MAX_PACKET as u32));
-        if !url.username().is_empty() {
-            let user = percent_decode(url.username());
-            let password = url.password().map(percent_decode).unwrap_or_default();
-            options.set_credentials(user, password);
+        if let Some(credentials) =
+            secrets::credentials(&url).map_err(|e| format!("key `url`: {e}"))?
+        {
+            options.set_credentials(credentials.user, credentials.password.unwrap_or_default());
         }
         Ok(Self {
             cfg,
             options,
+            reserved: Reserved::new("mqtt", [] as [&str; 0], &["pgoutbox-"]),
             session: Mutex::new(None),
         })
     }
@@ -175,14 +188,20 @@ impl MqttSink {
         session
     }
 
-    fn properties(event: &OutboxEvent) -> PublishProperties {
+    fn properties(&self, event: &OutboxEvent) -> PublishProperties {
         let mut user_properties = Vec::with_capacity(event.headers.len() + 3);
         user_properties.push(("pgoutbox-id".to_owned(), event.id.to_string()));
         user_properties.push(("pgoutbox-topic".to_owned(), event.topic.clone()));
         if let Some(key) = &event.key {
             user_properties.push(("pgoutbox-key".to_owned(), key.clone()));
         }
-        user_properties.extend(event.headers.iter().cloned());
+        user_properties.extend(
+            event
+                .headers
+                .iter()
+                .filter(|(k, _)| self.reserved.permits(k))
+                .cloned(),
+        );
         PublishProperties {
             // 1 = the payload is UTF-8 (JSON text).
             payload_format_indicator: Some(1),
@@ -191,13 +210,6 @@ impl MqttSink {
             ..Default::default()
         }
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_else(|| s.to_owned())
 }
 
 /// A topic name one can publish to: non-empty, no wildcards, no NUL.
@@ -244,15 +256,16 @@ async fn drive(mut eventloop: EventLoop, waiters: Arc<StdMutex<Waiters>>, alive:
 fn classify(reason: PubAckReason) -> Outcome {
     match reason {
         PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Outcome::Delivered,
-        PubAckReason::QuotaExceeded
+        // Not authorized: ACLs and credentials change, and a spell of it must not dead-letter
+        // every event.
+        PubAckReason::NotAuthorized
+        | PubAckReason::QuotaExceeded
         | PubAckReason::UnspecifiedError
         | PubAckReason::ImplementationSpecificError
         | PubAckReason::PacketIdentifierInUse => Outcome::retry(format!(
             "the broker refused the publish for now: {reason:?}"
         )),
-        PubAckReason::NotAuthorized
-        | PubAckReason::TopicNameInvalid
-        | PubAckReason::PayloadFormatInvalid => Outcome::Rejected {
+        PubAckReason::TopicNameInvalid | PubAckReason::PayloadFormatInvalid => Outcome::Rejected {
             reason: format!("the broker refused the publish: {reason:?}"),
         },
     }
@@ -298,7 +311,7 @@ impl Sink for MqttSink {
                         QoS::AtLeastOnce,
                         self.cfg.retain,
                         payload.to_vec(),
-                        Self::properties(event),
+                        self.properties(event),
                     )
                     .await;
                 // A request that never entered the queue has no packet coming: its waiter (the
@@ -336,10 +349,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn topics_and_urls_are_checked() {
+    fn topics_are_checked() {
         assert!(valid_topic("orders/created"));
         assert!(!valid_topic("orders/+"));
         assert!(!valid_topic(""));
-        assert_eq!(percent_decode("a%40b"), "a@b");
+    }
+
+    fn sink(url: &str) -> Result<MqttSink, String> {
+        let table: toml::Table = format!("url = {url:?}").parse().expect("toml");
+        MqttSink::new(crate::config::sink_settings(&table)?)
+    }
+
+    #[test]
+    fn credentials_are_percent_decoded_never_form_decoded() {
+        let sink =
+            self::sink("mqtt://us%3Aer+a%2Bb%40:pa:ss+w%2Bd%40@127.0.0.1:1883").expect("valid");
+        let login = sink.options.credentials().expect("credentials");
+        assert_eq!(login.username, "us:er+a+b@");
+        assert_eq!(login.password, "pa:ss+w+d@");
+
+        let sink = self::sink("mqtt://user@127.0.0.1").expect("valid");
+        let login = sink.options.credentials().expect("credentials");
+        assert_eq!(
+            (login.username.as_str(), login.password.as_str()),
+            ("user", "")
+        );
+        assert!(self::sink("mqtt://127.0.0.1")
+            .expect("valid")
+            .options
+            .credentials()
+            .is_none());
+
+        let err = self::sink("mqtt://u:%FF%FE@127.0.0.1").expect_err("not UTF-8");
+        assert!(err.contains("key `url`") && !err.contains("FF"), "{err}");
+    }
+
+    #[test]
+    fn authorization_is_transient_and_bad_topics_permanent() {
+        assert!(matches!(
+            classify(PubAckReason::NotAuthorized),
+            Outcome::Retry { .. }
+        ));
+        assert!(matches!(
+            classify(PubAckReason::QuotaExceeded),
+            Outcome::Retry { .. }
+        ));
+        assert!(matches!(
+            classify(PubAckReason::TopicNameInvalid),
+            Outcome::Rejected { .. }
+        ));
+        assert_eq!(
+            classify(PubAckReason::NoMatchingSubscribers),
+            Outcome::Delivered
+        );
     }
 }

@@ -6,9 +6,17 @@
 //! event is `Delivered` only once the stream has stored it. The client connects on the first publish and reconnects by itself;
 //! while it is disconnected every event is a `Retry`.
 //!
-//! Classification: no connection, ack timeouts and JetStream being unavailable are retried; an
-//! invalid subject, a message over the server's `max_payload` and a subject no stream takes are
-//! rejected.
+//! Credentials in the URL (`nats://user:password@host`, or `nats://token@host`) are taken out of
+//! it and given to the client as its credentials, so the address the client logs carries none.
+//!
+//! Classification: no connection (including authentication and authorization failures), ack
+//! timeouts, JetStream being unavailable and any JetStream error not listed here are retried; an
+//! invalid subject, a message over the server's `max_payload` or the stream's `max_msg_size`, and
+//! a subject no stream takes are rejected.
+//!
+//! Event headers cannot set `Nats-*` headers (JetStream acts on them: `Nats-Msg-Id` deduplicates,
+//! `Nats-Rollup` purges, `Nats-Expected-*` fail the publish) nor `pgoutbox-*`; such a header is
+//! dropped with a warning.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -17,17 +25,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
-use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::ErrorCode;
+use async_nats::ServerAddr;
 use async_trait::async_trait;
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
-use crate::config::duration_str;
+use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+use crate::secrets::{self, redact_url, Credentials};
 
 /// Events sent before their PubAcks are awaited. async-nats holds one permit per unacknowledged
 /// publish (5,000 by default) and blocks the next send when they run out: a batch larger than
@@ -47,8 +59,10 @@ pub const KIND: SinkKind = SinkKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
-    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222` (credentials may go in the URL).
-    pub url: String,
+    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
+    /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
+    /// never shown in messages.
+    pub url: Secret,
     /// Subject template; default `{topic}`.
     #[serde(default = "Template::topic")]
     pub subject: Template,
@@ -79,9 +93,17 @@ mod opt_duration {
     }
 }
 
+/// Event header names JetStream or this sink act on.
+const RESERVED_PREFIXES: &[&str] = &["nats-", "pgoutbox-"];
+
 /// Publishes events to JetStream.
 pub struct NatsSink {
     cfg: NatsConfig,
+    /// The servers, without credentials.
+    servers: Vec<ServerAddr>,
+    /// The credentials the URL carried.
+    credentials: Option<Credentials>,
+    reserved: Reserved,
     conn: OnceCell<Conn>,
     duplicates: AtomicU64,
 }
@@ -102,13 +124,36 @@ impl std::fmt::Debug for NatsSink {
 impl NatsSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: NatsConfig) -> Result<Self, String> {
-        if cfg.url.trim().is_empty() {
+        if cfg.url.0.trim().is_empty() {
             return Err("key `url`: must not be empty".into());
         }
-        for url in cfg.url.split(',') {
-            url.trim()
-                .parse::<async_nats::ServerAddr>()
-                .map_err(|e| format!("key `url`: {url:?} is not a NATS server address: {e}"))?;
+        let mut servers = Vec::new();
+        let mut credentials = None;
+        for part in cfg.url.0.split(',').map(str::trim) {
+            let mut url = part
+                .parse::<ServerAddr>()
+                .map_err(|e| {
+                    format!(
+                        "key `url`: {} is not a NATS server address: {}",
+                        redact_url(part),
+                        secrets::scrub(&e.to_string(), part)
+                    )
+                })?
+                .into_inner();
+            let found = secrets::credentials(&url).map_err(|e| format!("key `url`: {e}"))?;
+            if found.is_some() {
+                if credentials.is_some() && credentials != found {
+                    return Err(
+                        "key `url`: the servers carry different credentials; give every server the same ones"
+                            .into(),
+                    );
+                }
+                credentials = found;
+                // Only the client options carry them from here on.
+                let _ = url.set_password(None);
+                let _ = url.set_username("");
+            }
+            servers.push(ServerAddr::from_url(url).map_err(|e| format!("key `url`: {e}"))?);
         }
         if cfg.timeout.is_zero() {
             return Err("key `timeout`: must be more than zero".into());
@@ -143,9 +188,21 @@ impl NatsSink {
         }
         Ok(Self {
             cfg,
+            servers,
+            credentials,
+            reserved: Reserved::new("nats", [] as [&str; 0], RESERVED_PREFIXES),
             conn: OnceCell::new(),
             duplicates: AtomicU64::new(0),
         })
+    }
+
+    /// `message` with the secrets of every configured server URL masked.
+    fn scrub(&self, message: String) -> String {
+        self.cfg
+            .url
+            .0
+            .split(',')
+            .fold(message, |m, part| secrets::scrub(&m, part.trim()))
     }
 
     /// How many publishes JetStream acknowledged as duplicates (redeliveries it dropped).
@@ -156,14 +213,28 @@ impl NatsSink {
     async fn connect(&self) -> Result<&Conn, String> {
         self.conn
             .get_or_try_init(|| async {
-                let client = async_nats::ConnectOptions::new()
+                let mut options = async_nats::ConnectOptions::new()
                     .connection_timeout(self.cfg.timeout)
                     .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
                     // Reconnect forever: the relay keeps running through broker outages.
-                    .max_reconnects(None)
-                    .connect(self.cfg.url.as_str())
+                    .max_reconnects(None);
+                options = match &self.credentials {
+                    Some(Credentials {
+                        user,
+                        password: Some(password),
+                    }) => options.user_and_password(user.clone(), password.clone()),
+                    Some(Credentials {
+                        user,
+                        password: None,
+                    }) => options.token(user.clone()),
+                    None => options,
+                };
+                let client = options
+                    .connect(self.servers.as_slice())
                     .await
-                    .map_err(|e| format!("cannot connect to NATS: {}", error_chain(&e)))?;
+                    .map_err(|e| {
+                        self.scrub(format!("cannot connect to NATS: {}", error_chain(&e)))
+                    })?;
                 let js = async_nats::jetstream::context::ContextBuilder::new()
                     .timeout(self.cfg.timeout)
                     .build(client.clone());
@@ -175,7 +246,10 @@ impl NatsSink {
                         ..Default::default()
                     };
                     js.get_or_create_stream(config).await.map_err(|e| {
-                        format!("cannot create the JetStream stream: {}", error_chain(&e))
+                        self.scrub(format!(
+                            "cannot create the JetStream stream: {}",
+                            error_chain(&e)
+                        ))
                     })?;
                 }
                 Ok(Conn { client, js })
@@ -188,7 +262,7 @@ impl NatsSink {
         for (k, v) in &event.headers {
             // A header written by hand in SQL may not be valid NATS; it is skipped, not fatal.
             if let Ok(name) = HeaderName::from_str(k) {
-                if !v.contains(['\r', '\n']) {
+                if !v.contains(['\r', '\n']) && self.reserved.permits(k) {
                     headers.insert(name, HeaderValue::from(v.as_str()));
                 }
             }
@@ -209,12 +283,19 @@ impl NatsSink {
         &self,
         js: &async_nats::jetstream::Context,
         subject: &str,
-        kind: PublishErrorKind,
+        error: &PublishError,
         reason: String,
         streamless: &mut HashMap<String, bool>,
     ) -> Outcome {
-        match kind {
+        match error.kind() {
             PublishErrorKind::MaxPayloadExceeded => Outcome::Rejected { reason },
+            // A JetStream error in the PubAck: only "over the stream's max_msg_size" is about
+            // the message itself; the others (limits reached, JetStream unavailable) may pass.
+            PublishErrorKind::Other
+                if jetstream_code(error) == Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) =>
+            {
+                Outcome::Rejected { reason }
+            }
             // "No responders" also happens while JetStream starts up or elects a leader: only a
             // definite "no stream matches" from JetStream is permanent. Asked once per subject
             // per batch.
@@ -241,6 +322,13 @@ impl NatsSink {
             _ => Outcome::retry(reason),
         }
     }
+}
+
+/// The JetStream API error code behind a publish error, when JetStream answered with one.
+fn jetstream_code(error: &PublishError) -> Option<ErrorCode> {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+        .map(async_nats::jetstream::Error::error_code)
 }
 
 /// A subject a message can be published to: non-empty dot-separated tokens, no whitespace, no
@@ -278,7 +366,7 @@ impl Sink for NatsSink {
         conn.client
             .flush()
             .await
-            .map_err(|e| format!("NATS is not reachable: {}", error_chain(&e)))
+            .map_err(|e| self.scrub(format!("NATS is not reachable: {}", error_chain(&e))))
     }
 }
 
@@ -306,9 +394,12 @@ impl NatsSink {
             pending.push(match sent {
                 Ok(ack) => Ok((subject, ack)),
                 Err(e) => {
-                    let reason = format!("publish to {subject:?} failed: {}", error_chain(&e));
+                    let reason = self.scrub(format!(
+                        "publish to {subject:?} failed: {}",
+                        error_chain(&e)
+                    ));
                     Err(self
-                        .classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
+                        .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
                         .await)
                 }
             });
@@ -326,8 +417,9 @@ impl NatsSink {
                         Outcome::Delivered
                     }
                     Err(e) => {
-                        let reason = format!("no PubAck for {subject:?}: {}", error_chain(&e));
-                        self.classify_publish_error(&conn.js, &subject, e.kind(), reason, streamless)
+                        let reason =
+                            self.scrub(format!("no PubAck for {subject:?}: {}", error_chain(&e)));
+                        self.classify_publish_error(&conn.js, &subject, &e, reason, streamless)
                             .await
                     }
                 },

@@ -6,9 +6,13 @@
 //! `Delivered` only once the broker has confirmed it. The connection is made on the first publish
 //! and made again after it breaks; while the broker is unreachable every event is a `Retry`.
 //!
-//! Classification: connection and channel errors, timeouts and broker nacks are retried; a
-//! returned (unroutable) message, a routing key over 255 bytes and a message over
-//! `max_message_bytes` are rejected.
+//! Classification: connection and channel errors (including a refused login and a refused
+//! permission, `ACCESS_REFUSED`), timeouts and broker nacks are retried; a returned (unroutable)
+//! message, a routing key over 255 bytes and a message over `max_message_bytes` are rejected.
+//!
+//! Event headers cannot set `pgoutbox-*` headers nor `CC` / `BCC` (RabbitMQ routes copies of
+//! the message to the queues they name); such a header is dropped with a warning. The URL's
+//! password never reaches a message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,13 +24,22 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
+use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+use crate::secrets;
 
 /// AMQP short strings (routing keys, header names, message ids) are at most this long.
 const SHORT_STRING_MAX: usize = 255;
+
+/// Event header names this sink writes, or that make RabbitMQ route the message elsewhere
+/// (sender-selected distribution).
+const RESERVED_NAMES: &[&str] = &["cc", "bcc"];
+
+/// Event header prefixes this sink writes.
+const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
 
 /// Registry entry: `type = "rabbitmq"`.
 pub const KIND: SinkKind = SinkKind {
@@ -64,6 +77,7 @@ fn default_max_message_bytes() -> usize {
 /// Publishes events to one RabbitMQ exchange.
 pub struct RabbitMqSink {
     cfg: RabbitMqConfig,
+    reserved: Reserved,
     // One connection and confirm-mode channel, replaced when either breaks.
     link: Mutex<Option<Arc<Link>>>,
 }
@@ -94,7 +108,13 @@ impl RabbitMqSink {
         cfg.url
             .0
             .parse::<lapin::uri::AMQPUri>()
-            .map_err(|e| format!("key `url`: not an AMQP URI: {e}"))?;
+            // The parser's error may quote the whole URI.
+            .map_err(|e| {
+                format!(
+                    "key `url`: not an AMQP URI: {}",
+                    secrets::scrub(&e, &cfg.url.0)
+                )
+            })?;
         if cfg.exchange.len() > SHORT_STRING_MAX {
             return Err(format!(
                 "key `exchange`: longer than {SHORT_STRING_MAX} bytes"
@@ -108,8 +128,14 @@ impl RabbitMqSink {
         }
         Ok(Self {
             cfg,
+            reserved: Reserved::new("rabbitmq", RESERVED_NAMES, RESERVED_PREFIXES),
             link: Mutex::new(None),
         })
+    }
+
+    /// A client error as text, with the URL's secrets masked.
+    fn error_text(&self, e: &lapin::Error) -> String {
+        secrets::scrub(&e.to_string(), &self.cfg.url.0)
     }
 
     async fn link(&self) -> Result<Arc<Link>, String> {
@@ -136,7 +162,12 @@ impl RabbitMqSink {
         };
         let link = match tokio::time::timeout(self.cfg.timeout, connect).await {
             Ok(Ok(link)) => Arc::new(link),
-            Ok(Err(e)) => return Err(format!("cannot connect to RabbitMQ: {e}")),
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "cannot connect to RabbitMQ: {}",
+                    self.error_text(&e)
+                ))
+            }
             Err(_) => {
                 return Err(format!(
                     "cannot connect to RabbitMQ: no answer within {:?}",
@@ -148,11 +179,11 @@ impl RabbitMqSink {
         Ok(link)
     }
 
-    fn properties(event: &OutboxEvent) -> BasicProperties {
+    fn properties(&self, event: &OutboxEvent) -> BasicProperties {
         let mut headers = FieldTable::default();
         for (k, v) in &event.headers {
             // AMQP header names are short strings; a longer one (hand-written SQL) is skipped.
-            if k.len() <= SHORT_STRING_MAX {
+            if k.len() <= SHORT_STRING_MAX && self.reserved.permits(k) {
                 headers.insert(
                     ShortString::from(k.as_str()),
                     AMQPValue::LongString(LongString::from(v.as_str())),
@@ -218,10 +249,14 @@ impl Sink for RabbitMqSink {
                     routing_key.into(),
                     options,
                     payload,
-                    Self::properties(event),
+                    self.properties(event),
                 )
                 .await;
-            pending.push(sent.map_err(|e| Outcome::retry(format!("publish failed: {e}"))));
+            pending.push(
+                sent.map_err(|e| {
+                    Outcome::retry(format!("publish failed: {}", self.error_text(&e)))
+                }),
+            );
         }
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
@@ -248,7 +283,7 @@ impl Sink for RabbitMqSink {
                     Ok(Ok(Confirmation::NotRequested)) => {
                         Outcome::retry("publisher confirms are off on this channel")
                     }
-                    Ok(Err(e)) => Outcome::retry(format!("no confirm: {e}")),
+                    Ok(Err(e)) => Outcome::retry(format!("no confirm: {}", self.error_text(&e))),
                     Err(_) => Outcome::retry(format!("no confirm within {:?}", self.cfg.timeout)),
                 },
             );

@@ -7,9 +7,12 @@
 //! `appendfsync` setting). The connection is made on the first publish and re-made by the
 //! connection manager after it breaks; while Redis is unreachable every event is a `Retry`.
 //!
-//! Classification: I/O errors, timeouts and transient server errors (`OOM`, `LOADING`, `BUSY`,
-//! `READONLY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`) are retried; any other server error
-//! (e.g. `WRONGTYPE`: the stream name is a key of another type) is rejected.
+//! Classification: only `WRONGTYPE` (the stream name is a key of another type, so this event's
+//! `XADD` cannot succeed) is rejected. Everything else is retried: I/O errors, timeouts, a refused
+//! login or permission (`NOAUTH`, `WRONGPASS`, `NOPERM`: credentials and ACLs change), busy or
+//! failing-over servers (`OOM`, `LOADING`, `BUSY`, `READONLY`, `TRYAGAIN`, `MASTERDOWN`,
+//! `CLUSTERDOWN`, …) and any error code not known here. The URL's password never reaches a
+//! message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,18 +26,10 @@ use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
 use crate::route::Template;
+use crate::secrets;
 
-/// Server error codes worth another attempt later.
-const TRANSIENT_CODES: &[&str] = &[
-    "OOM",
-    "LOADING",
-    "BUSY",
-    "READONLY",
-    "TRYAGAIN",
-    "MASTERDOWN",
-    "CLUSTERDOWN",
-    "NOREPLICAS",
-];
+/// Server error codes that say this event's `XADD` cannot succeed, however often it is tried.
+const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];
 
 /// Registry entry: `type = "redis"`.
 pub const KIND: SinkKind = SinkKind {
@@ -81,8 +76,12 @@ impl RedisSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: RedisConfig) -> Result<Self, String> {
         // `open` only parses the URL.
-        let client = redis::Client::open(cfg.url.0.as_str())
-            .map_err(|e| format!("key `url`: not a Redis URL: {e}"))?;
+        let client = redis::Client::open(cfg.url.0.as_str()).map_err(|e| {
+            format!(
+                "key `url`: not a Redis URL: {}",
+                secrets::scrub(&e.to_string(), &cfg.url.0)
+            )
+        })?;
         if cfg.timeout.is_zero() {
             return Err("key `timeout`: must be more than zero".into());
         }
@@ -108,7 +107,7 @@ impl RedisSink {
                     .set_max_delay(Duration::from_secs(2));
                 ConnectionManager::new_with_config(self.client.clone(), config)
                     .await
-                    .map_err(|e| format!("cannot connect to Redis: {e}"))
+                    .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))
             })
             .await
             .cloned()
@@ -139,17 +138,19 @@ impl RedisSink {
     }
 }
 
-fn classify(e: &redis::RedisError) -> Outcome {
-    let transient = e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.code().is_none_or(|c| TRANSIENT_CODES.contains(&c));
-    if transient {
-        Outcome::retry(format!("Redis: {e}"))
-    } else {
-        Outcome::Rejected {
-            reason: format!("Redis refused the XADD: {e}"),
+impl RedisSink {
+    /// A client error as text, with the URL's secrets masked.
+    fn error_text(&self, e: &redis::RedisError) -> String {
+        secrets::scrub(&e.to_string(), &self.cfg.url.0)
+    }
+
+    fn classify(&self, e: &redis::RedisError) -> Outcome {
+        if e.code().is_some_and(|c| PERMANENT_CODES.contains(&c)) {
+            Outcome::Rejected {
+                reason: format!("Redis refused the XADD: {}", self.error_text(e)),
+            }
+        } else {
+            Outcome::retry(format!("Redis: {}", self.error_text(e)))
         }
     }
 }
@@ -174,7 +175,7 @@ impl Sink for RedisSink {
                 .iter()
                 .map(|r| match r {
                     Ok(_) => Outcome::Delivered,
-                    Err(e) => classify(e),
+                    Err(e) => self.classify(e),
                 })
                 .collect(),
             Ok(results) => vec![
@@ -185,7 +186,7 @@ impl Sink for RedisSink {
                 ));
                 events.len()
             ],
-            Err(e) => vec![classify(&e); events.len()],
+            Err(e) => vec![self.classify(&e); events.len()],
         }
     }
 
@@ -195,6 +196,6 @@ impl Sink for RedisSink {
             .query_async::<String>(&mut conn)
             .await
             .map(|_| ())
-            .map_err(|e| format!("Redis is not reachable: {e}"))
+            .map_err(|e| format!("Redis is not reachable: {}", self.error_text(&e)))
     }
 }

@@ -1,8 +1,15 @@
 //! The `webhook` sink: one HTTP POST per event, signed per Standard Webhooks.
 //!
-//! Classification: 2xx delivered; 408, 425, 429 and 5xx, timeouts and connection errors retried
-//! (honouring `Retry-After`); any other status rejected for good. Redirects are not followed: a
-//! 3xx is reported with its `Location`, as a misconfigured URL.
+//! Classification: 2xx delivered; a status listed in `permanent_statuses` (by default the ones a
+//! retry cannot fix: 400, 410, 413, 422) rejected for good; every other status, timeouts and
+//! connection errors retried (honouring `Retry-After`). A 401, 403 or 404 is retried: credentials
+//! get rotated and routes move, and one such spell must not dead-letter every event. Redirects are
+//! not followed: a 3xx is retried with its `Location` in the reason, as a misconfigured URL.
+//!
+//! Headers: the destination's static `headers` win over the event's headers, and an event header
+//! can never set a header the sink writes itself (`content-type`, `webhook-id`, …) or one the
+//! destination configures; such a header is dropped with a warning. The URL reaches messages only
+//! redacted (no password, no query values).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,14 +22,40 @@ use reqwest::StatusCode;
 
 use serde::Deserialize;
 
+use super::reserved::Reserved;
 use super::{Budget, Envelope, Latency, Outcome, Recorder, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::event::OutboxEvent;
 use crate::retry::parse_retry_after;
+use crate::secrets::{redact_url, scrub};
 
 /// How much of a failed response's body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 256;
+
+/// Statuses that dead-letter an event when the destination does not set `permanent_statuses`:
+/// the request itself is wrong (400, 422), too large (413) or the resource is gone for good (410).
+const DEFAULT_PERMANENT_STATUSES: [u16; 4] = [400, 410, 413, 422];
+
+/// Headers the sink writes itself, or that frame the request: no event header may set them.
+const PROTOCOL_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "host",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "proxy-authorization",
+    "proxy-connection",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
 
 /// Registry entry: `type = "webhook"`.
 pub const KIND: SinkKind = SinkKind {
@@ -45,10 +78,13 @@ pub enum BodyMode {
 }
 
 /// Settings of `type = "webhook"`.
-#[derive(Debug, Clone, Deserialize)]
+///
+/// Its `Debug` shows the URL redacted and no secret, header value or signing key.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// Endpoint URL (http or https).
+    /// Endpoint URL (http or https). Credentials and query values in it are never shown in
+    /// messages (`last_error`, logs, `/readyz`).
     pub url: String,
     /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
     pub secret: Option<Secret>,
@@ -61,17 +97,41 @@ pub struct WebhookConfig {
     /// Most requests in flight at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
-    /// Extra static headers sent with every request.
+    /// Extra static headers sent with every request (e.g. `Authorization`). They win over the
+    /// event's headers: an event header with the same name is dropped. They cannot set the
+    /// headers the sink writes itself (`content-type`, `webhook-id`, `webhook-signature`, …).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// HTTP statuses that dead-letter the event at once (each 100 to 599, not 2xx); default
+    /// `[400, 410, 413, 422]`, the ones a retry cannot fix. Every other non-2xx status is retried
+    /// per `retry_schedule` (honouring `Retry-After`).
+    #[serde(default = "default_permanent_statuses")]
+    pub permanent_statuses: Vec<u16>,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &redact_url(&self.url))
+            .field("secret", &self.secret)
+            .field("body", &self.body)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("permanent_statuses", &self.permanent_statuses)
+            .finish()
+    }
 }
 
 fn default_concurrency() -> usize {
     64
 }
 
+fn default_permanent_statuses() -> Vec<u16> {
+    DEFAULT_PERMANENT_STATUSES.to_vec()
+}
+
 /// Posts events to one URL.
-#[derive(Debug)]
 pub struct WebhookSink {
     client: reqwest::Client,
     url: reqwest::Url,
@@ -79,13 +139,32 @@ pub struct WebhookSink {
     body: BodyMode,
     concurrency: usize,
     static_headers: HeaderMap,
+    /// Header names no event may set: the protocol's and the configured ones.
+    reserved: Reserved,
+    /// Statuses that reject the event for good, sorted.
+    permanent_statuses: Vec<u16>,
+    /// The per-request timeout (less near a batch's deadline).
     timeout: Duration,
+    /// Recent request latency: requests that cannot end before the deadline are not started.
     latency: Latency,
+}
+
+impl std::fmt::Debug for WebhookSink {
+    // The URL may hold a token, the headers credentials, the key signs: none of them is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSink")
+            .field("url", &redact_url(self.url.as_str()))
+            .field("body", &self.body)
+            .field("concurrency", &self.concurrency)
+            .field("permanent_statuses", &self.permanent_statuses)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WebhookSink {
     /// Builds the sink; the HTTP client keeps connections alive across batches.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, String> {
+        // The parser's error never quotes the URL.
         let url =
             reqwest::Url::parse(&cfg.url).map_err(|e| format!("key `url`: not a URL: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -110,10 +189,39 @@ impl WebhookSink {
         for (k, v) in &cfg.headers {
             let name = HeaderName::try_from(k.as_str())
                 .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
+            if PROTOCOL_HEADERS.contains(&name.as_str()) {
+                return Err(format!(
+                    "key `headers`: {k:?} is set by pgoutbox and cannot be configured"
+                ));
+            }
+            // The value may be a credential: the error does not quote it.
             let value = HeaderValue::try_from(v.as_str())
-                .map_err(|e| format!("key `headers`: {k:?}: {e}"))?;
+                .map_err(|e| format!("key `headers`: the value of {k:?}: {e}"))?;
             static_headers.insert(name, value);
         }
+        let mut permanent_statuses = cfg.permanent_statuses.clone();
+        for &status in &permanent_statuses {
+            if !(100..=599).contains(&status) {
+                return Err(format!(
+                    "key `permanent_statuses`: {status} is not an HTTP status (100 to 599)"
+                ));
+            }
+            if (200..=299).contains(&status) {
+                return Err(format!(
+                    "key `permanent_statuses`: {status} is a success, not a failure"
+                ));
+            }
+        }
+        permanent_statuses.sort_unstable();
+        permanent_statuses.dedup();
+        let reserved = Reserved::new(
+            "webhook",
+            PROTOCOL_HEADERS
+                .iter()
+                .copied()
+                .chain(static_headers.keys().map(HeaderName::as_str)),
+            &[],
+        );
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
@@ -129,6 +237,8 @@ impl WebhookSink {
             body: cfg.body,
             concurrency: cfg.concurrency,
             static_headers,
+            reserved,
+            permanent_statuses,
             timeout: cfg.timeout,
             latency: Latency::default(),
         })
@@ -147,15 +257,21 @@ impl WebhookSink {
         let body = self.body_of(event);
         let id = event.id.to_string();
         let timestamp = chrono::Utc::now().timestamp();
-        let mut headers = self.static_headers.clone();
+        let mut headers = HeaderMap::new();
         for (k, v) in &event.headers {
             // A header written by hand in SQL may not be valid HTTP; it is skipped, not fatal.
             if let (Ok(name), Ok(value)) = (
                 HeaderName::try_from(k.as_str()),
                 HeaderValue::try_from(v.as_str()),
             ) {
-                headers.insert(name, value);
+                if self.reserved.permits(name.as_str()) {
+                    headers.insert(name, value);
+                }
             }
+        }
+        // The destination's headers, then the sink's own, win over anything the event carried.
+        for (name, value) in &self.static_headers {
+            headers.insert(name.clone(), value.clone());
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         insert(&mut headers, "webhook-id", &id);
@@ -176,12 +292,69 @@ impl WebhookSink {
             .send()
             .await;
         match response {
-            Ok(resp) => classify(resp).await,
+            Ok(resp) => self.classify(resp).await,
             Err(e) if e.is_timeout() => {
-                Outcome::retry(format!("request timed out: {}", error_chain(&e)))
+                Outcome::retry(format!("request timed out: {}", self.error_text(e)))
             }
-            Err(e) => Outcome::retry(format!("request failed: {}", error_chain(&e))),
+            Err(e) => Outcome::retry(format!("request failed: {}", self.error_text(e))),
         }
+    }
+
+    /// A client error as one line, without the URL (reqwest's `Display` quotes it, query and
+    /// all), and scrubbed of the URL's secrets should a cause quote them.
+    fn error_text(&self, e: reqwest::Error) -> String {
+        scrub(&error_chain(&e.without_url()), self.url.as_str())
+    }
+
+    /// The outcome of one response: delivered, rejected (a permanent status) or retried.
+    async fn classify(&self, mut resp: reqwest::Response) -> Outcome {
+        let status = resp.status();
+        if status.is_success() {
+            return Outcome::Delivered;
+        }
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let location = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(redact_url);
+        let mut excerpt = Vec::new();
+        while excerpt.len() < BODY_EXCERPT_BYTES {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => excerpt.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        excerpt.truncate(BODY_EXCERPT_BYTES);
+        let excerpt = String::from_utf8_lossy(&excerpt);
+        let mut reason = format!("HTTP {status}");
+        if let Some(location) = location.filter(|_| status.is_redirection()) {
+            reason.push_str(&format!(" (redirect to {location} not followed)"));
+        }
+        if !excerpt.trim().is_empty() {
+            reason.push_str(": ");
+            // A receiver may echo the request line back.
+            reason.push_str(&scrub(excerpt.trim(), self.url.as_str()));
+        }
+        if self.is_permanent(status) {
+            Outcome::Rejected { reason }
+        } else {
+            Outcome::Retry {
+                reason,
+                retry_after,
+            }
+        }
+    }
+
+    /// Whether `status` rejects the event for good (it is in `permanent_statuses`).
+    fn is_permanent(&self, status: StatusCode) -> bool {
+        self.permanent_statuses
+            .binary_search(&status.as_u16())
+            .is_ok()
     }
 }
 
@@ -189,53 +362,6 @@ fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
     if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(HeaderName::from_static(name), v);
     }
-}
-
-async fn classify(mut resp: reqwest::Response) -> Outcome {
-    let status = resp.status();
-    if status.is_success() {
-        return Outcome::Delivered;
-    }
-    let retry_after = resp
-        .headers()
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, SystemTime::now()));
-    let location = resp
-        .headers()
-        .get(LOCATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let mut excerpt = Vec::new();
-    while excerpt.len() < BODY_EXCERPT_BYTES {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => excerpt.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    excerpt.truncate(BODY_EXCERPT_BYTES);
-    let excerpt = String::from_utf8_lossy(&excerpt);
-    let mut reason = format!("HTTP {status}");
-    if let Some(location) = location.filter(|_| status.is_redirection()) {
-        reason.push_str(&format!(" (redirect to {location} not followed)"));
-    }
-    if !excerpt.trim().is_empty() {
-        reason.push_str(": ");
-        reason.push_str(excerpt.trim());
-    }
-    if is_transient(status) {
-        Outcome::Retry {
-            reason,
-            retry_after,
-        }
-    } else {
-        Outcome::Rejected { reason }
-    }
-}
-
-/// Statuses worth retrying: the receiver is busy, rate-limiting or broken for now.
-fn is_transient(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error()
 }
 
 #[async_trait]
@@ -275,7 +401,7 @@ impl Sink for WebhookSink {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| error_chain(&e))
+            .map_err(|e| self.error_text(e))
     }
 }
 
@@ -283,16 +409,76 @@ impl Sink for WebhookSink {
 mod tests {
     use super::*;
 
+    fn sink(settings: &str) -> Result<WebhookSink, String> {
+        let table: toml::Table = format!("url = \"http://127.0.0.1:9/events\"\n{settings}")
+            .parse()
+            .expect("toml");
+        WebhookSink::new(&crate::config::sink_settings(&table)?)
+    }
+
+    fn permanent(sink: &WebhookSink, status: u16) -> bool {
+        sink.is_permanent(StatusCode::from_u16(status).expect("valid"))
+    }
+
     #[test]
-    fn statuses_are_classified() {
-        for s in [408u16, 425, 429, 500, 502, 503, 504] {
-            assert!(is_transient(StatusCode::from_u16(s).expect("valid")), "{s}");
+    fn only_statuses_a_retry_cannot_fix_are_permanent_by_default() {
+        let sink = sink("").expect("valid");
+        for s in [400u16, 410, 413, 422] {
+            assert!(permanent(&sink, s), "{s}");
         }
-        for s in [301u16, 400, 401, 403, 404, 410, 413, 422] {
+        for s in [
+            301u16, 302, 307, 308, 401, 403, 404, 405, 408, 409, 425, 429, 500, 502, 503, 504,
+        ] {
+            assert!(!permanent(&sink, s), "{s}");
+        }
+    }
+
+    #[test]
+    fn permanent_statuses_are_configurable_and_checked() {
+        let sink = sink("permanent_statuses = [404, 400, 404]").expect("valid");
+        assert!(permanent(&sink, 404) && permanent(&sink, 400));
+        assert!(!permanent(&sink, 410) && !permanent(&sink, 422));
+        assert!(!permanent(
+            &self::sink("permanent_statuses = []").expect("valid"),
+            400
+        ));
+        for (bad, want) in [
+            ("[99]", "99 is not an HTTP status"),
+            ("[600]", "600 is not an HTTP status"),
+            ("[204]", "204 is a success"),
+        ] {
+            let err = self::sink(&format!("permanent_statuses = {bad}")).expect_err(bad);
             assert!(
-                !is_transient(StatusCode::from_u16(s).expect("valid")),
-                "{s}"
+                err.contains("key `permanent_statuses`") && err.contains(want),
+                "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn configured_headers_cannot_replace_the_sinks_own() {
+        let err = sink("headers = { \"Webhook-Signature\" = \"v1,x\" }").expect_err("reserved");
+        assert!(err.contains("set by pgoutbox"), "{err}");
+        let sink = sink("headers = { \"Authorization\" = \"Bearer t0ken\" }").expect("valid");
+        assert!(!sink.reserved.permits("authorization"));
+        assert!(!sink.reserved.permits("Webhook-Id"));
+        assert!(sink.reserved.permits("x-tenant"));
+        assert!(!format!("{sink:?}").contains("t0ken"));
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let table: toml::Table = "url = \"https://u:pw-s3cret@example.com/h?token=tok-s3cret\"\n\
+                                  secret = \"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\"\n\
+                                  headers = { authorization = \"Bearer hdr-s3cret\" }"
+            .parse()
+            .expect("toml");
+        let cfg: WebhookConfig = crate::config::sink_settings(&table).expect("valid");
+        let sink = WebhookSink::new(&cfg).expect("valid");
+        for shown in [format!("{cfg:?}"), format!("{sink:?}")] {
+            for secret in ["s3cret", "C2FVsBQ"] {
+                assert!(!shown.contains(secret), "{shown}");
+            }
         }
     }
 }

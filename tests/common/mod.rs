@@ -6,6 +6,7 @@
 pub mod amqp;
 #[cfg(feature = "nats")]
 pub mod nats;
+pub mod private;
 pub mod sinks;
 
 use std::collections::HashMap;

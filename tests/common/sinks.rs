@@ -49,6 +49,56 @@ pub async fn commit_events(db: &TestDb, n: usize, topic: &str) {
     .expect("insert events");
 }
 
+/// Event headers a producer could use to forge what a sink sets itself or what a broker acts on,
+/// next to one an event may set (`x-tenant`).
+pub const FORGED_HEADERS: &str = r#"{"Nats-Msg-Id": "forged", "Nats-Expected-Stream": "forged",
+    "Nats-Rollup": "all", "pgoutbox-topic": "forged", "PGOUTBOX-KEY": "forged",
+    "pgoutbox-id": "forged", "id": "forged", "topic": "forged", "CC": "forged",
+    "x-tenant": "acme"}"#;
+
+/// Commits one event on `topic` with key `k` and [`FORGED_HEADERS`]; returns its id.
+pub async fn commit_forged(db: &TestDb, topic: &str) -> String {
+    sqlx::query_scalar(
+        "INSERT INTO outbox (topic, payload, key, headers) VALUES ($1, '{}', 'k', $2::jsonb)
+         RETURNING id::text",
+    )
+    .bind(topic)
+    .bind(FORGED_HEADERS)
+    .fetch_one(&db.pool)
+    .await
+    .expect("insert forged event")
+}
+
+/// Asserts a forged event arrived with the sink's own headers (`own`: name as the sink writes
+/// it, value) and the allowed `x-tenant`, and without any of the `dropped` names (any case).
+pub fn assert_not_forged(got: &Got, id: &str, own: &[(&str, &str)], dropped: &[&str]) {
+    assert_eq!(got.id, id, "the event id: {:?}", got.headers);
+    for (name, want) in own {
+        assert_eq!(
+            got.headers.get(*name).map(String::as_str),
+            Some(*want),
+            "{name}: {:?}",
+            got.headers
+        );
+    }
+    assert_eq!(
+        got.headers.get("x-tenant").map(String::as_str),
+        Some("acme"),
+        "{:?}",
+        got.headers
+    );
+    for name in dropped {
+        let passed: Vec<_> = got
+            .headers
+            .iter()
+            .filter(|(k, v)| {
+                k.eq_ignore_ascii_case(name) && (!own.iter().any(|(o, _)| o == k) || *v == "forged")
+            })
+            .collect();
+        assert!(passed.is_empty(), "forged {name} passed: {:?}", got.headers);
+    }
+}
+
 /// Every committed event, in seq order, with the payload text the relay publishes.
 pub async fn committed(db: &TestDb) -> Vec<Committed> {
     let rows: Vec<(String, Option<String>, String, String)> = sqlx::query_as(
