@@ -389,3 +389,30 @@ async fn on_dead_skip_holds_even_beside_a_blocking_destination() {
         1
     );
 }
+
+/// Rows waiting at 'infinity' whose reason is gone (here: none left) are made due again by
+/// `pgoutbox cleanup` and by `relay --once`, not only by the long-running relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_and_relay_once_release_rows_whose_wait_is_over() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    db.insert_plain(2, "order.created").await;
+    let park = "UPDATE outbox SET next_attempt_at = 'infinity' WHERE published_at IS NULL";
+    sqlx::query(park).execute(&db.pool).await.expect("park");
+    let dir = scratch();
+    let path = write_config(dir.path(), &webhook_config(&db, &rx.url, ""));
+    let path = path.to_str().expect("utf-8");
+
+    let (code, out, err) = run(&["cleanup", "--config", path]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("2 rows no longer held back are due again"),
+        "{out}"
+    );
+    assert_eq!(db.count("next_attempt_at <= now()").await, 2);
+
+    sqlx::query(park).execute(&db.pool).await.expect("park");
+    let (code, _, err) = run(&["relay", "--once", "--config", path]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(db.count("published_at IS NOT NULL").await, 2);
+}
