@@ -48,6 +48,12 @@ fn base_window(batch_size: usize) -> u64 {
     (batch_size as u64).saturating_mul(crate::claim::WINDOW_PER_BATCH_ROW)
 }
 
+/// How often a batch looks whether only stragglers are left (see [`Relay::process_batch`]).
+const STRAGGLER_CHECK: Duration = Duration::from_millis(50);
+
+/// How long a batch's last outcome must be past before its unfinished events count as stragglers.
+const STRAGGLER_PATIENCE: Duration = Duration::from_millis(200);
+
 /// Longest pause between retries while the database is unreachable.
 const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -312,7 +318,7 @@ impl Relay {
 
     /// Claims, publishes and settles one batch.
     pub async fn run_batch(&self) -> Result<BatchReport> {
-        Ok(self.process_batch().await?.0)
+        Ok(self.process_batch(None).await?.0)
     }
 
     /// What an event routed now goes to.
@@ -333,7 +339,15 @@ impl Relay {
     /// comes; at the deadline the relay stops waiting, settles what finished and gives the rest
     /// back untouched (no attempt counted), so an event a destination accepted is never marked
     /// failed and sent again because a slower one in its batch ran out of time.
-    async fn process_batch(&self) -> Result<(BatchReport, Vec<Uuid>)> {
+    ///
+    /// With `detach`, a batch whose events have all finished but a few stragglers settles what
+    /// finished at once, moves the stragglers under a lease, and signals `detach`, so that the
+    /// worker claims its next batch while this one waits for them: a stalled request holds back
+    /// only its own event (and, ordered, its own key).
+    async fn process_batch(
+        &self,
+        detach: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Result<(BatchReport, Vec<Uuid>)> {
         let claim_started = Instant::now();
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         let options = ClaimOptions {
@@ -358,22 +372,138 @@ impl Relay {
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
-        let started = Instant::now();
         let routes: Vec<Route> = events.iter().map(|e| self.route(e)).collect();
 
         let run = BatchRun::new(&events, &routes, &self.destinations, deadline);
-        let aborted = tokio::select! {
-            _ = tokio::time::timeout_at(deadline, self.publish_chains(&run)) => false,
-            _ = self.abort.cancelled() => true,
+        let mut detach = detach;
+        let mut last_progress = (run.finished(), tokio::time::Instant::now());
+        let mut early: Option<(BatchReport, Vec<Uuid>, Uuid, HashSet<usize>)> = None;
+        let mut hold = Some(hold);
+        let aborted = {
+            let publish = tokio::time::timeout_at(deadline, self.publish_chains(&run));
+            tokio::pin!(publish);
+            loop {
+                tokio::select! {
+                    _ = &mut publish => break false,
+                    _ = self.abort.cancelled() => break true,
+                    _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
+                        let finished = run.finished();
+                        if finished != last_progress.0 {
+                            last_progress = (finished, tokio::time::Instant::now());
+                            continue;
+                        }
+                        let stragglers = run.stragglers();
+                        if stragglers.is_empty()
+                            || stragglers.len() > (events.len() / 20).max(1)
+                            || finished == 0
+                            || last_progress.1.elapsed() < STRAGGLER_PATIENCE
+                        {
+                            continue;
+                        }
+                        // Settle what finished now; the stragglers go on under a lease.
+                        let Some(claim_hold) = hold.take() else {
+                            continue;
+                        };
+                        let token = match &claim_hold {
+                            Hold::Lease(token) => *token,
+                            Hold::Transaction(_) => Uuid::new_v4(),
+                        };
+                        let straggling: HashSet<usize> = stragglers.iter().copied().collect();
+                        let snapshot = run.snapshot();
+                        let lease = (
+                            stragglers.iter().map(|&i| events[i].id).collect::<Vec<_>>(),
+                            token,
+                            deadline.saturating_duration_since(tokio::time::Instant::now())
+                                + self.settings.publish_timeout,
+                        );
+                        let (report, retried) = self
+                            .settle_part(
+                                &events,
+                                &routes,
+                                &snapshot,
+                                &|i| !straggling.contains(&i),
+                                (&poison, &held_back),
+                                claim_hold,
+                                Some(lease),
+                                false,
+                            )
+                            .await?;
+                        debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
+                        early = Some((report, retried, token, straggling));
+                        if let Some(signal) = detach.take() {
+                            let _ = signal.send(());
+                        }
+                        break tokio::select! {
+                            _ = &mut publish => false,
+                            _ = self.abort.cancelled() => true,
+                        };
+                    }
+                }
+            }
         };
         let outcomes = run.finish(aborted, self.settings.publish_timeout);
+        match (early, hold) {
+            (None, Some(hold)) => {
+                self.settle_part(
+                    &events,
+                    &routes,
+                    &outcomes,
+                    &|_| true,
+                    (&poison, &held_back),
+                    hold,
+                    None,
+                    aborted,
+                )
+                .await
+            }
+            (None, None) => Ok((BatchReport::default(), Vec::new())),
+            (Some((mut report, mut retried, token, straggling)), _) => {
+                let (late, late_retried) = self
+                    .settle_part(
+                        &events,
+                        &routes,
+                        &outcomes,
+                        &|i| straggling.contains(&i),
+                        (&[], &[]),
+                        Hold::Lease(token),
+                        None,
+                        aborted,
+                    )
+                    .await?;
+                report += late;
+                retried.extend(late_retried);
+                Ok((report, retried))
+            }
+        }
+    }
 
+    /// Settles the events of a batch that `include` selects, given their outcomes, under `hold`;
+    /// with `lease_rest`, first moves those ids under a lease (token, length) so that they can be
+    /// settled later, fenced by the token. `extra`: the claim's poison rows and held-back rows
+    /// (given to one settle only).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_part(
+        &self,
+        events: &[OutboxEvent],
+        routes: &[Route],
+        outcomes: &[Option<Outcome>],
+        include: &(dyn Fn(usize) -> bool + Sync),
+        extra: (&[(Uuid, String)], &[Uuid]),
+        hold: Hold,
+        lease_rest: Option<(Vec<Uuid>, Uuid, Duration)>,
+        aborted: bool,
+    ) -> Result<(BatchReport, Vec<Uuid>)> {
+        let (poison, held_back) = extra;
+        let started = Instant::now();
         let now = chrono::Utc::now();
         let mut tripped: Vec<(usize, String)> = Vec::new();
         let mut attempted = Vec::new();
         let mut held: Vec<(usize, usize, Option<String>)> = Vec::new();
         let mut untouched: Vec<Uuid> = Vec::new();
-        for (i, (event, outcome)) in events.iter().zip(&outcomes).enumerate() {
+        for (i, (event, outcome)) in events.iter().zip(outcomes).enumerate() {
+            if !include(i) {
+                continue;
+            }
             match (routes[i], outcome) {
                 (Route::Unroutable, _) => attempted.push((event, None, &self.unroutable)),
                 (Route::Hold(d), _) => held.push((i, d, None)),
@@ -413,7 +543,7 @@ impl Relay {
                 None => plan.hold(event.id, &dest.name, reason.as_deref()),
             }
         }
-        for (id, reason) in &poison {
+        for (id, reason) in poison {
             warn!(event_id = %id, error = %reason, "dead-lettering a row that cannot be read as an event");
             plan.poison(*id, reason);
         }
@@ -442,6 +572,20 @@ impl Relay {
         // up) and held-back rows go back as they were.
         untouched.extend(held_back);
         let settle_started = Instant::now();
+        let hold = match (lease_rest, hold) {
+            (None, hold) => hold,
+            (Some((ids, token, length)), Hold::Transaction(mut tx)) => {
+                sqlx::query(&self.table.sql.lease_many)
+                    .bind(&ids)
+                    .bind(length.as_secs_f64())
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await?;
+                Hold::Transaction(tx)
+            }
+            // Lease mode: the stragglers are leased already, for longer than the batch may last.
+            (Some(_), hold @ Hold::Lease(_)) => hold,
+        };
         let settled = settle::apply(
             &self.table,
             &self.pool,
@@ -453,7 +597,7 @@ impl Relay {
         )
         .await?;
         metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
-        record_outcomes(&events, &plan);
+        record_outcomes(events, &plan);
         for (d, reason) in tripped {
             let health = &self.health[d];
             warn!(
@@ -474,7 +618,7 @@ impl Relay {
             );
         }
         let report = BatchReport {
-            claimed: events.len() + poison.len(),
+            claimed: (0..events.len()).filter(|&i| include(i)).count() + poison.len(),
             delivered: plan.delivered_count(),
             retried: plan.retry_count(),
             dead: plan.dead_count(),
@@ -699,21 +843,38 @@ impl Relay {
         }
     }
 
-    async fn worker(&self, worker: usize, shutdown: CancellationToken) -> BatchReport {
+    /// One claim loop. Each batch runs as a task of its own; when only stragglers are left in it
+    /// (see [`Relay::process_batch`]), the loop goes on to its next claim while the task waits for
+    /// them, with at most one such batch waiting per worker.
+    async fn worker(self: Arc<Self>, worker: usize, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
         let mut backoff = Duration::from_millis(100);
         let mut idle_pause = self.settings.min_poll_interval;
         let mut db_down = false;
+        let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
         while !shutdown.is_cancelled() {
-            let pause = match self.run_batch().await {
-                Ok(report) => {
+            let (signal, detached) = tokio::sync::oneshot::channel();
+            let relay = Arc::clone(&self);
+            let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
+            let result = tokio::select! {
+                joined = &mut batch => joined_batch(joined),
+                Ok(()) = detached => {
+                    // Settled but for its stragglers: claim on while it waits for them.
+                    if let Some(previous) = waiting.replace(batch) {
+                        total += self.report_of(worker, joined_batch(previous.await));
+                    }
+                    Ok((BatchReport { claimed: 1, ..BatchReport::default() }, Vec::new()))
+                }
+            };
+            let pause = match result {
+                Ok((report, _)) => {
                     if db_down {
                         info!(worker, "database reachable again, relaying");
                         db_down = false;
                     }
                     backoff = Duration::from_millis(100);
-                    total += report;
                     if report.claimed > 0 {
+                        total += report;
                         // Busy: look again at once. The claim is an index range scan that finds
                         // nothing quickly, so this costs little and keeps latency at milliseconds.
                         idle_pause = self.settings.min_poll_interval;
@@ -739,7 +900,22 @@ impl Relay {
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+        if let Some(previous) = waiting {
+            total += self.report_of(worker, joined_batch(previous.await));
+        }
         total
+    }
+
+    /// A finished batch's report; a database error is logged (its rows are claimed again).
+    fn report_of(&self, worker: usize, result: Result<(BatchReport, Vec<Uuid>)>) -> BatchReport {
+        match result {
+            Ok((report, _)) => report,
+            Err(e) => {
+                metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                warn!(worker, error = %crate::error_chain(&e), "settling a batch's stragglers failed; they will be claimed again");
+                BatchReport::default()
+            }
+        }
     }
 
     /// Every [`destination::SYNC_INTERVAL`]: re-reads the shared destination state (pauses,
@@ -946,7 +1122,7 @@ impl Relay {
         let mut failed_before: HashSet<Uuid> = HashSet::new();
         let mut unbounded_tried = false;
         loop {
-            let (report, retried) = self.process_batch().await?;
+            let (report, retried) = self.process_batch(None).await?;
             total += report;
             let only_repeats = report.delivered == 0
                 && report.dead == 0
@@ -1009,6 +1185,23 @@ impl<'a> BatchRun<'a> {
         }
     }
 
+    /// How many events have an outcome so far.
+    fn finished(&self) -> usize {
+        self.slots.iter().filter(|s| s.get().is_some()).count()
+    }
+
+    /// Events to publish that have no outcome yet.
+    fn stragglers(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| matches!(self.routes[i], Route::Send(_)) && self.slots[i].get().is_none())
+            .collect()
+    }
+
+    /// The outcomes known so far.
+    fn snapshot(&self) -> Vec<Option<Outcome>> {
+        self.slots.iter().map(|s| s.get().cloned()).collect()
+    }
+
     /// The outcomes: `None` for events that have none (not attempted, or unfinished at the
     /// deadline: given back untouched). A destination that finished nothing at all within the
     /// whole budget is not making progress: its unfinished events count as failed attempts (it
@@ -1041,6 +1234,20 @@ impl<'a> BatchRun<'a> {
             }
         }
         outcomes
+    }
+}
+
+/// A batch's report and the ids it scheduled for another attempt.
+type BatchResult = Result<(BatchReport, Vec<Uuid>)>;
+
+/// A batch task's result; a panic inside it goes on up to the worker (and stops the relay).
+fn joined_batch(joined: std::result::Result<BatchResult, tokio::task::JoinError>) -> BatchResult {
+    match joined {
+        Ok(result) => result,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(Error::WorkerPanicked(format!("a batch was cancelled: {e}"))),
+        },
     }
 }
 

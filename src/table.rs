@@ -184,6 +184,8 @@ pub struct Queries {
     pub unpark_followers: String,
     /// OutboxHoldMany.
     pub hold_many: String,
+    /// OutboxLeaseMany.
+    pub lease_many: String,
     /// OutboxClaimProbe.
     pub claim_probe: String,
     /// OutboxExpireHeld.
@@ -225,6 +227,7 @@ impl Queries {
             park_followers: r(PARK_FOLLOWERS),
             unpark_followers: r(UNPARK_FOLLOWERS),
             hold_many: r(HOLD_MANY),
+            lease_many: r(LEASE_MANY),
             claim_probe: r(CLAIM_PROBE),
             expire_held: r(EXPIRE_HELD),
             destinations_register: r(DESTINATIONS_REGISTER),
@@ -439,6 +442,14 @@ SET next_attempt_at = 'infinity', destination = h.destination,
     last_error = coalesce(h.error, o.last_error), lease_token = NULL
 FROM unnest($1::uuid[], $2::text[], $3::text[]) AS h(id, destination, error)
 WHERE o.id = h.id AND ($4::uuid IS NULL OR o.lease_token = $4)";
+
+/// OutboxLeaseMany. Transaction mode, a batch settled but for a few stragglers: they go under a
+/// lease (expiry + fencing token) in the claim's transaction, which then commits, releasing the row
+/// locks of everything else; their settle comes later, fenced by the token, like lease mode's.
+/// Primary-key lookups.
+const LEASE_MANY: &str = "
+UPDATE {outbox} SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
+WHERE id = ANY($1)";
 
 /// OutboxClaimProbe. The one event a destination's probe sends: its oldest held row that is its
 /// key's first unsettled row (so a probe never breaks per-key order). Range scan of

@@ -416,3 +416,57 @@ async fn cleanup_and_relay_once_release_rows_whose_wait_is_over() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(db.count("published_at IS NOT NULL").await, 2);
 }
+
+/// A stalled request holds back only its own event: the rest of its batch is settled as published
+/// while it hangs, the stalled event goes on under a lease, and the worker claims new events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_holds_back_only_its_own_event() {
+    for claim in ["transaction", "lease"] {
+        let db = TestDb::migrated().await;
+        let gate = Gate::closed();
+        let held = gate.clone();
+        let ids = db.insert_plain(50, "order.created").await;
+        let stalled = ids[0].clone();
+        let rx = Receiver::with(move |r| {
+            if r.id == stalled {
+                Reply::ok().held_at(&held)
+            } else {
+                Reply::ok()
+            }
+        })
+        .await;
+        let config = webhook_config(&db, &rx.url, "timeout = \"120s\"").replace(
+            "[relay]\n",
+            &format!("[relay]\nworkers = 1\nbatch_size = 100\npublish_timeout = \"120s\"\nclaim = \"{claim}\"\n"),
+        );
+        let relay = Running::start(&db, &config);
+        // 60 s are only hang guards: the property is that these happen while the request hangs.
+        let rest_settled = wait_for(Duration::from_secs(60), || async {
+            db.count("published_at IS NOT NULL").await == 49
+        })
+        .await;
+        db.insert_plain(50, "order.created").await;
+        let worker_went_on = wait_for(Duration::from_secs(60), || async {
+            db.count("published_at IS NOT NULL").await == 99
+        })
+        .await;
+        let stalled_still_pending = db.count("published_at IS NULL").await;
+        gate.open();
+        let all = wait_for(Duration::from_secs(60), || async {
+            db.count("published_at IS NOT NULL").await == 100
+        })
+        .await;
+        relay.stop().await;
+        assert!(
+            rest_settled,
+            "{claim}: the other 49 settled while one request hangs"
+        );
+        assert!(
+            worker_went_on,
+            "{claim}: the worker claimed and delivered new events meanwhile"
+        );
+        assert_eq!(stalled_still_pending, 1, "{claim}");
+        assert!(all, "{claim}: the stalled event settled once answered");
+        assert_eq!(rx.count(), 100, "{claim}: nothing sent twice");
+    }
+}
