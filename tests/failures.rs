@@ -3,33 +3,10 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use pgoutbox::relay::Relay;
-use tokio_util::sync::CancellationToken;
-
-/// A relay running in this process until the returned guard is stopped.
-struct Running {
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<pgoutbox::Result<pgoutbox::relay::BatchReport>>,
-}
-
-impl Running {
-    fn start(db: &TestDb, config_text: &str) -> Self {
-        let config = parse_config(config_text);
-        let relay = Arc::new(Relay::new(db.pool.clone(), &config).expect("relay"));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(relay.run(stop.clone()));
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> pgoutbox::relay::BatchReport {
-        self.stop.cancel();
-        self.task.await.expect("join").expect("relay result")
-    }
-}
 
 /// Runs a relay (retrying every 100 ms) until the one event inserted is published, at most 20 s.
 async fn run_until_the_event_is_published(db: &TestDb, rx: &Receiver) {

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::*;
 use pgoutbox::relay::Relay;
-use tokio_util::sync::CancellationToken;
 
 /// Inserts `per_key` events for each of `keys` keys, interleaved, payload `{"k": key, "n": i}`.
 async fn insert_keyed(db: &TestDb, keys: usize, per_key: usize) {
@@ -50,26 +49,17 @@ fn violations(order: &HashMap<i64, Vec<i64>>) -> usize {
 }
 
 /// Starts `n` in-process relays, each with its own pool.
-async fn start_relays(
-    db: &TestDb,
-    text: &str,
-    n: usize,
-) -> (
-    CancellationToken,
-    Vec<tokio::task::JoinHandle<pgoutbox::Result<pgoutbox::relay::BatchReport>>>,
-) {
-    let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
+async fn start_relays(db: &TestDb, text: &str, n: usize) -> Vec<Running> {
+    let mut relays = Vec::new();
     for _ in 0..n {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
             .connect(&db.url)
             .await
             .expect("pool");
-        let relay = Arc::new(Relay::new(pool, &parse_config(text)).expect("relay"));
-        tasks.push(tokio::spawn(relay.run(stop.clone())));
+        relays.push(Running::on(pool, text));
     }
-    (stop, tasks)
+    relays
 }
 
 /// Destination settings: ordered by key, a failed event waits an hour (so it is tried once).
@@ -89,15 +79,12 @@ async fn key_0_fails() -> Receiver {
 
 /// Runs `n` relays until no row matches `pending` (true) or `secs` pass (false), then stops them.
 async fn run_relays_until(db: &TestDb, text: &str, n: usize, secs: u64, pending: &str) -> bool {
-    let (stop, tasks) = start_relays(db, text, n).await;
+    let relays = start_relays(db, text, n).await;
     let done = wait_for(Duration::from_secs(secs), || async {
         db.count(pending).await == 0
     })
     .await;
-    stop.cancel();
-    for t in tasks {
-        t.await.expect("join").expect("relay");
-    }
+    Running::stop_all(relays).await;
     done
 }
 

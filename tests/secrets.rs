@@ -77,90 +77,83 @@ fn assert_clean(what: &str, text: &str) {
     }
 }
 
+/// A `[[destinations]]` entry for the events of `topic` with `settings` (TOML lines), retried
+/// every second up to 1000 attempts.
+fn destination(name: &str, kind: &str, topic: &str, settings: &str) -> String {
+    format!(
+        "\n[[destinations]]\nname = \"{name}\"\ntype = \"{kind}\"\ntopics = [\"{topic}\"]\n\
+         {settings}\nretry_schedule = [\"1s\"]\nmax_attempts = 1000\n"
+    )
+}
+
 /// One destination per sink, each failing: a closed port, a wrong password, a redirect.
 fn destinations(receiver: &str, closed: u16, mqtt_port: u16) -> String {
     let signing = base64::engine::general_purpose::STANDARD.encode(WEBHOOK_SIGNING);
-    #[allow(unused_mut)]
-    let mut text = format!(
-        r#"
-[[destinations]]
-name = "hook-closed"
-type = "webhook"
-topics = ["hook.closed"]
-url = "http://user:{WEBHOOK_PASSWORD}@127.0.0.1:{closed}/events?token={WEBHOOK_QUERY}&v=1"
-secret = "whsec_{signing}"
-headers = {{ authorization = "Bearer {WEBHOOK_HEADER}" }}
-timeout = "2s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-
-[[destinations]]
-name = "hook-redirect"
-type = "webhook"
-topics = ["hook.redirect"]
-url = "{receiver}?token={REDIRECT_QUERY}"
-retry_schedule = ["1s"]
-max_attempts = 1000
-
-[[destinations]]
-name = "nats-password"
-type = "nats"
-topics = ["nats.password"]
-url = "nats://user:{NATS_PASSWORD}@127.0.0.1:{closed}"
-timeout = "1s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-
-[[destinations]]
-name = "nats-token"
-type = "nats"
-topics = ["nats.token"]
-url = "nats://{NATS_TOKEN}@127.0.0.1:{closed}"
-timeout = "1s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-
-[[destinations]]
-name = "amqp"
-type = "rabbitmq"
-topics = ["amqp.x"]
-url = "amqp://guest:{AMQP_PASSWORD}@127.0.0.1:5672/%2f"
-timeout = "3s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-
-[[destinations]]
-name = "redis"
-type = "redis"
-topics = ["redis.x"]
-url = "redis://:{REDIS_PASSWORD}@127.0.0.1:6379/0"
-timeout = "2s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-
-[[destinations]]
-name = "mqtt"
-type = "mqtt"
-topics = ["mqtt.x"]
-url = "mqtt://pgt:{MQTT_PASSWORD}@127.0.0.1:{mqtt_port}"
-timeout = "2s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-"#
+    let hook_url = format!(
+        "http://user:{WEBHOOK_PASSWORD}@127.0.0.1:{closed}/events?token={WEBHOOK_QUERY}&v=1"
     );
+    let hook_headers = format!("{{ authorization = \"Bearer {WEBHOOK_HEADER}\" }}");
+    #[allow(unused_mut)]
+    let mut text = [
+        destination(
+            "hook-closed",
+            "webhook",
+            "hook.closed",
+            &format!(
+                "url = \"{hook_url}\"\nsecret = \"whsec_{signing}\"\nheaders = {hook_headers}\n\
+                 timeout = \"2s\""
+            ),
+        ),
+        destination(
+            "hook-redirect",
+            "webhook",
+            "hook.redirect",
+            &format!("url = \"{receiver}?token={REDIRECT_QUERY}\""),
+        ),
+        destination(
+            "nats-password",
+            "nats",
+            "nats.password",
+            &format!("url = \"nats://user:{NATS_PASSWORD}@127.0.0.1:{closed}\"\ntimeout = \"1s\""),
+        ),
+        destination(
+            "nats-token",
+            "nats",
+            "nats.token",
+            &format!("url = \"nats://{NATS_TOKEN}@127.0.0.1:{closed}\"\ntimeout = \"1s\""),
+        ),
+        destination(
+            "amqp",
+            "rabbitmq",
+            "amqp.x",
+            &format!("url = \"amqp://guest:{AMQP_PASSWORD}@127.0.0.1:5672/%2f\"\ntimeout = \"3s\""),
+        ),
+        destination(
+            "redis",
+            "redis",
+            "redis.x",
+            &format!("url = \"redis://:{REDIS_PASSWORD}@127.0.0.1:6379/0\"\ntimeout = \"2s\""),
+        ),
+        destination(
+            "mqtt",
+            "mqtt",
+            "mqtt.x",
+            &format!(
+                "url = \"mqtt://pgt:{MQTT_PASSWORD}@127.0.0.1:{mqtt_port}\"\ntimeout = \"2s\""
+            ),
+        ),
+    ]
+    .concat();
     #[cfg(feature = "kafka")]
-    text.push_str(&format!(
-        r#"
-[[destinations]]
-name = "kafka"
-type = "kafka"
-topics = ["kafka.x"]
-brokers = "127.0.0.1:{closed}"
-timeout = "2s"
-retry_schedule = ["1s"]
-max_attempts = 1000
-properties = {{ "security.protocol" = "sasl_plaintext", "sasl.mechanism" = "PLAIN", "sasl.username" = "user", "sasl.password" = "{KAFKA_PASSWORD}" }}
-"#
+    text.push_str(&destination(
+        "kafka",
+        "kafka",
+        "kafka.x",
+        &format!(
+            "brokers = \"127.0.0.1:{closed}\"\ntimeout = \"2s\"\nproperties = {{ \
+             \"security.protocol\" = \"sasl_plaintext\", \"sasl.mechanism\" = \"PLAIN\", \
+             \"sasl.username\" = \"user\", \"sasl.password\" = \"{KAFKA_PASSWORD}\" }}"
+        ),
     ));
     text
 }
@@ -183,7 +176,7 @@ fn topics() -> Vec<&'static str> {
 }
 
 /// Runs `pgoutbox status --watch` for a moment and returns what it printed.
-fn watch_status(config: &std::path::Path) -> String {
+async fn watch_status(config: &std::path::Path) -> String {
     let dir = scratch();
     let out_path = dir.path().join("watch.out");
     let out = std::fs::File::create(&out_path).expect("watch output");
@@ -194,33 +187,15 @@ fn watch_status(config: &std::path::Path) -> String {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn status --watch");
-    std::thread::sleep(Duration::from_millis(1500));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     signal(&child, libc::SIGINT);
-    if child.wait_timeout_or_kill(Duration::from_secs(5)).is_none() {
+    if exit_status(&mut child, Duration::from_secs(5))
+        .await
+        .is_none()
+    {
         panic!("status --watch did not stop on SIGINT");
     }
     std::fs::read_to_string(out_path).expect("read watch output")
-}
-
-trait WaitTimeout {
-    fn wait_timeout_or_kill(&mut self, limit: Duration) -> Option<std::process::ExitStatus>;
-}
-
-impl WaitTimeout for Child {
-    fn wait_timeout_or_kill(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            if let Some(status) = self.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = self.kill();
-                let _ = self.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,9 +253,9 @@ async fn secrets_reach_no_log_last_error_readyz_or_status() {
         "--config",
         config.to_str().expect("utf-8"),
     ]);
-    let watched = watch_status(&config);
+    let watched = watch_status(&config).await;
     signal(&relay, libc::SIGTERM);
-    let exit = relay.wait_timeout_or_kill(Duration::from_secs(30));
+    let exit = exit_status(&mut relay, Duration::from_secs(30)).await;
     let relay_log = std::fs::read_to_string(&log_path).expect("read relay log");
 
     let errors: Vec<(String, String, bool)> = sqlx::query_as(

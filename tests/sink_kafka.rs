@@ -16,7 +16,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use common::sinks::{
-    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
+    assert_delivered, assert_not_forged, commit_events, committed, deliver_forged, sink_config,
     unique, unpublish_all, Got,
 };
 use common::{parse_config, TestDb};
@@ -112,18 +112,12 @@ async fn event_headers_cannot_set_the_id_and_topic_headers() {
     let db = TestDb::migrated().await;
     let topic = unique("pgtforge.");
     create_topic(&topic).await;
-    let config = parse_config(&sink_config(
+    let id = deliver_forged(
         &db,
         "kafka",
         &format!("brokers = \"{BROKERS}\"\ntopic = \"{topic}\"\n"),
-    ));
-    let id = commit_forged(&db, "order.created").await;
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
-    assert_eq!(report.delivered, 1, "{report:?}");
+    )
+    .await;
     let got = consume(&topic, 1).await;
     assert_not_forged(
         &got[0],

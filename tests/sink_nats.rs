@@ -8,11 +8,11 @@ use std::sync::Arc;
 use pgoutbox::publish::nats::{NatsConfig, NatsSink};
 use pgoutbox::relay::{Destination, Relay};
 
-use common::nats::{consume, jetstream, stored, URL};
+use common::nats::{consume, jetstream, stored, stream_settings, URL};
 use common::private::Private;
 use common::sinks::{
-    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
-    unique, unpublish_all,
+    assert_delivered, assert_not_forged, commit_events, committed, credentials_scenario,
+    deliver_forged, run_once, sink_config, unique, unpublish_all,
 };
 use common::{parse_config, TestDb};
 
@@ -24,9 +24,10 @@ async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
     let config = parse_config(&sink_config(
         &db,
         "nats",
-        &format!(
-            "url = \"{URL}\"\nsubject = \"{prefix}.{{header.x-tenant}}.{{topic}}\"\n\
-             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
+        &stream_settings(
+            &format!("{prefix}.{{header.x-tenant}}.{{topic}}"),
+            &stream,
+            &prefix,
         ),
     ));
     commit_events(&db, 30, "order.created").await;
@@ -75,27 +76,19 @@ async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
 async fn a_subject_no_stream_takes_is_dead_lettered_and_a_bad_one_rejected() {
     let db = TestDb::migrated().await;
     let prefix = unique("pgtnone");
-    let config = parse_config(&sink_config(
-        &db,
-        "nats",
-        &format!("url = \"{URL}\"\nsubject = \"{prefix}.{{key}}\"\n"),
-    ));
     commit_events(&db, 1, "x").await;
     // No key: the subject would end with an empty token.
     sqlx::query("INSERT INTO outbox (topic, payload) VALUES ('x', '{}')")
         .execute(&db.pool)
         .await
         .expect("insert");
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
+    let (report, errors) = run_once(
+        &db,
+        "nats",
+        &format!("url = \"{URL}\"\nsubject = \"{prefix}.{{key}}\"\n"),
+    )
+    .await;
     assert_eq!(report.dead, 2, "{report:?}");
-    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox ORDER BY seq")
-        .fetch_all(&db.pool)
-        .await
-        .expect("errors");
     assert!(errors[0].contains("no JetStream stream"), "{errors:?}");
     assert!(errors[1].contains("invalid NATS subject"), "{errors:?}");
 }
@@ -130,10 +123,7 @@ async fn a_batch_larger_than_the_client_ack_window_is_delivered() {
         &sink_config(
             &db,
             "nats",
-            &format!(
-                "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\ncreate_stream = true\n\
-                 stream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
-            ),
+            &stream_settings(&format!("{prefix}.{{topic}}"), &stream, &prefix),
         )
         .replace("[relay]\n", "[relay]\nbatch_size = 10000\n"),
     );
@@ -159,14 +149,6 @@ async fn a_traceparent_set_at_enqueue_arrives_in_the_nats_headers() {
     let db = TestDb::migrated().await;
     let stream = unique("PGTRACE_");
     let prefix = unique("pgtrace");
-    let config = parse_config(&sink_config(
-        &db,
-        "nats",
-        &format!(
-            "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\n\
-             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
-        ),
-    ));
     let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let sc = SpanContext::new(
         TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").expect("hex"),
@@ -187,11 +169,8 @@ async fn a_traceparent_set_at_enqueue_arrives_in_the_nats_headers() {
         .await
         .expect("enqueue");
     drop(conn);
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
+    let settings = stream_settings(&format!("{prefix}.{{topic}}"), &stream, &prefix);
+    let (report, _) = run_once(&db, "nats", &settings).await;
     assert_eq!(report.delivered, 1, "{report:?}");
 
     let js = jetstream().await;
@@ -210,23 +189,10 @@ async fn event_headers_cannot_set_jetstream_or_pgoutbox_headers() {
     let db = TestDb::migrated().await;
     let stream = unique("PGTFORGE_");
     let prefix = unique("pgtforge");
-    let config = parse_config(&sink_config(
-        &db,
-        "nats",
-        &format!(
-            "url = \"{URL}\"\nsubject = \"{prefix}.{{topic}}\"\n\
-             create_stream = true\nstream = \"{stream}\"\nsubjects = [\"{prefix}.>\"]\n"
-        ),
-    ));
     // Passed through, `Nats-Expected-Stream` would fail the publish and `Nats-Rollup` purge the
     // stream (or fail: rollups are off by default).
-    let id = commit_forged(&db, "order.created").await;
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
-    assert_eq!(report.delivered, 1, "{report:?}");
+    let settings = stream_settings(&format!("{prefix}.{{topic}}"), &stream, &prefix);
+    let id = deliver_forged(&db, "nats", &settings).await;
     let js = jetstream().await;
     let (got, _) = consume(&js, &stream, 1).await;
     assert_not_forged(
@@ -265,36 +231,11 @@ async fn url_credentials_log_in_and_a_wrong_password_is_retried_not_dead() {
         )
     };
 
-    // `+` is a plus (form-decoding would make it a space), `%40` an `@`, `%3A` a `:`.
-    let db = TestDb::migrated().await;
-    let config = parse_config(&sink_config(&db, "nats", &settings("pa%3Ass+w%40rd%25")));
-    commit_events(&db, 3, "order.created").await;
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
-    assert_eq!(report.delivered, 3, "{report:?}");
-
-    // A refused login is transient: retried, never dead-lettered, and the password stays out of
-    // last_error.
-    let db = TestDb::migrated().await;
-    let config = parse_config(&sink_config(&db, "nats", &settings("wr0ng-pw-77")));
-    commit_events(&db, 3, "order.created").await;
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
-    assert_eq!((report.retried, report.dead), (3, 0), "{report:?}");
-    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
-        .fetch_all(&db.pool)
-        .await
-        .expect("errors");
+    // `+` is a plus (form-decoding would make it a space), `%40` an `@`, `%3A` a `:`; a refused
+    // login is retried, not dead-lettered.
+    let errors = credentials_scenario("nats", "pa%3Ass+w%40rd%25", settings).await;
     assert!(
-        errors
-            .iter()
-            .all(|e| e.contains("cannot connect to NATS") && !e.contains("wr0ng")),
+        errors.iter().all(|e| e.contains("cannot connect to NATS")),
         "{errors:?}"
     );
 }

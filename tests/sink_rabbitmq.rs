@@ -7,8 +7,8 @@ use pgoutbox::relay::Relay;
 
 use common::amqp::{channel, consume, queue, URL};
 use common::sinks::{
-    assert_delivered, assert_not_forged, commit_events, commit_forged, committed, sink_config,
-    unique, unpublish_all,
+    assert_delivered, assert_not_forged, commit_and_run_once, commit_events, committed,
+    deliver_forged, sink_config, unique, unpublish_all,
 };
 use common::{parse_config, TestDb};
 
@@ -58,22 +58,15 @@ async fn events_are_confirmed_persistent_and_redeliveries_keep_their_id() {
 async fn an_unroutable_event_is_rejected_as_no_route() {
     let db = TestDb::migrated().await;
     let name = unique("pgtnoroute_");
-    let config = parse_config(&sink_config(
+    let (report, errors) = commit_and_run_once(
         &db,
+        3,
+        "nobody.listens",
         "rabbitmq",
         &format!("url = \"{URL}\"\nexchange = \"amq.topic\"\nrouting_key = \"{name}.{{topic}}\"\n"),
-    ));
-    commit_events(&db, 3, "nobody.listens").await;
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
+    )
+    .await;
     assert_eq!(report.dead, 3, "{report:?}");
-    let errors: Vec<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
-        .fetch_all(&db.pool)
-        .await
-        .expect("errors");
     assert!(errors.iter().all(|e| e.contains("no route")), "{errors:?}");
 }
 
@@ -85,18 +78,12 @@ async fn event_headers_cannot_set_pgoutbox_or_routing_headers() {
     let name = unique("pgtforge_");
     let (_conn, ch) = channel().await;
     queue(&ch, &name, &format!("{name}.#")).await;
-    let config = parse_config(&sink_config(
+    let id = deliver_forged(
         &db,
         "rabbitmq",
         &format!("url = \"{URL}\"\nexchange = \"amq.topic\"\nrouting_key = \"{name}.{{topic}}\"\n"),
-    ));
-    let id = commit_forged(&db, "order.created").await;
-    let report = Relay::new(db.pool.clone(), &config)
-        .expect("relay")
-        .run_once()
-        .await
-        .expect("run");
-    assert_eq!(report.delivered, 1, "{report:?}");
+    )
+    .await;
     let (got, _, _) = consume(&ch, &name, 1).await;
     assert_not_forged(
         &got[0],

@@ -4,33 +4,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pgoutbox::relay::Relay;
-use tokio_util::sync::CancellationToken;
-
-/// A relay running in this process until stopped.
-struct Running {
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<pgoutbox::Result<pgoutbox::relay::BatchReport>>,
-}
-
-impl Running {
-    fn start(db: &TestDb, config_text: &str) -> Self {
-        let config = parse_config(config_text);
-        let relay = Arc::new(Relay::new(db.pool.clone(), &config).expect("relay"));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(relay.run(stop.clone()));
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> pgoutbox::relay::BatchReport {
-        self.stop.cancel();
-        self.task.await.expect("join").expect("relay result")
-    }
-}
 
 /// The slow receiver: 1 s per request, concurrency 10, batches of 200, a 5 s
 /// publish_timeout. Every event must be published, none dead, and the receiver must not get the

@@ -21,9 +21,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use pgoutbox::config::Config;
+use pgoutbox::relay::{BatchReport, Relay};
 use pgoutbox::OutboxTable;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
+use tokio_util::sync::CancellationToken;
 
 /// Server URL of the local test PostgreSQL (trust auth), without a database name.
 pub fn server_url() -> String {
@@ -372,6 +374,43 @@ pub fn webhook_config(db: &TestDb, url: &str, extra: &str) -> String {
 /// Parses a config text for in-process relays (no environment overrides).
 pub fn parse_config(text: &str) -> Config {
     Config::parse(text, |_| None).expect("valid test config")
+}
+
+/// A relay running in this process (`Relay::run`) until stopped.
+pub struct Running {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<pgoutbox::Result<BatchReport>>,
+}
+
+impl Running {
+    /// Starts a relay for `config_text` on `db`'s pool.
+    pub fn start(db: &TestDb, config_text: &str) -> Self {
+        Self::on(db.pool.clone(), config_text)
+    }
+
+    /// Starts a relay for `config_text` on a pool of its own.
+    pub fn on(pool: PgPool, config_text: &str) -> Self {
+        let relay = Arc::new(Relay::new(pool, &parse_config(config_text)).expect("relay"));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(relay.run(stop.clone()));
+        Self { stop, task }
+    }
+
+    /// Stops the relay and waits for it to end; returns its report.
+    pub async fn stop(self) -> BatchReport {
+        self.stop.cancel();
+        self.task.await.expect("join").expect("relay result")
+    }
+
+    /// Stops every relay at once (all are told to stop before any is waited for).
+    pub async fn stop_all(relays: Vec<Running>) {
+        for relay in &relays {
+            relay.stop.cancel();
+        }
+        for relay in relays {
+            relay.stop().await;
+        }
+    }
 }
 
 /// A scratch directory that lives as long as the value.

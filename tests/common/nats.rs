@@ -69,3 +69,12 @@ pub async fn consume(js: &jetstream::Context, stream: &str, n: usize) -> (Vec<Go
     }
     (got, subjects)
 }
+
+/// Settings of a `nats` destination on the local server that publishes on `subject` into a
+/// stream `stream` it creates over `{prefix}.>`.
+pub fn stream_settings(subject: &str, stream: &str, prefix: &str) -> String {
+    format!(
+        "url = \"{URL}\"\nsubject = \"{subject}\"\ncreate_stream = true\nstream = \"{stream}\"\n\
+         subjects = [\"{prefix}.>\"]\n"
+    )
+}

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use super::TestDb;
+use pgoutbox::relay::{BatchReport, Relay};
+
+use super::{parse_config, TestDb};
 
 /// One event as committed: what a consumer must get back.
 #[derive(Debug, Clone)]
@@ -67,6 +69,67 @@ pub async fn commit_forged(db: &TestDb, topic: &str) -> String {
     .fetch_one(&db.pool)
     .await
     .expect("insert forged event")
+}
+
+/// Runs a relay once over `db` with one destination of `kind` and `settings` (see
+/// [`sink_config`]); returns its report and every event's `last_error` in seq order (`""` where
+/// there is none).
+pub async fn run_once(db: &TestDb, kind: &str, settings: &str) -> (BatchReport, Vec<String>) {
+    let config = parse_config(&sink_config(db, kind, settings));
+    let report = Relay::new(db.pool.clone(), &config)
+        .expect("relay")
+        .run_once()
+        .await
+        .expect("run");
+    let errors = sqlx::query_scalar("SELECT coalesce(last_error, '') FROM outbox ORDER BY seq")
+        .fetch_all(&db.pool)
+        .await
+        .expect("errors");
+    (report, errors)
+}
+
+/// Commits `n` events on `topic` ([`commit_events`]), then [`run_once`].
+pub async fn commit_and_run_once(
+    db: &TestDb,
+    n: usize,
+    topic: &str,
+    kind: &str,
+    settings: &str,
+) -> (BatchReport, Vec<String>) {
+    commit_events(db, n, topic).await;
+    run_once(db, kind, settings).await
+}
+
+/// The URL-credentials scenario: in a fresh database each, 3 events go out through a destination
+/// of `kind` whose `settings(password)` log in with `good` (percent-encoded as in a URL) and all
+/// arrive, then 3 through one with the wrong password `wr0ng-pw-77`, which are retried, none
+/// dead-lettered. Returns the wrong password's `last_error`s, none of which may name it.
+pub async fn credentials_scenario(
+    kind: &str,
+    good: &str,
+    settings: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let db = TestDb::migrated().await;
+    let (report, _) = commit_and_run_once(&db, 3, "order.created", kind, &settings(good)).await;
+    assert_eq!(report.delivered, 3, "{report:?}");
+
+    // A refused login is transient: retried, never dead-lettered, the password not in last_error.
+    let wrong = "wr0ng-pw-77";
+    let db = TestDb::migrated().await;
+    let (report, errors) =
+        commit_and_run_once(&db, 3, "order.created", kind, &settings(wrong)).await;
+    assert_eq!((report.retried, report.dead), (3, 0), "{report:?}");
+    assert!(errors.iter().all(|e| !e.contains("wr0ng")), "{errors:?}");
+    errors
+}
+
+/// Commits one event with [`FORGED_HEADERS`] on `order.created` and runs a relay once with a
+/// destination of `kind` and `settings`, which must deliver it; returns its id.
+pub async fn deliver_forged(db: &TestDb, kind: &str, settings: &str) -> String {
+    let id = commit_forged(db, "order.created").await;
+    let (report, _) = run_once(db, kind, settings).await;
+    assert_eq!(report.delivered, 1, "{report:?}");
+    id
 }
 
 /// Asserts a forged event arrived with the sink's own headers (`own`: name as the sink writes
