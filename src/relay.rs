@@ -959,45 +959,26 @@ impl Relay {
             .bind(&dest.name)
             .fetch_optional(&mut *tx)
             .await?;
-        let event = match row.as_ref().map(OutboxEvent::from_row) {
-            Some(Ok(event)) => event,
-            Some(Err(e)) => {
-                // A poison row: dead-letter it; the next probe takes another.
-                let id: Uuid = sqlx::Row::try_get(row.as_ref().expect("some"), "id")?;
+        // Nothing to send (nothing held yet: the next events routed to the destination will be)
+        // or a poison row (dead-lettered; the next probe takes another): the next probe comes as
+        // scheduled.
+        let skipped = || async {
+            let delay = health.probe_delay(failed_probes);
+            destination::store_probe_failed(&self.pool, &self.table, &dest.name, None, delay).await
+        };
+        let event = match row.map(|row| (OutboxEvent::from_row(&row), row)) {
+            Some((Ok(event), _)) => event,
+            Some((Err(e), row)) => {
+                let id: Uuid = sqlx::Row::try_get(&row, "id")?;
                 let mut plan = settle::SettlePlan::default();
                 plan.poison(id, &crate::error_chain(&e));
-                settle::apply(
-                    &self.table,
-                    &self.pool,
-                    Hold::Transaction(tx),
-                    &plan,
-                    false,
-                    &[],
-                    None,
-                )
-                .await?;
-                let delay = health.probe_delay(failed_probes);
-                return destination::store_probe_failed(
-                    &self.pool,
-                    &self.table,
-                    &dest.name,
-                    None,
-                    delay,
-                )
-                .await;
+                let hold = Hold::Transaction(tx);
+                settle::apply(&self.table, &self.pool, hold, &plan, false, &[], None).await?;
+                return skipped().await;
             }
             None => {
-                // Nothing held (yet): the next events routed to it will be, for the next probe.
                 tx.rollback().await?;
-                let delay = health.probe_delay(failed_probes);
-                return destination::store_probe_failed(
-                    &self.pool,
-                    &self.table,
-                    &dest.name,
-                    None,
-                    delay,
-                )
-                .await;
+                return skipped().await;
             }
         };
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
