@@ -130,8 +130,7 @@ impl Scratch {
         sqlx::raw_sql("DROP TABLE IF EXISTS outbox; DROP TABLE IF EXISTS pgoutbox_migrations;")
             .execute(&self.pool)
             .await?;
-        let mut conn = self.pool.acquire().await?;
-        pgoutbox::schema::migrate(&mut conn, &pgoutbox::OutboxTable::default_table()).await?;
+        pgoutbox::schema::migrate(&self.pool, &pgoutbox::OutboxTable::default_table()).await?;
         Ok(())
     }
 
