@@ -105,6 +105,9 @@ pub(crate) enum Action {
 /// Rows per backfill batch: each batch is one statement holding its rows' locks for ~100 ms.
 const BACKFILL_BATCH_ROWS: i64 = 5_000;
 
+/// Pause after each backfill batch, as a fraction of the time the batch took (1.0: as long).
+const BACKFILL_PAUSE: f64 = 1.0;
+
 /// `lock_timeout` of successive attempts of a DDL transaction. A waiting `ALTER TABLE` queues every
 /// later INSERT behind it, so it gives up quickly and tries again after a pause; the last value
 /// is kept for the remaining attempts. Producers are never held up longer than one timeout. The
@@ -140,6 +143,9 @@ pub(crate) async fn run_migrations(
     // ends with this connection, and the advisory lock with it.
     conn.close_on_drop();
     take_lock(&mut conn).await?;
+    // VACUUM and ANALYZE of this session as gentle as autovacuum's (a manual VACUUM's default is
+    // no delay at all): its writes compete with the producers' commits for the disk.
+    simple(&mut conn, "SET vacuum_cost_delay = '2ms'").await?;
 
     // Checked first: CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when it exists.
     let schema_exists: bool =
@@ -401,6 +407,7 @@ async fn backfill(
     let mut cursor = i64::MIN;
     let mut done: i64 = 0;
     loop {
+        let batch_started = Instant::now();
         let (touched, next): (Option<i64>, Option<i64>) = sqlx::query_as(batch)
             .bind(BACKFILL_BATCH_ROWS)
             .bind(cursor)
@@ -409,6 +416,9 @@ async fn backfill(
         done += touched.unwrap_or(0);
         let Some(next) = next else { break };
         cursor = next;
+        // The batch's WAL must reach the disk before any later commit can: leave the producers'
+        // commits room between batches.
+        tokio::time::sleep(batch_started.elapsed().mul_f64(BACKFILL_PAUSE)).await;
         if reported.elapsed() >= PROGRESS_EVERY {
             reported = Instant::now();
             match total {
