@@ -4,7 +4,8 @@
 //! The walk follows the `seq` index in chunks; each chunk is one autocommit DELETE, so no
 //! transaction or lock lasts longer than one chunk. Pending rows are never deleted, whatever their
 //! age, and dead rows only under their own retention. Inside the relay, a session advisory lock
-//! makes sure one instance at a time does it.
+//! makes sure one instance at a time does it; it is held by a connection that is closed, never
+//! pooled again, when the run ends in any way.
 
 use std::time::{Duration, Instant};
 
@@ -93,6 +94,12 @@ pub async fn run_if_leader(
     options: &CleanupOptions,
 ) -> Result<Option<CleanupReport>> {
     let mut conn = pool.acquire().await?;
+    // The lock is the session's, so the session ends with the run: this connection never goes
+    // back to the pool (where it would keep the lock and leave every relay a follower), whether
+    // the run ends, fails, or is dropped mid-way (the relay aborts cleanup at shutdown). Marked
+    // before asking for the lock, as a future dropped while the answer is on its way would
+    // otherwise return it to the pool holding it. The price is one new connection per interval.
+    conn.close_on_drop();
     let leader: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(CLEANUP_LOCK_KEY)
         .fetch_one(&mut *conn)
@@ -100,12 +107,10 @@ pub async fn run_if_leader(
     if !leader {
         return Ok(None);
     }
-    let result = run(pool, table, options, |_| {}).await;
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(CLEANUP_LOCK_KEY)
-        .execute(&mut *conn)
-        .await?;
-    result.map(Some)
+    let report = run(pool, table, options, |_| {}).await?;
+    // Closing ends the session and so releases the lock; no separate unlock to forget.
+    conn.close().await?;
+    Ok(Some(report))
 }
 
 /// Runs cleanup now; `progress` is called after every chunk with the running totals.

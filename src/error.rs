@@ -32,7 +32,8 @@ pub enum Error {
     #[error("database error (tokio-postgres)")]
     TokioPostgres(#[from] tokio_postgres::Error),
 
-    /// A schema migration failed; the whole migration run was rolled back.
+    /// A schema migration failed. The failed step was rolled back; the steps done before it stay
+    /// done, and the next `migrate` resumes from there.
     #[error("migration {version} ({description}) failed")]
     Migration {
         /// The migration's version number.

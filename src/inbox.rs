@@ -34,7 +34,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::error::Result;
@@ -138,25 +138,24 @@ DELETE FROM {inbox} AS i
 USING expired
 WHERE i.consumer = expired.consumer AND i.event_id = expired.event_id";
 
-const INBOX_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "create the inbox table",
-    sql: include_str!("schema/migrations/inbox_0001_create.sql"),
-}];
+const INBOX_0001: &str = include_str!("schema/migrations/inbox_0001_create.sql");
+
+const INBOX_MIGRATIONS: &[Migration] = &[Migration::sql(1, "create the inbox table", INBOX_0001)];
 
 /// The inbox schema version this build needs.
 pub const INBOX_VERSION: i32 = 1;
 
-/// Creates or upgrades the inbox table (and its schema). Idempotent, all-or-nothing, and
-/// serialized with every other `migrate` by the same advisory lock.
-pub async fn migrate(conn: &mut PgConnection, table: &InboxTable) -> Result<MigrateReport> {
+/// Creates or upgrades the inbox table (and its schema). Idempotent, each migration
+/// all-or-nothing, and serialized with every other `migrate` by the same advisory lock (held by a
+/// connection of `pool` taken for the run and closed at its end).
+pub async fn migrate(pool: &PgPool, table: &InboxTable) -> Result<MigrateReport> {
     crate::schema::run_migrations(
-        conn,
+        pool,
         table.schema(),
         &table.registry_key(),
         INBOX_MIGRATIONS,
         INBOX_VERSION,
-        |sql| table.render(sql),
+        &|sql| table.render(sql),
     )
     .await
 }
@@ -278,9 +277,7 @@ mod tests {
     fn statements_use_quoted_validated_names() {
         let t = InboxTable::parse("app", "seen").expect("valid");
         assert!(t.process_once.contains("INSERT INTO \"app\".\"seen\""));
-        assert!(t
-            .render(INBOX_MIGRATIONS[0].sql)
-            .contains("\"seen_processed_idx\""));
+        assert!(t.render(INBOX_0001).contains("\"seen_processed_idx\""));
         assert_eq!(t.registry_key(), "inbox:seen");
         assert!(InboxTable::parse("app", "x; drop").is_err());
     }

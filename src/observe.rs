@@ -165,15 +165,24 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
 }
 
 /// ObserveBacklog. Reads only pending rows (the claim index) and dead rows (the dead index):
-/// cheap whatever the published history. Untried rows have no destination yet; routing names them.
+/// cheap whatever the published history. Two parts, each with the WHERE of one partial index, so
+/// that each is served by it: the pending part by `{name:pending_idx}` (its predicate is exactly
+/// that part's WHERE), the dead part by `{name:dead_idx}`; a single `WHERE published_at IS NULL`
+/// matches neither and reads the whole table. A (destination, topic) may come back from both
+/// parts: the caller merges them. Untried rows have no destination yet; routing names them.
 const BACKLOG: &str = "
 SELECT destination, topic,
-  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()) AS due,
-  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()) AS backoff,
-  count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead,
-  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)), 0)::float8 AS lag
+  count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
+  count(*) FILTER (WHERE next_attempt_at > now()) AS backoff,
+  0::bigint AS dead,
+  coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
 FROM {outbox}
-WHERE published_at IS NULL
+WHERE published_at IS NULL AND dead_at IS NULL
+GROUP BY destination, topic
+UNION ALL
+SELECT destination, topic, 0, 0, count(*), 0
+FROM {outbox}
+WHERE dead_at IS NOT NULL AND published_at IS NULL
 GROUP BY destination, topic";
 
 /// Refreshes the backlog gauges every `interval` until `stop`.

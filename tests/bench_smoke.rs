@@ -84,3 +84,23 @@ fn steady_and_history_report() {
         2
     );
 }
+
+#[test]
+fn migrate_reports_the_producers_stalls() {
+    let rows = bench(&[
+        "migrate",
+        "--rows",
+        "20000",
+        "--producers",
+        "2",
+        "--alone",
+        "1s",
+    ]);
+    let variants: Vec<&str> = rows[1..]
+        .iter()
+        .filter(|r| r["scenario"] == "migrate")
+        .filter_map(|r| r["variant"].as_str())
+        .collect();
+    assert_eq!(variants.len(), 4, "{variants:?}");
+    assert!(variants.contains(&"longest INSERT"), "{variants:?}");
+}

@@ -11,10 +11,10 @@ use uuid::Uuid;
 
 async fn inbox_db() -> TestDb {
     let db = TestDb::empty().await;
-    let mut conn = db.pool.acquire().await.expect("conn");
-    pgoutbox::inbox::migrate(&mut conn, &InboxTable::default_table())
+    pgoutbox::inbox::migrate(&db.pool, &InboxTable::default_table())
         .await
         .expect("migrate inbox");
+    let mut conn = db.pool.acquire().await.expect("conn");
     sqlx::raw_sql(
         "CREATE TABLE balances (customer text PRIMARY KEY, total bigint NOT NULL);
          INSERT INTO balances VALUES ('acme', 0);",

@@ -368,3 +368,111 @@ async fn a_traceparent_set_at_enqueue_reaches_the_webhook_receiver() {
         .expect("delivered");
     assert!(!other.headers.contains_key("traceparent"), "opted out");
 }
+
+/// Published rows past a 1 h retention, and a transaction holding one of them: a cleanup that
+/// reaches it waits there, mid-run, holding the leader's lock.
+async fn cleanup_blocked_mid_run(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload, created_at, published_at)
+         SELECT 'old', '{}', now() - interval '2 days', now() - interval '2 days'
+         FROM generate_series(1, 50)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("expired rows");
+    let mut blocker = db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox ORDER BY seq DESC LIMIT 1 FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .expect("row lock");
+    blocker
+}
+
+/// Waits until some DELETE of the outbox waits on a lock.
+async fn a_cleanup_waits(db: &TestDb) -> bool {
+    wait_for(Duration::from_secs(10), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("activity");
+        waiting > 0
+    })
+    .await
+}
+
+/// A second relay's cleanup takes over once the first one's has ended, however it ended.
+async fn another_leader_takes_over(db: &TestDb) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("second relay");
+    let table = pgoutbox::OutboxTable::default_table();
+    let options = pgoutbox::cleanup::CleanupOptions {
+        retention: Duration::from_secs(3600),
+        dead_retention: None,
+        chunk_rows: 5,
+        dry_run: false,
+    };
+    let mut report = None;
+    for _ in 0..100 {
+        report = pgoutbox::cleanup::run_if_leader(&pool, &table, &options)
+            .await
+            .expect("cleanup");
+        if report.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        report.is_some(),
+        "the second relay became the cleanup leader"
+    );
+    assert_eq!(
+        db.count("published_at IS NOT NULL").await,
+        0,
+        "and cleaned up"
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cleanup_lock_ends_with_a_dropped_or_failed_cleanup() {
+    let db = TestDb::migrated().await;
+    let table = pgoutbox::OutboxTable::default_table();
+    let options = pgoutbox::cleanup::CleanupOptions {
+        retention: Duration::from_secs(3600),
+        dead_retention: None,
+        chunk_rows: 5,
+        dry_run: false,
+    };
+
+    // Dropped mid-run, as the relay aborts its cleanup task at shutdown. The first relay's pool
+    // stays open: a connection returned to it would keep the lock.
+    let blocker = cleanup_blocked_mid_run(&db).await;
+    let first = sqlx::PgPool::connect(&db.url).await.expect("first relay");
+    let task = {
+        let (first, table, options) = (first.clone(), table.clone(), options.clone());
+        tokio::spawn(
+            async move { pgoutbox::cleanup::run_if_leader(&first, &table, &options).await },
+        )
+    };
+    assert!(a_cleanup_waits(&db).await, "the first cleanup is mid-run");
+    task.abort();
+    let _ = task.await;
+    blocker.rollback().await.expect("rollback");
+    another_leader_takes_over(&db).await;
+
+    // Failed mid-run: its statements time out.
+    let blocker = cleanup_blocked_mid_run(&db).await;
+    let options_timeout: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let failing = sqlx::postgres::PgPoolOptions::new()
+        .connect_with(options_timeout.options([("statement_timeout", "300")]))
+        .await
+        .expect("failing relay");
+    let failed = pgoutbox::cleanup::run_if_leader(&failing, &table, &options).await;
+    assert!(failed.is_err(), "{failed:?}");
+    blocker.rollback().await.expect("rollback");
+    another_leader_takes_over(&db).await;
+    first.close().await;
+    failing.close().await;
+}

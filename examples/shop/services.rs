@@ -42,10 +42,9 @@ CREATE TABLE IF NOT EXISTS balances (
 
 /// Creates the outbox, the inbox and the shop's tables (idempotent).
 pub async fn setup(pool: &PgPool) -> pgoutbox::Result<()> {
-    let mut conn = pool.acquire().await?;
-    pgoutbox::schema::migrate(&mut conn, &OutboxTable::default_table()).await?;
-    pgoutbox::inbox::migrate(&mut conn, &InboxTable::default_table()).await?;
-    sqlx::raw_sql(APP_TABLES).execute(&mut *conn).await?;
+    pgoutbox::schema::migrate(pool, &OutboxTable::default_table()).await?;
+    pgoutbox::inbox::migrate(pool, &InboxTable::default_table()).await?;
+    sqlx::raw_sql(APP_TABLES).execute(pool).await?;
     Ok(())
 }
 

@@ -85,9 +85,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     .execute(&pool)
     .await
     .context("cannot create the demo schema")?;
-    let mut conn = pool.acquire().await?;
-    pgoutbox::schema::migrate(&mut conn, &config.table).await?;
-    drop(conn);
+    pgoutbox::schema::migrate(&pool, &config.table).await?;
 
     eprintln!(
         "2. {} orders committed with their order.created event, {} rolled back",

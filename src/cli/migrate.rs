@@ -30,15 +30,14 @@ pub struct Args {
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect(config.database_url()?, 1).await?;
-    let mut conn = pool.acquire().await?;
     let (name, report) = if args.inbox {
         let inbox = InboxTable::parse(config.table.schema().as_str(), &args.inbox_table)?;
-        let report = pgoutbox::inbox::migrate(&mut conn, &inbox)
+        let report = pgoutbox::inbox::migrate(&pool, &inbox)
             .await
             .with_context(|| format!("cannot migrate the inbox {inbox}"))?;
         (inbox.to_string(), report)
     } else {
-        let report = pgoutbox::schema::migrate(&mut conn, &config.table)
+        let report = pgoutbox::schema::migrate(&pool, &config.table)
             .await
             .with_context(|| format!("cannot migrate {}", config.table))?;
         (config.table.to_string(), report)
@@ -51,6 +50,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             println!("  applied {version}: {description}");
         }
     }
+    let mut conn = pool.acquire().await?;
     if let Some(role) = &args.grant_relay {
         let role = pgoutbox::Ident::parse(role).context("invalid --grant-relay role")?;
         pgoutbox::schema::grant_relay(&mut conn, &config.table, &role)

@@ -81,7 +81,7 @@ enum Command {
     Destination(destination::Command),
     /// Delete published rows older than the retention, in short batches.
     Cleanup(cleanup::Args),
-    /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history.
+    /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history, ordering, migrate.
     Bench(bench::Args),
     /// End-to-end demo on the local database: commit and roll back orders, relay them to stdout.
     Demo(demo::Args),

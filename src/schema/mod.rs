@@ -1,56 +1,173 @@
-//! Schema and migrations: numbered SQL files, embedded in the binary, applied in order.
+//! Schema and migrations: numbered migrations, embedded in the binary, applied in order.
 //!
 //! `migrate` is idempotent (applied versions are recorded in `pgoutbox_migrations`), safe to run from
-//! several processes at once (a transaction-scoped advisory lock serializes them), and all-or-nothing
-//! (every pending migration runs in one transaction: PostgreSQL DDL is transactional).
+//! several processes at once (a session advisory lock serializes them) and **online**: on a large
+//! existing table no step holds a lock that blocks inserts for more than a few milliseconds
+//! (metadata-only DDL under a lock timeout, backfills in short batches, indexes built
+//! concurrently, NOT NULL through validated CHECK constraints; see `runner.rs`). Each step is
+//! idempotent and committed on its own, so a run killed at any point resumes where it stopped; a
+//! version is recorded only once all its steps are done. Plain-SQL migrations run in one
+//! transaction as before: adding one is one `Migration::sql` line in `MIGRATIONS`.
 
-use sqlx::{Connection, PgConnection};
+mod runner;
+
+use sqlx::{PgConnection, PgPool};
+
+pub(crate) use runner::{run_migrations, Migration};
+use runner::{Action, Step};
 
 use crate::error::{Error, Result};
 use crate::table::OutboxTable;
 
-/// One numbered migration (of the outbox table, or of the inbox).
-pub(crate) struct Migration {
-    /// Its version number, from 1.
-    pub version: i32,
-    /// What it does.
-    pub description: &'static str,
-    /// Its SQL template (placeholders rendered by the table it belongs to).
-    pub sql: &'static str,
-}
-
+/// The outbox table's migrations, in order.
 const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        description: "create the minimal outbox table",
-        sql: include_str!("migrations/0001_minimal_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        description: "add relay columns and the pending-claim index",
-        sql: include_str!("migrations/0002_relay_columns.sql"),
-    },
-    Migration {
-        version: 3,
-        description: "add the enqueue() SQL function",
-        sql: include_str!("migrations/0003_enqueue_function.sql"),
-    },
-    Migration {
-        version: 4,
-        description: "add the per-key ordering index",
-        sql: include_str!("migrations/0004_key_order_index.sql"),
-    },
-    Migration {
-        version: 5,
-        description: "add the per-destination state table (pause, circuit breaker)",
-        sql: include_str!("migrations/0005_destinations.sql"),
-    },
+    Migration::sql(
+        1,
+        "create the minimal outbox table",
+        include_str!("migrations/0001_minimal_outbox.sql"),
+    ),
+    Migration::steps(
+        2,
+        "add relay columns and the pending-claim index",
+        RELAY_COLUMNS,
+    ),
+    Migration::sql(
+        3,
+        "add the enqueue() SQL function",
+        include_str!("migrations/0003_enqueue_function.sql"),
+    ),
+    Migration::steps(4, "add the per-key ordering index", KEY_ORDER_INDEX),
+    Migration::sql(
+        5,
+        "add the per-destination state table (pause, circuit breaker)",
+        include_str!("migrations/0005_destinations.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs.
 pub const CURRENT_VERSION: i32 = 5;
 
-/// Advisory lock key shared by every `migrate`, whatever the table: migrations are rare and short.
+/// True once migration 2 is complete for `seq`: it is an identity column.
+const SEQ_IS_IDENTITY: &str = "SELECT EXISTS (SELECT FROM pg_attribute
+    WHERE attrelid = to_regclass('{outbox}') AND attname = 'seq' AND attidentity <> '')";
+
+/// True once every row has a `seq` (and so the numbering is over).
+const SEQ_IS_NOT_NULL: &str = "SELECT EXISTS (SELECT FROM pg_attribute
+    WHERE attrelid = to_regclass('{outbox}') AND attname = 'seq' AND attnotnull)";
+
+/// True when `attempts` is NOT NULL already (it is in the usual minimal table).
+const ATTEMPTS_IS_NOT_NULL: &str = "SELECT EXISTS (SELECT FROM pg_attribute
+    WHERE attrelid = to_regclass('{outbox}') AND attname = 'attempts' AND attnotnull)";
+
+/// Migration 2, online: the relay's columns on a minimal table of any size. `seq` cannot be added
+/// as an identity (that rewrites the table under ACCESS EXCLUSIVE): it is added nullable with a
+/// sequence default for new rows, existing rows are numbered in batches before them, then it
+/// becomes NOT NULL and the identity a fresh table has. Producers may leave `seq` out throughout.
+const RELAY_COLUMNS: &[Step] = &[
+    Step {
+        what: "add the relay columns (metadata only)",
+        unless: Some(SEQ_IS_IDENTITY),
+        action: Action::Transaction(include_str!(
+            "migrations/0002_relay_columns/add_columns.sql"
+        )),
+    },
+    Step {
+        what: "build the seq index",
+        unless: None,
+        action: Action::Index {
+            name: "{qname:seq_idx}",
+            sql: include_str!("migrations/0002_relay_columns/seq_idx.sql"),
+        },
+    },
+    Step {
+        what: "build the index of the rows to number",
+        unless: Some(SEQ_IS_NOT_NULL),
+        action: Action::Index {
+            name: "{qname:seq_backfill_idx}",
+            sql: include_str!("migrations/0002_relay_columns/backfill_idx.sql"),
+        },
+    },
+    Step {
+        // The new columns have no statistics yet: without them the planner would read the whole
+        // table for each numbering batch instead of the index built for it.
+        what: "refresh the planner statistics",
+        unless: Some(SEQ_IS_NOT_NULL),
+        action: Action::Statement("ANALYZE {outbox}"),
+    },
+    Step {
+        what: "number the existing rows",
+        unless: Some(SEQ_IS_NOT_NULL),
+        action: Action::Backfill {
+            total: Some("SELECT count(*) FROM {outbox} WHERE seq IS NULL"),
+            batch: include_str!("migrations/0002_relay_columns/number_rows.sql"),
+        },
+    },
+    Step {
+        what: "drop the index of the rows to number",
+        unless: None,
+        action: Action::Statement("DROP INDEX CONCURRENTLY IF EXISTS {qname:seq_backfill_idx}"),
+    },
+    Step {
+        // Numbering left a dead version of every old row. Vacuumed now (SHARE UPDATE EXCLUSIVE:
+        // inserts go on), rather than by an autovacuum starting just as the next steps need
+        // their brief exclusive locks: an autovacuum is only cancelled for a waiter after
+        // `deadlock_timeout`, and producers would queue behind the waiting ALTER meanwhile.
+        what: "vacuum the numbered rows",
+        unless: Some(SEQ_IS_NOT_NULL),
+        action: Action::Statement("VACUUM (ANALYZE) {outbox}"),
+    },
+    Step {
+        what: "make seq NOT NULL",
+        unless: Some(SEQ_IS_NOT_NULL),
+        action: Action::NotNull { column: "seq" },
+    },
+    Step {
+        what: "set missing attempts to 0",
+        unless: Some(ATTEMPTS_IS_NOT_NULL),
+        action: Action::Backfill {
+            total: None,
+            batch: include_str!("migrations/0002_relay_columns/attempts.sql"),
+        },
+    },
+    Step {
+        what: "make attempts NOT NULL",
+        unless: Some(ATTEMPTS_IS_NOT_NULL),
+        action: Action::NotNull { column: "attempts" },
+    },
+    Step {
+        what: "make seq an identity column",
+        unless: Some(SEQ_IS_IDENTITY),
+        action: Action::Transaction(include_str!("migrations/0002_relay_columns/identity.sql")),
+    },
+    Step {
+        what: "build the pending-claim index",
+        unless: None,
+        action: Action::Index {
+            name: "{qname:pending_idx}",
+            sql: include_str!("migrations/0002_relay_columns/pending_idx.sql"),
+        },
+    },
+    Step {
+        what: "build the dead-letter index",
+        unless: None,
+        action: Action::Index {
+            name: "{qname:dead_idx}",
+            sql: include_str!("migrations/0002_relay_columns/dead_idx.sql"),
+        },
+    },
+];
+
+/// Migration 4: one index, built concurrently.
+const KEY_ORDER_INDEX: &[Step] = &[Step {
+    what: "build the per-key ordering index",
+    unless: None,
+    action: Action::Index {
+        name: "{qname:key_idx}",
+        sql: include_str!("migrations/0004_key_order_index.sql"),
+    },
+}];
+
+/// Advisory lock key shared by every `migrate`, whatever the table.
 pub(crate) const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
 
 /// The registry of applied migrations, one per schema; shared with the inbox's migrations
@@ -72,84 +189,25 @@ pub struct MigrateReport {
     pub version: i32,
 }
 
-/// Brings `table` (and its schema) up to [`CURRENT_VERSION`].
-pub async fn migrate(conn: &mut PgConnection, table: &OutboxTable) -> Result<MigrateReport> {
-    run_migrations(
-        conn,
+/// Brings `table` (and its schema) up to [`CURRENT_VERSION`], online: see the [module](self)
+/// documentation. The run takes one connection of `pool` for itself and closes it at the end.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> pgoutbox::Result<()> {
+/// let report = pgoutbox::schema::migrate(&pool, &pgoutbox::OutboxTable::default_table()).await?;
+/// println!("at version {}", report.version);
+/// # Ok(()) }
+/// ```
+pub async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport> {
+    runner::run_migrations(
+        pool,
         table.schema(),
         table.table().as_str(),
         MIGRATIONS,
         CURRENT_VERSION,
-        |sql| table.render(sql),
+        &|sql| table.render(sql),
     )
     .await
-}
-
-/// Applies the `migrations` not yet recorded under `registry_key`, in one transaction under the
-/// shared advisory lock: creates `schema` when missing, then the registry, then each pending
-/// migration as `render` writes it for its table.
-pub(crate) async fn run_migrations(
-    conn: &mut PgConnection,
-    schema: &crate::table::Ident,
-    registry_key: &str,
-    migrations: &[Migration],
-    latest: i32,
-    render: impl Fn(&str) -> String,
-) -> Result<MigrateReport> {
-    let mut tx = conn.begin().await?;
-    // Serializes concurrent migrate runs; released at commit or rollback.
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(MIGRATE_LOCK_KEY)
-        .execute(&mut *tx)
-        .await?;
-
-    // Checked first: CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when it exists.
-    let schema_exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-            .bind(schema.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-    if !schema_exists {
-        sqlx::raw_sql(&render("CREATE SCHEMA {schema}"))
-            .execute(&mut *tx)
-            .await?;
-    }
-    sqlx::raw_sql(&render(REGISTRY_DDL))
-        .execute(&mut *tx)
-        .await?;
-
-    let current: Option<i32> = sqlx::query_scalar(&render(
-        "SELECT max(version) FROM {schema}.pgoutbox_migrations WHERE table_name = $1",
-    ))
-    .bind(registry_key)
-    .fetch_one(&mut *tx)
-    .await?;
-    let current = current.unwrap_or(0);
-    let mut applied = Vec::new();
-    for m in migrations.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(&render(m.sql))
-            .execute(&mut *tx)
-            .await
-            .map_err(|source| Error::Migration {
-                version: m.version,
-                description: m.description,
-                source,
-            })?;
-        sqlx::query(&render(
-            "INSERT INTO {schema}.pgoutbox_migrations (table_name, version, description) VALUES ($1, $2, $3)",
-        ))
-        .bind(registry_key)
-        .bind(m.version)
-        .bind(m.description)
-        .execute(&mut *tx)
-        .await?;
-        applied.push((m.version, m.description));
-    }
-    tx.commit().await?;
-    Ok(MigrateReport {
-        applied,
-        version: current.max(latest),
-    })
 }
 
 /// The version `table` is at: 0 when it was never migrated.

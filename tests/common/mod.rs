@@ -66,8 +66,7 @@ impl TestDb {
     /// A database with the default outbox table migrated.
     pub async fn migrated() -> Self {
         let db = Self::empty().await;
-        let mut conn = db.pool.acquire().await.expect("conn");
-        pgoutbox::schema::migrate(&mut conn, &OutboxTable::default_table())
+        pgoutbox::schema::migrate(&db.pool, &OutboxTable::default_table())
             .await
             .expect("migrate");
         db

@@ -8,6 +8,7 @@
 mod baseline;
 mod drain;
 mod history;
+mod migrate;
 mod ordering;
 mod steady;
 
@@ -48,6 +49,9 @@ enum Scenario {
     History(history::Args),
     /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
     Ordering(ordering::Args),
+    /// `migrate` upgrading a large minimal table in place while producers insert: how long the
+    /// producers' INSERTs were blocked.
+    Migrate(migrate::Args),
     /// drain (null sink, both settle modes, with sql-limit and baseline), steady and history at
     /// reduced sizes: a quick tour.
     Quick,
@@ -70,6 +74,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
         Scenario::History(a) => history::run(&scratch, &out, a).await,
         Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
+        Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
         Scenario::Quick => quick(&scratch, &out).await,
     };
     scratch.drop_database().await;
@@ -130,8 +135,7 @@ impl Scratch {
         sqlx::raw_sql("DROP TABLE IF EXISTS outbox; DROP TABLE IF EXISTS pgoutbox_migrations;")
             .execute(&self.pool)
             .await?;
-        let mut conn = self.pool.acquire().await?;
-        pgoutbox::schema::migrate(&mut conn, &pgoutbox::OutboxTable::default_table()).await?;
+        pgoutbox::schema::migrate(&self.pool, &pgoutbox::OutboxTable::default_table()).await?;
         Ok(())
     }
 
