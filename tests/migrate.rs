@@ -461,7 +461,9 @@ async fn a_table_migrated_by_an_earlier_pgoutbox_is_left_as_it_is() {
     let report = migrate(&db.pool, &OutboxTable::default_table())
         .await
         .expect("migrate");
-    assert!(report.applied.is_empty(), "{report:?}");
+    // Only what came after the old code's last migration (4) is applied; the outbox table itself is
+    // left as it is.
+    assert!(report.applied.iter().all(|(v, _)| *v > 4), "{report:?}");
     let after = (
         shape(&db.pool, "public").await,
         catalog_identity(&db.pool).await,
