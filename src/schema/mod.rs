@@ -44,8 +44,8 @@ const MIGRATIONS: &[Migration] = &[
     ),
 ];
 
-/// The schema version this build of pgoutbox needs.
-pub const CURRENT_VERSION: i32 = 5;
+/// The schema version this build of pgoutbox needs: the last migration's.
+pub const CURRENT_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
 /// True once migration 2 is complete for `seq`: it is an identity column.
 const SEQ_IS_IDENTITY: &str = "SELECT EXISTS (SELECT FROM pg_attribute
@@ -76,6 +76,7 @@ const RELAY_COLUMNS: &[Step] = &[
         unless: None,
         action: Action::Index {
             name: "{qname:seq_idx}",
+            table: "{outbox}",
             sql: include_str!("migrations/0002_relay_columns/seq_idx.sql"),
         },
     },
@@ -84,6 +85,7 @@ const RELAY_COLUMNS: &[Step] = &[
         unless: Some(SEQ_IS_NOT_NULL),
         action: Action::Index {
             name: "{qname:seq_backfill_idx}",
+            table: "{outbox}",
             sql: include_str!("migrations/0002_relay_columns/backfill_idx.sql"),
         },
     },
@@ -144,6 +146,7 @@ const RELAY_COLUMNS: &[Step] = &[
         unless: None,
         action: Action::Index {
             name: "{qname:pending_idx}",
+            table: "{outbox}",
             sql: include_str!("migrations/0002_relay_columns/pending_idx.sql"),
         },
     },
@@ -152,6 +155,7 @@ const RELAY_COLUMNS: &[Step] = &[
         unless: None,
         action: Action::Index {
             name: "{qname:dead_idx}",
+            table: "{outbox}",
             sql: include_str!("migrations/0002_relay_columns/dead_idx.sql"),
         },
     },
@@ -163,6 +167,7 @@ const KEY_ORDER_INDEX: &[Step] = &[Step {
     unless: None,
     action: Action::Index {
         name: "{qname:key_idx}",
+        table: "{outbox}",
         sql: include_str!("migrations/0004_key_order_index.sql"),
     },
 }];

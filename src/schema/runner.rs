@@ -86,9 +86,10 @@ pub(crate) enum Action {
     /// `DROP INDEX CONCURRENTLY`): no lock timeout, it may wait.
     Statement(&'static str),
     /// `CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS` (one statement, `sql`) of the index
-    /// `name` (a schema-qualified template such as `{qname:seq_idx}`).
+    /// `name` (a schema-qualified template such as `{qname:seq_idx}`) on `table`.
     Index {
         name: &'static str,
+        table: &'static str,
         sql: &'static str,
     },
     /// Batches: `batch` takes `$1` (rows per batch) and `$2` (the cursor: `i64::MIN` at first,
@@ -264,7 +265,15 @@ async fn run_step(
         Action::Statement(sql) => {
             simple(conn, &render(sql)).await?;
         }
-        Action::Index { name, sql } => build_index(conn, &render(name), &render(sql)).await?,
+        Action::Index {
+            name,
+            table: on,
+            sql,
+        } => {
+            if !build_index(conn, &render(name), &render(on), &render(sql), table).await? {
+                return Ok(());
+            }
+        }
         Action::Backfill { total, batch } => {
             let total = match total {
                 Some(q) => Some(
@@ -367,19 +376,28 @@ fn is_lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("55P03"))
 }
 
-/// Builds the index `name` with `sql` (a `CREATE INDEX CONCURRENTLY IF NOT EXISTS`), unless a
-/// valid one exists. An INVALID one (a run interrupted during its build, or a failed build) is
-/// dropped first: `IF NOT EXISTS` would otherwise keep it, unused by any query and still updated by
-/// every write. Neither statement blocks inserts (SHARE UPDATE EXCLUSIVE); both wait for the
-/// transactions already running on the table to end.
-async fn build_index(conn: &mut PgConnection, name: &str, sql: &str) -> Result<(), sqlx::Error> {
+/// Builds the index `name` on `on` with `sql` (a `CREATE INDEX CONCURRENTLY IF NOT EXISTS`),
+/// unless a valid one exists (then returns false). An INVALID one (a run interrupted during its
+/// build, or a failed build) is dropped first: `IF NOT EXISTS` would otherwise keep it, unused by
+/// any query and still updated by every write. Neither statement blocks inserts (SHARE UPDATE
+/// EXCLUSIVE); both wait for the transactions older than them to end: any of the database that
+/// holds a snapshot, even one that never touches this table. So on an empty table (a fresh
+/// install) the index is built the plain way instead, in a DDL transaction: its SHARE lock lasts
+/// the milliseconds an empty build takes, and nobody's long transaction holds up the install.
+async fn build_index(
+    conn: &mut PgConnection,
+    name: &str,
+    on: &str,
+    sql: &str,
+    table: &str,
+) -> Result<bool, sqlx::Error> {
     let valid: Option<bool> =
         sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
     match valid {
-        Some(true) => return Ok(()),
+        Some(true) => return Ok(false),
         Some(false) => {
             warn!(
                 index = name,
@@ -389,8 +407,17 @@ async fn build_index(conn: &mut PgConnection, name: &str, sql: &str) -> Result<(
         }
         None => {}
     }
-    info!(index = name, "building an index concurrently");
-    simple(conn, sql).await
+    let empty: bool = sqlx::query_scalar(&format!("SELECT NOT EXISTS (SELECT FROM {on})"))
+        .fetch_one(&mut *conn)
+        .await?;
+    if empty && sql.contains(" INDEX CONCURRENTLY ") {
+        let plain = sql.replacen(" INDEX CONCURRENTLY ", " INDEX ", 1);
+        ddl_transaction(conn, &plain, None, table).await?;
+    } else {
+        info!(index = name, "building an index concurrently");
+        simple(conn, sql).await?;
+    }
+    Ok(true)
 }
 
 /// Runs `batch` until it returns a NULL cursor, each batch its own autocommit statement; logs
