@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{Output, Row, Scratch};
 
@@ -130,6 +130,11 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     sqlx::query("VACUUM ANALYZE outbox")
         .execute(&scratch.pool)
         .await?;
+    // Start from a clean buffer pool, so that writing out the table just built is not part of
+    // the measurement (needs superuser or pg_checkpoint: without, a checkpoint may come during it).
+    if let Err(e) = sqlx::query("CHECKPOINT").execute(&scratch.pool).await {
+        warn!(error = %e, "cannot CHECKPOINT before the measurement");
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut producers = Vec::new();
