@@ -200,3 +200,86 @@ pub async fn release(pool: &PgPool, table: &OutboxTable, hold: Hold, ids: &[Uuid
     }
     Ok(())
 }
+
+/// A claimed delivery: one (event, destination) pair from the deliveries table.
+pub struct ClaimedDelivery {
+    /// The destination's name.
+    pub destination: String,
+    /// The event (its `attempts` are the pair's).
+    pub event: OutboxEvent,
+}
+
+/// A batch of claimed deliveries, leased under one token.
+pub struct ClaimedDeliveries {
+    /// The pairs to publish, in seq order.
+    pub deliveries: Vec<ClaimedDelivery>,
+    /// Pairs that cannot be read as events (event id, destination, reason): dead-lettered.
+    pub poison: Vec<(Uuid, String, String)>,
+    /// The lease's fencing token.
+    pub token: Uuid,
+}
+
+/// Claims due deliveries (DeliveriesClaim), leased for `lease`. `ordered` names the destinations
+/// whose pairs keep key order, `blocking` those whose dead pairs hold back their key.
+pub async fn claim_deliveries(
+    pool: &PgPool,
+    table: &OutboxTable,
+    limit: usize,
+    lease: Duration,
+    ordered: &[String],
+    blocking: &[String],
+) -> Result<ClaimedDeliveries> {
+    let token = Uuid::new_v4();
+    let rows = sqlx::query(&table.sql.deliveries_claim)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(lease.as_secs_f64())
+        .bind(token)
+        .bind(ordered)
+        .bind(blocking)
+        .fetch_all(pool)
+        .await?;
+    let mut batch = delivery_rows(&rows)?;
+    batch.token = token;
+    Ok(batch)
+}
+
+/// Claims one held delivery of `destination` for its probe (DeliveriesClaimProbe).
+pub async fn claim_delivery_probe(
+    pool: &PgPool,
+    table: &OutboxTable,
+    destination: &str,
+    lease: Duration,
+) -> Result<ClaimedDeliveries> {
+    let token = Uuid::new_v4();
+    let rows = sqlx::query(&table.sql.deliveries_claim_probe)
+        .bind(destination)
+        .bind(lease.as_secs_f64())
+        .bind(token)
+        .fetch_all(pool)
+        .await?;
+    let mut batch = delivery_rows(&rows)?;
+    batch.token = token;
+    Ok(batch)
+}
+
+fn delivery_rows(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimedDeliveries> {
+    let mut deliveries = Vec::with_capacity(rows.len());
+    let mut poison = Vec::new();
+    for row in rows {
+        let destination: String = sqlx::Row::try_get(row, "destination")?;
+        match OutboxEvent::from_row(row) {
+            Ok(event) => deliveries.push(ClaimedDelivery { destination, event }),
+            Err(e) => poison.push((
+                sqlx::Row::try_get(row, "id")?,
+                destination,
+                crate::error_chain(&e),
+            )),
+        }
+    }
+    deliveries.sort_by_key(|d| d.event.seq);
+    Ok(ClaimedDeliveries {
+        deliveries,
+        poison,
+        token: Uuid::nil(),
+    })
+}

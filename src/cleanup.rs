@@ -167,5 +167,33 @@ pub async fn run(
             break;
         }
     }
+    if let Some(dead_retention) = dead_retention {
+        // Dead pairs of split events: a table as small as the current failures, one statement.
+        let statement = table.render(if options.dry_run {
+            COUNT_DEAD_DELIVERIES
+        } else {
+            DELETE_DEAD_DELIVERIES
+        });
+        let (deleted,): (i64,) = sqlx::query_as(&statement)
+            .bind(dead_retention)
+            .fetch_one(pool)
+            .await?;
+        report.deleted_dead += deleted as u64;
+        if deleted > 0 {
+            progress(&report);
+        }
+    }
     Ok(report)
 }
+
+/// CleanupDeadDeliveries. Dead pairs past dead retention (`{name:deliveries_dead_idx}`).
+const DELETE_DEAD_DELIVERIES: &str = "
+WITH gone AS (
+    DELETE FROM {qname:deliveries}
+    WHERE dead_at < now() - make_interval(secs => $1)
+    RETURNING 1)
+SELECT count(*) FROM gone";
+
+/// See DELETE_DEAD_DELIVERIES (dry run).
+const COUNT_DEAD_DELIVERIES: &str = "
+SELECT count(*) FROM {qname:deliveries} WHERE dead_at < now() - make_interval(secs => $1)";

@@ -87,7 +87,7 @@ pub struct Config {
     pub relay: RelayConfig,
     /// Metrics and health endpoints.
     pub observability: ObservabilityConfig,
-    /// Where events go; an event goes to the first destination whose topics match.
+    /// Where events go; an event goes to every destination whose topics (and filter) match.
     pub destinations: Vec<DestinationConfig>,
 }
 
@@ -178,6 +178,8 @@ pub struct DestinationConfig {
     pub name: String,
     /// Topic globs (`order.*`); empty matches every topic.
     pub topics: Vec<String>,
+    /// A CEL expression an event must also satisfy to go here.
+    pub filter: Option<crate::route::Filter>,
     /// Retry schedule and limits.
     pub retry: RetryPolicy,
     /// Per-key ordering of this destination's events.
@@ -317,6 +319,7 @@ struct CommonDestination {
     kind: String,
     #[serde(default)]
     topics: Vec<String>,
+    filter: Option<String>,
     retry_schedule: Option<Vec<String>>,
     max_attempts: Option<u32>,
     max_age: Option<String>,
@@ -332,6 +335,7 @@ const COMMON_KEYS: &[&str] = &[
     "name",
     "type",
     "topics",
+    "filter",
     "retry_schedule",
     "max_attempts",
     "max_age",
@@ -523,6 +527,13 @@ fn parse_destination(
             .map_err(|e| ConfigError::at(at("topics"), format!("invalid glob {glob:?}: {e}")))?;
     }
 
+    let filter = common
+        .filter
+        .as_deref()
+        .map(crate::route::Filter::compile)
+        .transpose()
+        .map_err(|m| ConfigError::at(at("filter"), m))?;
+
     let mut retry = RetryPolicy::default();
     if let Some(schedule) = common.retry_schedule {
         if schedule.is_empty() {
@@ -558,6 +569,7 @@ fn parse_destination(
     Ok(DestinationConfig {
         name: common.name,
         topics: common.topics,
+        filter,
         retry,
         ordering: common.ordering,
         on_dead: common.on_dead,

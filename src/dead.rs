@@ -2,7 +2,9 @@
 //!
 //! A dead event stays in the outbox table with `dead_at` set, its payload, headers, attempts, last
 //! error and destination intact. It is outside the pending index, so it never blocks or slows the
-//! claim of other events.
+//! claim of other events. A dead *pair* of a split event (one destination of several gave up) is
+//! its row in the deliveries table, with the same columns; every operation here covers both, and
+//! `--destination` picks one destination's.
 
 use std::time::Duration;
 
@@ -56,12 +58,23 @@ pub struct DeadFilter {
     pub since: Option<Duration>,
 }
 
-/// The shared WHERE clause of every dead-letter statement; uses `{name:dead_idx}`.
+/// The shared WHERE clause of every dead-letter statement; `{id}` is the event id column. Uses
+/// `{name:dead_idx}` on the outbox, `{name:deliveries_dead_idx}` on the deliveries.
 const DEAD_WHERE: &str = "dead_at IS NOT NULL
-  AND ($1::uuid[] IS NULL OR id = ANY($1))
+  AND ($1::uuid[] IS NULL OR {id} = ANY($1))
   AND ($2::text IS NULL OR topic = $2)
   AND ($3::text IS NULL OR destination = $3)
   AND ($4::float8 IS NULL OR dead_at > now() - make_interval(secs => $4))";
+
+/// The WHERE clause for the outbox table (dead event rows).
+fn rows_where() -> String {
+    DEAD_WHERE.replace("{id}", "id")
+}
+
+/// The WHERE clause for the deliveries table (dead pairs of split events).
+fn pairs_where() -> String {
+    DEAD_WHERE.replace("{id}", "event_id")
+}
 
 fn bind_filter<'q, O>(
     q: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
@@ -73,7 +86,8 @@ fn bind_filter<'q, O>(
         .bind(f.since.map(|d| d.as_secs_f64()))
 }
 
-/// DeadList: newest first, at most `limit`.
+/// DeadList: dead event rows and dead pairs (one per event and destination), newest first, at most
+/// `limit`.
 pub async fn list(
     pool: &PgPool,
     table: &OutboxTable,
@@ -82,7 +96,13 @@ pub async fn list(
 ) -> Result<Vec<DeadEvent>> {
     let sql = table.render(&format!(
         "SELECT id, seq, topic, key, destination, attempts, last_error, created_at, dead_at
-         FROM {{outbox}} WHERE {DEAD_WHERE} ORDER BY dead_at DESC, seq DESC LIMIT $5"
+         FROM {{outbox}} WHERE {rows}
+         UNION ALL
+         SELECT event_id, seq, topic, key, destination, attempts, last_error, created_at, dead_at
+         FROM {{qname:deliveries}} WHERE {pairs}
+         ORDER BY dead_at DESC, seq DESC LIMIT $5",
+        rows = rows_where(),
+        pairs = pairs_where()
     ));
     Ok(bind_filter(sqlx::query_as(&sql), filter)
         .bind(limit)
@@ -90,61 +110,99 @@ pub async fn list(
         .await?)
 }
 
-/// DeadShow: one dead event with its payload and headers.
-pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option<DeadEvent>> {
+/// DeadShow: one dead event with its payload and headers: its row, or each of its dead pairs.
+pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Vec<DeadEvent>> {
     let sql = table.render(
         "SELECT id, seq, topic, key, destination, attempts, last_error, created_at, dead_at, payload, headers
-         FROM {outbox} WHERE id = $1 AND dead_at IS NOT NULL",
+         FROM {outbox} WHERE id = $1 AND dead_at IS NOT NULL
+         UNION ALL
+         SELECT event_id, seq, topic, key, destination, attempts, last_error, created_at, dead_at, payload, headers
+         FROM {qname:deliveries} WHERE event_id = $1 AND dead_at IS NOT NULL
+         ORDER BY destination",
     );
-    Ok(sqlx::query_as(&sql).bind(id).fetch_optional(pool).await?)
+    Ok(sqlx::query_as(&sql).bind(id).fetch_all(pool).await?)
 }
 
-/// DeadRetry: puts matching dead events back as due now with attempts reset (last error kept).
-/// With `dry_run`, only counts them. Returns the number of events.
+/// DeadRetry: puts matching dead events (rows and pairs) back as due now with attempts reset (last
+/// error kept). With `dry_run`, only counts them. Returns the number of events.
 pub async fn retry(
     pool: &PgPool,
     table: &OutboxTable,
     filter: &DeadFilter,
     dry_run: bool,
 ) -> Result<u64> {
-    let statement = "UPDATE {outbox} SET dead_at = NULL, attempts = 0, next_attempt_at = now(), lease_token = NULL";
-    apply(pool, table, filter, dry_run, statement).await
+    let reset = "SET dead_at = NULL, attempts = 0, next_attempt_at = now(), lease_token = NULL";
+    apply(
+        pool,
+        table,
+        filter,
+        dry_run,
+        [
+            format!("UPDATE {{outbox}} {reset}"),
+            format!("UPDATE {{qname:deliveries}} {reset}"),
+        ],
+    )
+    .await
 }
 
-/// DeadDiscard: deletes matching dead events for good. With `dry_run`, only counts them.
+/// DeadDiscard: deletes matching dead events (rows and pairs) for good. With `dry_run`, only
+/// counts them.
 pub async fn discard(
     pool: &PgPool,
     table: &OutboxTable,
     filter: &DeadFilter,
     dry_run: bool,
 ) -> Result<u64> {
-    apply(pool, table, filter, dry_run, "DELETE FROM {outbox}").await
+    apply(
+        pool,
+        table,
+        filter,
+        dry_run,
+        [
+            "DELETE FROM {outbox}".to_owned(),
+            "DELETE FROM {qname:deliveries}".to_owned(),
+        ],
+    )
+    .await
 }
 
-/// Runs `statement` (an UPDATE or DELETE head) on the dead events `filter` matches.
+/// Runs `statements` (an UPDATE or DELETE head for the outbox, then for the deliveries) on the dead
+/// events `filter` matches, in one transaction.
 async fn apply(
     pool: &PgPool,
     table: &OutboxTable,
     filter: &DeadFilter,
     dry_run: bool,
-    statement: &str,
+    statements: [String; 2],
 ) -> Result<u64> {
     if dry_run {
         return count(pool, table, filter).await;
     }
-    let sql = table.render(&format!("{statement} WHERE {DEAD_WHERE} RETURNING 1"));
-    let rows: Vec<(i32,)> = bind_filter(sqlx::query_as(&sql), filter)
-        .fetch_all(pool)
-        .await?;
+    let [rows, pairs] = statements;
+    let mut tx = pool.begin().await?;
+    let mut n = 0;
+    for sql in [
+        format!("{rows} WHERE {} RETURNING 1", rows_where()),
+        format!("{pairs} WHERE {} RETURNING 1", pairs_where()),
+    ] {
+        let done: Vec<(i32,)> = bind_filter(sqlx::query_as(&table.render(&sql)), filter)
+            .fetch_all(&mut *tx)
+            .await?;
+        n += done.len() as u64;
+    }
+    tx.commit().await?;
     // Ordered keys: rows parked behind these dead events are due again (retry: behind them).
     crate::settle::unpark_followers(table, pool).await?;
-    Ok(rows.len() as u64)
+    Ok(n)
 }
 
-/// Counts matching dead events.
+/// Counts matching dead events (rows and pairs).
 pub async fn count(pool: &PgPool, table: &OutboxTable, filter: &DeadFilter) -> Result<u64> {
     let sql = table.render(&format!(
-        "SELECT count(*) FROM {{outbox}} WHERE {DEAD_WHERE}"
+        "SELECT (SELECT count(*) FROM {{outbox}} WHERE {rows})
+              + (SELECT count(*) FROM {{qname:deliveries}} WHERE {pairs})",
+        rows = rows_where(),
+        pairs = pairs_where()
     ));
     let (n,): (i64,) = bind_filter(sqlx::query_as(&sql), filter)
         .fetch_one(pool)

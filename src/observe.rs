@@ -169,7 +169,9 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
 /// that each is served by it: the pending part by `{name:pending_idx}` (its predicate is exactly
 /// that part's WHERE), the dead part by `{name:dead_idx}`; a single `WHERE published_at IS NULL`
 /// matches neither and reads the whole table. A (destination, topic) may come back from both
-/// parts: the caller merges them. Untried rows have no destination yet; routing names them.
+/// parts: the caller merges them. Untried rows have no destination yet; routing names them (each
+/// destination whose topics match counts them). The deliveries part (undelivered pairs of split
+/// events, a table as small as the current failures) is read whole.
 const BACKLOG: &str = "
 SELECT destination, topic,
   count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
@@ -183,6 +185,14 @@ UNION ALL
 SELECT destination, topic, 0, 0, count(*), 0
 FROM {outbox}
 WHERE dead_at IS NOT NULL AND published_at IS NULL
+GROUP BY destination, topic
+UNION ALL
+SELECT destination, topic,
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()),
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
+  count(*) FILTER (WHERE dead_at IS NOT NULL),
+  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)), 0)::float8
+FROM {qname:deliveries}
 GROUP BY destination, topic";
 
 /// Refreshes the backlog gauges every `interval` until `stop`.
@@ -205,14 +215,28 @@ pub async fn refresh_gauges(
                 let mut merged: std::collections::HashMap<(String, String), (i64, i64, i64, f64)> =
                     Default::default();
                 for (destination, topic, due, backoff, dead, lag) in rows {
-                    let destination = destination
-                        .or_else(|| router.route(&topic).and_then(|i| names.get(i).cloned()))
-                        .unwrap_or_else(|| "(unrouted)".into());
-                    let e = merged.entry((destination, topic)).or_default();
-                    e.0 += due;
-                    e.1 += backoff;
-                    e.2 += dead;
-                    e.3 = e.3.max(lag);
+                    let destinations = match destination {
+                        Some(d) => vec![d],
+                        None => {
+                            let routed: Vec<String> = router
+                                .by_topic(&topic)
+                                .into_iter()
+                                .filter_map(|i| names.get(i).cloned())
+                                .collect();
+                            if routed.is_empty() {
+                                vec!["(unrouted)".into()]
+                            } else {
+                                routed
+                            }
+                        }
+                    };
+                    for destination in destinations {
+                        let e = merged.entry((destination, topic.clone())).or_default();
+                        e.0 += due;
+                        e.1 += backoff;
+                        e.2 += dead;
+                        e.3 = e.3.max(lag);
+                    }
                 }
                 // Series that emptied go back to zero rather than keep their last value.
                 for key in known.iter() {
@@ -262,6 +286,10 @@ pub async fn serve(
         )
         .route("/healthz", axum::routing::get(healthz))
         .route("/readyz", axum::routing::get(readyz))
+        .route(
+            "/readyz/:destination",
+            axum::routing::get(readyz_destination),
+        )
         .with_state(ServerState { handle, relay });
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app)
@@ -281,9 +309,33 @@ async fn healthz(State(s): State<ServerState>) -> impl IntoResponse {
 }
 
 /// Ready when the database answers, every sink passes its healthcheck and no breaker is open; the
-/// body has a line per check either way.
-async fn readyz(State(s): State<ServerState>) -> impl IntoResponse {
-    match s.relay.readiness().await {
+/// body has a line per check either way. `?destination=NAME` checks the database and that one
+/// destination only (404 for an unknown name), as does `/readyz/NAME`.
+async fn readyz(
+    State(s): State<ServerState>,
+    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> impl IntoResponse {
+    ready_response(&s.relay, query.get("destination").map(String::as_str)).await
+}
+
+/// `/readyz/NAME`: see [`readyz`].
+async fn readyz_destination(
+    State(s): State<ServerState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> impl IntoResponse {
+    ready_response(&s.relay, Some(&name)).await
+}
+
+async fn ready_response(relay: &Relay, only: Option<&str>) -> (StatusCode, String) {
+    if let Some(name) = only {
+        if !relay.has_destination(name) {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("no destination is named {name:?}\n"),
+            );
+        }
+    }
+    match relay.readiness_of(only).await {
         Ok(lines) => (StatusCode::OK, format!("ready\n{}", lines.join(""))),
         Err(lines) => (
             StatusCode::SERVICE_UNAVAILABLE,

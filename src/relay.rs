@@ -1,9 +1,12 @@
 //! The relay: claim → route → publish → settle, in a loop, on a few claim workers.
 //!
-//! Each worker claims a batch, routes every event to its destination, publishes each destination's
-//! share concurrently within the batch's `publish_timeout`, and settles the whole batch in a few
-//! statements: what finished, delivered or failed; what was left unfinished, given back untouched;
-//! what a paused or failing destination cannot take now, held ([`crate::destination`]). Database
+//! Each worker claims a batch, routes every event to each destination that takes it (one *item*
+//! per event and destination), publishes each destination's share concurrently within the batch's
+//! `publish_timeout`, and settles the whole batch in a few statements: what finished, delivered or
+//! failed; what was left unfinished, given back untouched; what a paused or failing destination
+//! cannot take now, held ([`crate::destination`]). An event with several destinations that did not
+//! reach all of them is *split*: its row is settled and each undelivered pair goes on in the
+//! deliveries table, which a deliveries loop claims and settles the same way. Database
 //! errors (a PostgreSQL restart) are logged and retried with backoff; a bad event never stops the
 //! relay: it is retried or dead-lettered, and a row that cannot be read is dead-lettered alone.
 
@@ -127,6 +130,8 @@ pub struct Relay {
     failure: std::sync::Mutex<Option<String>>,
     /// The outcome given to events no destination takes (settle dead-letters them).
     unroutable: Outcome,
+    /// Names of the destinations with `ordering = "key"`.
+    ordered: Vec<String>,
 }
 
 impl Relay {
@@ -207,7 +212,18 @@ impl Relay {
             unroutable: Outcome::Rejected {
                 reason: "unroutable".into(),
             },
+            ordered: config
+                .destinations
+                .iter()
+                .filter(|d| d.ordering == Ordering::Key)
+                .map(|d| d.name.clone())
+                .collect(),
         }
+    }
+
+    /// Whether a destination of that name is configured.
+    pub fn has_destination(&self, name: &str) -> bool {
+        self.destinations.iter().any(|d| d.name == name)
     }
 
     /// The connection pool.
@@ -218,6 +234,20 @@ impl Relay {
     /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each) and no
     /// breaker is open. One line per check; `Err` when any failed.
     pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
+        self.readiness_of(None).await
+    }
+
+    /// Readiness of the database and one destination (`Some(name)`), or of every destination.
+    /// `Err` with one line when no destination has that name.
+    pub async fn readiness_of(
+        &self,
+        only: Option<&str>,
+    ) -> std::result::Result<Vec<String>, Vec<String>> {
+        if let Some(name) = only {
+            if !self.destinations.iter().any(|d| d.name == name) {
+                return Err(vec![format!("no destination is named {name:?}\n")]);
+            }
+        }
         let limit = Duration::from_secs(2);
         let mut lines = Vec::new();
         let mut ready = true;
@@ -230,6 +260,9 @@ impl Relay {
         ready &= line == "ok";
         lines.push(format!("database: {line}\n"));
         for (dest, health) in self.destinations.iter().zip(&self.health) {
+            if only.is_some_and(|name| name != dest.name) {
+                continue;
+            }
             let check = match tokio::time::timeout(limit, dest.sink.healthcheck()).await {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e),
@@ -321,15 +354,71 @@ impl Relay {
         Ok(self.process_batch(None).await?.0)
     }
 
-    /// What an event routed now goes to.
-    fn route(&self, event: &OutboxEvent) -> Route {
-        match self.router.route(&event.topic) {
-            None => Route::Unroutable,
-            Some(d) => match self.health[d].gate() {
-                Gate::Send => Route::Send(d),
-                Gate::Hold => Route::Hold(d),
-            },
+    /// Where an item for destination `d` goes now: sent, or held while `d` is paused or open.
+    fn gate(&self, d: usize) -> Route {
+        match self.health[d].gate() {
+            Gate::Send => Route::Send(d),
+            Gate::Hold => Route::Hold(d),
         }
+    }
+
+    /// The batch's items: one per event and destination that takes it (one `Unroutable` item for
+    /// an event none takes). With ordered destinations, an item whose key still has an undelivered
+    /// pair for its destination waits behind it (DeliveriesKeysWaiting).
+    async fn items(&self, events: &[OutboxEvent]) -> Result<Items> {
+        let mut items = Items::default();
+        for (e, targets) in self.router.route_all(events).into_iter().enumerate() {
+            let start = items.routes.len();
+            if targets.is_empty() {
+                items.owner.push(e);
+                items.routes.push(Route::Unroutable);
+            }
+            for d in targets {
+                items.owner.push(e);
+                items.routes.push(self.gate(d));
+            }
+            items.spans.push(start..items.routes.len());
+        }
+        if !self.ordered.is_empty() {
+            let keyed: Vec<(usize, usize, &str)> = (0..items.routes.len())
+                .filter_map(
+                    |i| match (items.routes[i], events[items.owner[i]].key.as_deref()) {
+                        (Route::Send(d), Some(key))
+                            if self.config.destinations[d].ordering == Ordering::Key =>
+                        {
+                            Some((i, d, key))
+                        }
+                        _ => None,
+                    },
+                )
+                .collect();
+            if !keyed.is_empty() {
+                let waiting: Vec<(String, String)> =
+                    sqlx::query_as(&self.table.sql.deliveries_keys_waiting)
+                        .bind(
+                            keyed
+                                .iter()
+                                .map(|(_, d, _)| self.destinations[*d].name.as_str())
+                                .collect::<Vec<_>>(),
+                        )
+                        .bind(keyed.iter().map(|(_, _, k)| *k).collect::<Vec<_>>())
+                        .bind(&self.blocking)
+                        .fetch_all(&self.pool)
+                        .await?;
+                if !waiting.is_empty() {
+                    let waiting: HashSet<(&str, &str)> = waiting
+                        .iter()
+                        .map(|(d, k)| (d.as_str(), k.as_str()))
+                        .collect();
+                    for (i, d, key) in keyed {
+                        if waiting.contains(&(self.destinations[d].name.as_str(), key)) {
+                            items.routes[i] = Route::Defer(d);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(items)
     }
 
     /// One batch; also returns the ids scheduled for another attempt.
@@ -372,9 +461,15 @@ impl Relay {
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
-        let routes: Vec<Route> = events.iter().map(|e| self.route(e)).collect();
+        let items = match self.items(&events).await {
+            Ok(items) => items,
+            Err(e) => {
+                crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
+                return Err(e);
+            }
+        };
 
-        let run = BatchRun::new(&events, &routes, &self.destinations, deadline);
+        let run = BatchRun::new(&events, &items, &self.destinations, deadline);
         let mut detach = detach;
         let mut last_progress = (run.finished(), tokio::time::Instant::now());
         let mut early: Option<(BatchReport, Vec<Uuid>, Uuid, HashSet<usize>)> = None;
@@ -408,10 +503,12 @@ impl Relay {
                             Hold::Lease(token) => *token,
                             Hold::Transaction(_) => Uuid::new_v4(),
                         };
-                        let straggling: HashSet<usize> = stragglers.iter().copied().collect();
+                        // Settled per event: an event waits for all its items.
+                        let straggling: HashSet<usize> =
+                            stragglers.iter().map(|&i| items.owner[i]).collect();
                         let snapshot = run.snapshot();
                         let lease = (
-                            stragglers.iter().map(|&i| events[i].id).collect::<Vec<_>>(),
+                            straggling.iter().map(|&e| events[e].id).collect::<Vec<_>>(),
                             token,
                             deadline.saturating_duration_since(tokio::time::Instant::now())
                                 + self.settings.publish_timeout,
@@ -419,7 +516,7 @@ impl Relay {
                         let (report, retried) = self
                             .settle_part(
                                 &events,
-                                &routes,
+                                &items,
                                 &snapshot,
                                 &|i| !straggling.contains(&i),
                                 (&poison, &held_back),
@@ -446,7 +543,7 @@ impl Relay {
             (None, Some(hold)) => {
                 self.settle_part(
                     &events,
-                    &routes,
+                    &items,
                     &outcomes,
                     &|_| true,
                     (&poison, &held_back),
@@ -461,7 +558,7 @@ impl Relay {
                 let (late, late_retried) = self
                     .settle_part(
                         &events,
-                        &routes,
+                        &items,
                         &outcomes,
                         &|i| straggling.contains(&i),
                         (&[], &[]),
@@ -477,15 +574,15 @@ impl Relay {
         }
     }
 
-    /// Settles the events of a batch that `include` selects, given their outcomes, under `hold`;
-    /// with `lease_rest`, first moves those ids under a lease (token, length) so that they can be
-    /// settled later, fenced by the token. `extra`: the claim's poison rows and held-back rows
-    /// (given to one settle only).
+    /// Settles the events of a batch that `include` selects (by event index), given their items'
+    /// outcomes, under `hold`; with `lease_rest`, first moves those ids under a lease (token,
+    /// length) so that they can be settled later, fenced by the token. `extra`: the claim's poison
+    /// rows and held-back rows (given to one settle only).
     #[allow(clippy::too_many_arguments)]
     async fn settle_part(
         &self,
         events: &[OutboxEvent],
-        routes: &[Route],
+        items: &Items,
         outcomes: &[Option<Outcome>],
         include: &(dyn Fn(usize) -> bool + Sync),
         extra: (&[(Uuid, String)], &[Uuid]),
@@ -500,37 +597,47 @@ impl Relay {
         let mut attempted = Vec::new();
         let mut held: Vec<(usize, usize, Option<String>)> = Vec::new();
         let mut untouched: Vec<Uuid> = Vec::new();
-        for (i, (event, outcome)) in events.iter().zip(outcomes).enumerate() {
-            if !include(i) {
+        let mut split: Vec<usize> = Vec::new();
+        for (e, event) in events.iter().enumerate() {
+            if !include(e) {
                 continue;
             }
-            match (routes[i], outcome) {
+            let span = items.spans[e].clone();
+            if items.is_split(e) {
+                let mut sends = span.filter(|&i| matches!(items.routes[i], Route::Send(_)));
+                if sends.clone().next().is_some() && sends.all(|i| outcomes[i].is_none()) {
+                    // Not one destination answered before the batch's time ran out: as it was.
+                    untouched.push(event.id);
+                } else {
+                    split.push(e);
+                }
+                continue;
+            }
+            let i = span.start;
+            match (items.routes[i], &outcomes[i]) {
                 (Route::Unroutable, _) => attempted.push((event, None, &self.unroutable)),
-                (Route::Hold(d), _) => held.push((i, d, None)),
-                (Route::Send(_), None) => untouched.push(event.id),
-                (Route::Send(d), Some(outcome)) => match self.health[d].record(outcome) {
-                    Counted::Held => {
-                        let reason = match outcome {
-                            Outcome::Retry { reason, .. } => Some(reason.clone()),
-                            _ => None,
-                        };
-                        held.push((i, d, reason));
-                    }
-                    counted => {
-                        if counted == Counted::Tripped {
-                            if let Outcome::Retry { reason, .. } = outcome {
-                                tripped.push((d, reason.clone()));
-                            }
+                (Route::Hold(d), _) => held.push((e, d, None)),
+                (Route::Send(_) | Route::Defer(_), None) => untouched.push(event.id),
+                (Route::Send(d) | Route::Defer(d), Some(outcome)) => {
+                    match self.count(d, outcome, &mut tripped) {
+                        Counted::Held => held.push((e, d, retry_reason(outcome))),
+                        _ => {
+                            let dest = &self.destinations[d];
+                            attempted.push((
+                                event,
+                                Some((dest.name.as_str(), &dest.retry)),
+                                outcome,
+                            ));
                         }
-                        let dest = &self.destinations[d];
-                        attempted.push((event, Some((dest.name.as_str(), &dest.retry)), outcome));
                     }
-                },
+                }
             }
         }
-        let mut plan = settle::plan(attempted, now, &mut rand::thread_rng());
-        for (i, d, reason) in held {
-            let (event, dest) = (&events[i], &self.destinations[d]);
+        // Send, unlike ThreadRng: the batch future crosses threads.
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
+        let mut plan = settle::plan(attempted, now, &mut rng);
+        for (e, d, reason) in held {
+            let (event, dest) = (&events[e], &self.destinations[d]);
             match dest.retry.expired(event.created_at, now) {
                 // max_age still applies while a destination is unavailable.
                 Some(why) => plan.failed.push(settle::FailedRow {
@@ -541,6 +648,76 @@ impl Relay {
                     dead: true,
                 }),
                 None => plan.hold(event.id, &dest.name, reason.as_deref()),
+            }
+        }
+        let mut pairs = PairCounts::default();
+        for e in split {
+            let event = &events[e];
+            plan.fanned.push(event.id);
+            for i in items.spans[e].clone() {
+                let (d, outcome) = match (items.routes[i], &outcomes[i]) {
+                    (Route::Unroutable, _) => continue,
+                    (Route::Send(d), outcome) => (d, outcome.as_ref()),
+                    (Route::Hold(d) | Route::Defer(d), _) => (d, None),
+                };
+                let dest = &self.destinations[d];
+                let counted = outcome.map(|o| (o, self.count(d, o, &mut tripped)));
+                match (items.routes[i], counted) {
+                    (Route::Defer(_), _) => {
+                        let note = format!(
+                            "waiting for an earlier event of key {:?} to reach {}",
+                            event.key.as_deref().unwrap_or_default(),
+                            dest.name
+                        );
+                        plan.pair_waiting(event, &dest.name, false, Some(note));
+                    }
+                    (Route::Hold(_), _) | (_, Some((_, Counted::Held))) => {
+                        match dest.retry.expired(event.created_at, now) {
+                            Some(why) => plan.pair_failed(
+                                event.attempts,
+                                settle::FailedRow {
+                                    id: event.id,
+                                    error: format!("held for {}: {why}", dest.name),
+                                    destination: Some(dest.name.clone()),
+                                    delay_secs: 0.0,
+                                    dead: true,
+                                },
+                            ),
+                            None => {
+                                let note = outcome.and_then(retry_reason).map(|r| {
+                                    format!(
+                                        "{r} [held: {} is unavailable, not counted as an attempt]",
+                                        dest.name
+                                    )
+                                });
+                                plan.pair_waiting(event, &dest.name, true, note);
+                            }
+                        }
+                        pairs.held += 1;
+                    }
+                    (_, None) => plan.pair_waiting(event, &dest.name, false, None),
+                    (_, Some((outcome, _))) => {
+                        match settle::decide(event, &dest.name, &dest.retry, outcome, now, &mut rng)
+                        {
+                            None => {
+                                pairs.delivered += 1;
+                                plan.pairs_delivered
+                                    .entry(dest.name.clone())
+                                    .or_default()
+                                    .push(event.id);
+                            }
+                            Some(failed) => {
+                                if failed.dead {
+                                    pairs.dead += 1;
+                                } else {
+                                    pairs.retried += 1;
+                                }
+                                warn!(event_id = %event.id, topic = %event.topic, destination = %dest.name, attempt = event.attempts + 1, dead = failed.dead, error = %failed.error, "publish failed");
+                                plan.pair_failed(event.attempts + 1, failed);
+                            }
+                        }
+                    }
+                }
             }
         }
         for (id, reason) in poison {
@@ -598,19 +775,7 @@ impl Relay {
         .await?;
         metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
         record_outcomes(events, &plan);
-        for (d, reason) in tripped {
-            let health = &self.health[d];
-            warn!(
-                destination = health.name(),
-                failures = health.config().failures,
-                error = %reason,
-                "circuit breaker open: holding this destination's events, probing until it answers"
-            );
-            if let Err(e) = destination::store_open(&self.pool, &self.table, health, &reason).await
-            {
-                warn!(destination = health.name(), error = %crate::error_chain(&e), "cannot store the breaker state");
-            }
-        }
+        self.open_breakers(tripped).await;
         if settled.fenced > 0 {
             warn!(
                 fenced = settled.fenced,
@@ -619,10 +784,10 @@ impl Relay {
         }
         let report = BatchReport {
             claimed: (0..events.len()).filter(|&i| include(i)).count() + poison.len(),
-            delivered: plan.delivered_count(),
-            retried: plan.retry_count(),
-            dead: plan.dead_count(),
-            held: plan.held.len(),
+            delivered: plan.delivered_count() + pairs.delivered,
+            retried: plan.retry_count() + pairs.retried,
+            dead: plan.dead_count() + pairs.dead,
+            held: plan.held.len() + pairs.held,
             fenced: settled.fenced,
             released: untouched.len(),
         };
@@ -654,17 +819,16 @@ impl Relay {
     /// holds back only its own key. Every other event is a chain of one; those all go out together
     /// in one publish per destination.
     async fn publish_chains(&self, run: &BatchRun<'_>) {
-        let events = run.events;
         let mut singles: Vec<usize> = Vec::new();
         let mut chains: Vec<Vec<usize>> = Vec::new();
-        let sendable = (0..events.len()).filter(|&i| matches!(run.routes[i], Route::Send(_)));
+        let sendable = (0..run.routes.len()).filter(|&i| matches!(run.routes[i], Route::Send(_)));
         if !self.claim.ordered {
             // No ordered destination: no chains to build.
             singles = sendable.collect();
         } else {
             let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
             for i in sendable {
-                let ordered_key = match (run.routes[i], events[i].key.as_deref()) {
+                let ordered_key = match (run.routes[i], run.event(i).key.as_deref()) {
                     (Route::Send(d), Some(key))
                         if self.config.destinations[d].ordering == Ordering::Key =>
                     {
@@ -742,8 +906,7 @@ impl Relay {
                     for &i in &members {
                         run.handed[i].store(true, AtomicOrdering::Relaxed);
                     }
-                    let batch: Vec<&OutboxEvent> =
-                        members.iter().map(|&i| &run.events[i]).collect();
+                    let batch: Vec<&OutboxEvent> = members.iter().map(|&i| run.event(i)).collect();
                     let recorder = Recorder::new(&run.slots, &members);
                     let started = Instant::now();
                     let publish = dest
@@ -794,6 +957,11 @@ impl Relay {
             let relay = Arc::clone(&self);
             let shutdown = shutdown.clone();
             workers.spawn(async move { relay.worker(worker, shutdown).await });
+        }
+        {
+            let relay = Arc::clone(&self);
+            let shutdown = shutdown.clone();
+            workers.spawn(async move { relay.deliveries_loop(shutdown).await });
         }
         let maintenance = {
             let relay = Arc::clone(&self);
@@ -943,11 +1111,12 @@ impl Relay {
         }
     }
 
-    /// Sends one held event to destination `d` if its probe is due and this relay takes it. An
-    /// answer (delivered, or a permanent rejection) closes the breaker and releases the held
-    /// events; a failure counts no attempt and schedules the next probe, later each time.
+    /// Sends one held event to destination `d` if its probe is due and this relay takes it: a held
+    /// event row, or else a held pair from the deliveries table. An answer (delivered, or a
+    /// permanent rejection) closes the breaker and releases the held events; a failure counts no
+    /// attempt and schedules the next probe, later each time.
     async fn probe(&self, d: usize) -> Result<()> {
-        let (dest, health) = (&self.destinations[d], &self.health[d]);
+        let dest = &self.destinations[d];
         let hold_for = self.settings.publish_timeout * 2;
         let Some(failed_probes) =
             destination::take_probe(&self.pool, &self.table, &dest.name, hold_for).await?
@@ -959,42 +1128,26 @@ impl Relay {
             .bind(&dest.name)
             .fetch_optional(&mut *tx)
             .await?;
-        // Nothing to send (nothing held yet: the next events routed to the destination will be)
-        // or a poison row (dead-lettered; the next probe takes another): the next probe comes as
-        // scheduled.
-        let skipped = || async {
-            let delay = health.probe_delay(failed_probes);
-            destination::store_probe_failed(&self.pool, &self.table, &dest.name, None, delay).await
-        };
         let event = match row.map(|row| (OutboxEvent::from_row(&row), row)) {
             Some((Ok(event), _)) => event,
             Some((Err(e), row)) => {
+                // A poison row: dead-lettered; the next probe takes another, as scheduled.
                 let id: Uuid = sqlx::Row::try_get(&row, "id")?;
                 let mut plan = settle::SettlePlan::default();
                 plan.poison(id, &crate::error_chain(&e));
                 let hold = Hold::Transaction(tx);
                 settle::apply(&self.table, &self.pool, hold, &plan, false, &[], None).await?;
-                return skipped().await;
+                return self.probe_skipped(d, failed_probes).await;
             }
             None => {
                 tx.rollback().await?;
-                return skipped().await;
+                return self.probe_delivery(d, failed_probes).await;
             }
         };
-        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
-        let routes = [Route::Send(d)];
-        let run = BatchRun::new(
-            std::slice::from_ref(&event),
-            &routes,
-            &self.destinations,
-            deadline,
-        );
-        let _ = tokio::time::timeout_at(deadline, self.publish_together(&run, &[0])).await;
-        let outcome = run
-            .finish(false, self.settings.publish_timeout)
-            .pop()
-            .flatten();
-        match outcome {
+        let (outcome, _) = self
+            .publish_each(std::slice::from_ref(&event), vec![Route::Send(d)])
+            .await;
+        match outcome.into_iter().next().flatten() {
             Some(outcome @ (Outcome::Delivered | Outcome::Rejected { .. })) => {
                 let plan = settle::plan(
                     [(&event, Some((dest.name.as_str(), &dest.retry)), &outcome)],
@@ -1012,30 +1165,290 @@ impl Relay {
                 )
                 .await?;
                 record_outcomes(std::slice::from_ref(&event), &plan);
-                health.close();
-                let released =
-                    destination::store_closed(&self.pool, &self.table, &dest.name).await?;
-                info!(destination = %dest.name, released, "probe answered: circuit breaker closed, held events are due again");
+                self.probe_answered(d).await
             }
             failed => {
-                let reason = match failed {
-                    Some(Outcome::Retry { reason, .. }) => reason,
-                    _ => "no answer within publish_timeout".to_owned(),
-                };
                 tx.rollback().await?;
-                let delay = health.probe_delay(failed_probes + 1);
-                info!(destination = %dest.name, error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
-                destination::store_probe_failed(
-                    &self.pool,
-                    &self.table,
-                    &dest.name,
-                    Some(&reason),
-                    delay,
-                )
-                .await?;
+                self.probe_failed(d, failed_probes, failed).await
             }
         }
+    }
+
+    /// The probe of `d` found no held event row: it takes a held pair from the deliveries table.
+    async fn probe_delivery(&self, d: usize, failed_probes: i32) -> Result<()> {
+        let dest = &self.destinations[d];
+        let claimed = crate::claim::claim_delivery_probe(
+            &self.pool,
+            &self.table,
+            &dest.name,
+            self.claim.lease,
+        )
+        .await?;
+        let token = claimed.token;
+        if let Some((id, name, reason)) = claimed.poison.into_iter().next() {
+            let mut plan = settle::SettlePlan::default();
+            plan.poison(id, &reason);
+            plan.failed[0].destination = Some(name);
+            settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
+            return self.probe_skipped(d, failed_probes).await;
+        }
+        let Some(delivery) = claimed.deliveries.into_iter().next() else {
+            // Nothing held yet: the next events routed to the destination will be.
+            return self.probe_skipped(d, failed_probes).await;
+        };
+        let event = delivery.event;
+        let (outcome, _) = self
+            .publish_each(std::slice::from_ref(&event), vec![Route::Send(d)])
+            .await;
+        let mut plan = settle::SettlePlan::default();
+        match outcome.into_iter().next().flatten() {
+            Some(outcome @ (Outcome::Delivered | Outcome::Rejected { .. })) => {
+                let now = chrono::Utc::now();
+                // Send, unlike ThreadRng: the batch future crosses threads.
+                let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
+                match settle::decide(&event, &dest.name, &dest.retry, &outcome, now, &mut rng) {
+                    None => {
+                        plan.delivered.insert(dest.name.clone(), vec![event.id]);
+                    }
+                    Some(failed) => plan.failed.push(failed),
+                }
+                settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
+                record_outcomes(std::slice::from_ref(&event), &plan);
+                self.probe_answered(d).await
+            }
+            failed => {
+                // Back to held, no attempt counted.
+                plan.hold(event.id, &dest.name, None);
+                settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
+                self.probe_failed(d, failed_probes, failed).await
+            }
+        }
+    }
+
+    /// A probe found nothing to send (or a poison row): the next probe comes as scheduled.
+    async fn probe_skipped(&self, d: usize, failed_probes: i32) -> Result<()> {
+        let delay = self.health[d].probe_delay(failed_probes);
+        let name = &self.destinations[d].name;
+        destination::store_probe_failed(&self.pool, &self.table, name, None, delay).await
+    }
+
+    /// The destination answered its probe: the breaker closes and its held events are due again.
+    async fn probe_answered(&self, d: usize) -> Result<()> {
+        let name = &self.destinations[d].name;
+        self.health[d].close();
+        let released = destination::store_closed(&self.pool, &self.table, name).await?;
+        info!(destination = %name, released, "probe answered: circuit breaker closed, held events are due again");
         Ok(())
+    }
+
+    /// The probe failed: the breaker stays open, the next probe later.
+    async fn probe_failed(
+        &self,
+        d: usize,
+        failed_probes: i32,
+        failed: Option<Outcome>,
+    ) -> Result<()> {
+        let name = &self.destinations[d].name;
+        let reason = match failed {
+            Some(Outcome::Retry { reason, .. }) => reason,
+            _ => "no answer within publish_timeout".to_owned(),
+        };
+        let delay = self.health[d].probe_delay(failed_probes + 1);
+        info!(destination = %name, error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
+        destination::store_probe_failed(&self.pool, &self.table, name, Some(&reason), delay).await
+    }
+
+    /// Publishes events that have one item each (`routes`) within one `publish_timeout`; returns
+    /// their outcomes and whether shutdown cut the publish short.
+    async fn publish_each(
+        &self,
+        events: &[OutboxEvent],
+        routes: Vec<Route>,
+    ) -> (Vec<Option<Outcome>>, bool) {
+        let items = Items::single(routes);
+        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
+        let run = BatchRun::new(events, &items, &self.destinations, deadline);
+        let aborted = tokio::select! {
+            _ = tokio::time::timeout_at(deadline, self.publish_chains(&run)) => false,
+            _ = self.abort.cancelled() => true,
+        };
+        (run.finish(aborted, self.settings.publish_timeout), aborted)
+    }
+
+    /// Records an outcome of destination `d` on its breaker; a failure that opens it joins
+    /// `tripped` (stored once the batch is settled).
+    fn count(&self, d: usize, outcome: &Outcome, tripped: &mut Vec<(usize, String)>) -> Counted {
+        let counted = self.health[d].record(outcome);
+        if counted == Counted::Tripped {
+            if let Some(reason) = retry_reason(outcome) {
+                tripped.push((d, reason));
+            }
+        }
+        counted
+    }
+
+    /// Stores the breakers a batch opened, so every relay holds those destinations' events.
+    async fn open_breakers(&self, tripped: Vec<(usize, String)>) {
+        for (d, reason) in tripped {
+            let health = &self.health[d];
+            warn!(
+                destination = health.name(),
+                failures = health.config().failures,
+                error = %reason,
+                "circuit breaker open: holding this destination's events, probing until it answers"
+            );
+            if let Err(e) = destination::store_open(&self.pool, &self.table, health, &reason).await
+            {
+                warn!(destination = health.name(), error = %crate::error_chain(&e), "cannot store the breaker state");
+            }
+        }
+    }
+
+    /// Claims, publishes and settles one batch of due deliveries (the undelivered pairs of split
+    /// events). Each pair is its destination's alone: it is published, retried, held and
+    /// dead-lettered like an event with that one destination.
+    pub async fn run_deliveries_batch(&self) -> Result<BatchReport> {
+        let claimed = crate::claim::claim_deliveries(
+            &self.pool,
+            &self.table,
+            self.settings.batch_size,
+            self.claim.lease,
+            &self.ordered,
+            &self.blocking,
+        )
+        .await?;
+        let token = claimed.token;
+        let mut plan = settle::SettlePlan::default();
+        for (id, name, reason) in &claimed.poison {
+            warn!(event_id = %id, destination = %name, error = %reason, "dead-lettering a delivery that cannot be read as an event");
+            plan.poison(*id, reason);
+            if let Some(last) = plan.failed.last_mut() {
+                last.destination = Some(name.clone());
+            }
+        }
+        if claimed.deliveries.is_empty() && plan.failed.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        let (names, events): (Vec<String>, Vec<OutboxEvent>) = claimed
+            .deliveries
+            .into_iter()
+            .map(|c| (c.destination, c.event))
+            .unzip();
+        let routes: Vec<Route> = names
+            .iter()
+            .map(
+                |name| match self.destinations.iter().position(|d| &d.name == name) {
+                    Some(d) => self.gate(d),
+                    None => Route::Unroutable,
+                },
+            )
+            .collect();
+        let (outcomes, aborted) = self.publish_each(&events, routes.clone()).await;
+        let now = chrono::Utc::now();
+        // Send, unlike ThreadRng: the batch future crosses threads.
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
+        let mut tripped = Vec::new();
+        let mut untouched: Vec<(Uuid, String)> = Vec::new();
+        for (i, event) in events.iter().enumerate() {
+            let name = &names[i];
+            match (routes[i], &outcomes[i]) {
+                (Route::Unroutable, _) => plan.failed.push(settle::FailedRow {
+                    id: event.id,
+                    error: format!("destination {name:?} is no longer configured: add it back, then `pgoutbox dead retry --destination {name}`, or `dead discard` [dead: no such destination]"),
+                    destination: Some(name.clone()),
+                    delay_secs: 0.0,
+                    dead: true,
+                }),
+                (Route::Hold(d), _) => match self.destinations[d].retry.expired(event.created_at, now) {
+                    Some(why) => plan.failed.push(settle::FailedRow {
+                        id: event.id,
+                        error: format!("held for {name}: {why}"),
+                        destination: Some(name.clone()),
+                        delay_secs: 0.0,
+                        dead: true,
+                    }),
+                    None => plan.hold(event.id, name, None),
+                },
+                (Route::Send(_) | Route::Defer(_), None) => untouched.push((event.id, name.clone())),
+                (Route::Send(d) | Route::Defer(d), Some(outcome)) => {
+                    match self.count(d, outcome, &mut tripped) {
+                        Counted::Held => {
+                            plan.hold(event.id, name, retry_reason(outcome).as_deref())
+                        }
+                        _ => {
+                            let dest = &self.destinations[d];
+                            match settle::decide(event, name, &dest.retry, outcome, now, &mut rng) {
+                                None => plan.delivered.entry(name.clone()).or_default().push(event.id),
+                                Some(failed) => {
+                                    warn!(event_id = %event.id, topic = %event.topic, destination = %name, attempt = event.attempts + 1, dead = failed.dead, error = %failed.error, "publish failed");
+                                    plan.failed.push(failed);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let settled =
+            settle::apply_deliveries(&self.table, &self.pool, token, &plan, &untouched).await?;
+        record_outcomes(&events, &plan);
+        self.open_breakers(tripped).await;
+        if settled.fenced > 0 {
+            warn!(
+                fenced = settled.fenced,
+                "delivery lease lost before settle: another relay re-claimed these pairs"
+            );
+        }
+        if aborted && !untouched.is_empty() {
+            warn!(
+                released = untouched.len(),
+                "shutdown grace period over: released unfinished deliveries"
+            );
+        }
+        Ok(BatchReport {
+            claimed: events.len() + claimed.poison.len(),
+            delivered: plan.delivered_count(),
+            retried: plan.retry_count(),
+            dead: plan.dead_count(),
+            held: plan.held.len(),
+            fenced: settled.fenced,
+            released: untouched.len(),
+        })
+    }
+
+    /// Claims due deliveries until shutdown: at once again while there are some, backing off to
+    /// `poll_interval` while there are none, and on database errors.
+    async fn deliveries_loop(&self, shutdown: CancellationToken) -> BatchReport {
+        let mut total = BatchReport::default();
+        let mut idle_pause = self.settings.min_poll_interval;
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let pause = match self.run_deliveries_batch().await {
+                Ok(report) if report.claimed > 0 => {
+                    total += report;
+                    idle_pause = self.settings.min_poll_interval;
+                    backoff = Duration::from_millis(100);
+                    continue;
+                }
+                Ok(_) => {
+                    let pause = idle_pause;
+                    idle_pause = (idle_pause * 2).min(self.settings.poll_interval);
+                    pause
+                }
+                Err(e) => {
+                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                    warn!(error = %crate::error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "deliveries claim or settle failed; retrying");
+                    let pause = backoff;
+                    backoff = (backoff * 2).min(MAX_DB_BACKOFF);
+                    pause
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        total
     }
 
     async fn cleanup_loop(&self, shutdown: CancellationToken) {
@@ -1073,6 +1486,20 @@ impl Relay {
                     Ok(_) => {}
                     Err(e) => {
                         warn!(error = %crate::error_chain(&e), "expiring held events failed; will try again")
+                    }
+                }
+                match sqlx::query(&self.table.sql.deliveries_expire_held)
+                    .bind(&dest.name)
+                    .bind(max_age.as_secs_f64())
+                    .execute(&self.pool)
+                    .await
+                {
+                    Ok(done) if done.rows_affected() > 0 => {
+                        warn!(destination = %dest.name, pairs = done.rows_affected(), "held deliveries reached max_age: dead-lettered")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %crate::error_chain(&e), "expiring held deliveries failed; will try again")
                     }
                 }
             }
@@ -1117,32 +1544,94 @@ impl Relay {
                 continue;
             }
             if report.claimed == 0 || only_repeats {
-                return Ok(total);
+                break;
             }
             unbounded_tried = false;
             failed_before.extend(retried);
         }
+        // Then the due pairs of split events, until none is due or a batch only failed again.
+        loop {
+            let report = self.run_deliveries_batch().await?;
+            total += report;
+            if report.claimed == 0 || report.delivered + report.dead == 0 {
+                return Ok(total);
+            }
+        }
     }
 }
 
-/// Where a claimed event goes in this batch.
+/// Where one (event, destination) item of a batch goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     /// Published to destination `d`.
     Send(usize),
     /// Held for destination `d` (paused, or its breaker is open).
     Hold(usize),
+    /// Ordered destination `d` still has an undelivered pair of this key: not published now, the
+    /// pair waits behind it in the deliveries table.
+    Defer(usize),
     /// No destination takes its topic.
     Unroutable,
 }
 
-/// One batch being published: its events, where each goes, the outcome slots sinks fill as they
-/// go, and each destination's time budget.
+/// A batch's items: one per (event, destination), what publishing works on.
+#[derive(Debug, Default)]
+struct Items {
+    /// Per item: its event's index in the batch.
+    owner: Vec<usize>,
+    /// Per item: where it goes.
+    routes: Vec<Route>,
+    /// Per event: its items (contiguous).
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+impl Items {
+    /// One item per event, for batches whose events each have one destination already (a batch of
+    /// deliveries, a probe).
+    fn single(routes: Vec<Route>) -> Self {
+        Self {
+            owner: (0..routes.len()).collect(),
+            spans: (0..routes.len()).map(|i| i..i + 1).collect(),
+            routes,
+        }
+    }
+
+    /// Whether event `e` settles through the deliveries table: several destinations, or one item
+    /// that waits behind its key there.
+    fn is_split(&self, e: usize) -> bool {
+        let span = self.spans[e].clone();
+        span.len() > 1
+            || self.routes[span]
+                .iter()
+                .any(|r| matches!(r, Route::Defer(_)))
+    }
+}
+
+/// Counts of a batch's split-event pairs, for its report.
+#[derive(Debug, Default)]
+struct PairCounts {
+    delivered: usize,
+    retried: usize,
+    dead: usize,
+    held: usize,
+}
+
+/// The failure an outcome reports, if it is a retryable one.
+fn retry_reason(outcome: &Outcome) -> Option<String> {
+    match outcome {
+        Outcome::Retry { reason, .. } => Some(reason.clone()),
+        _ => None,
+    }
+}
+
+/// One batch being published: its items, the outcome slots sinks fill as they go, and each
+/// destination's time budget.
 struct BatchRun<'a> {
     events: &'a [OutboxEvent],
+    owner: &'a [usize],
     routes: &'a [Route],
     slots: Vec<OnceLock<Outcome>>,
-    /// Events handed to a sink (their publish started, or was queued to start).
+    /// Items handed to a sink (their publish started, or was queued to start).
     handed: Vec<AtomicBool>,
     budgets: Vec<Budget>,
 }
@@ -1150,15 +1639,20 @@ struct BatchRun<'a> {
 impl<'a> BatchRun<'a> {
     fn new(
         events: &'a [OutboxEvent],
-        routes: &'a [Route],
+        items: &'a Items,
         destinations: &[Destination],
         deadline: tokio::time::Instant,
     ) -> Self {
         Self {
             events,
-            routes,
-            slots: events.iter().map(|_| OnceLock::new()).collect(),
-            handed: events.iter().map(|_| AtomicBool::new(false)).collect(),
+            owner: &items.owner,
+            routes: &items.routes,
+            slots: items.routes.iter().map(|_| OnceLock::new()).collect(),
+            handed: items
+                .routes
+                .iter()
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             budgets: destinations
                 .iter()
                 .map(|_| Budget::until(deadline))
@@ -1166,12 +1660,17 @@ impl<'a> BatchRun<'a> {
         }
     }
 
-    /// How many events have an outcome so far.
+    /// The event of item `i`.
+    fn event(&self, i: usize) -> &'a OutboxEvent {
+        &self.events[self.owner[i]]
+    }
+
+    /// How many items have an outcome so far.
     fn finished(&self) -> usize {
         self.slots.iter().filter(|s| s.get().is_some()).count()
     }
 
-    /// Events to publish that have no outcome yet.
+    /// Items to publish that have no outcome yet.
     fn stragglers(&self) -> Vec<usize> {
         (0..self.slots.len())
             .filter(|&i| matches!(self.routes[i], Route::Send(_)) && self.slots[i].get().is_none())
@@ -1246,7 +1745,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
     let by_id: HashMap<Uuid, &OutboxEvent> = events.iter().map(|e| (e.id, e)).collect();
     let now = chrono::Utc::now();
-    for (destination, ids) in &plan.delivered {
+    for (destination, ids) in plan.delivered.iter().chain(&plan.pairs_delivered) {
         let mut per_topic: HashMap<&str, u64> = HashMap::new();
         let latency = metrics::histogram!(observe::COMMIT_TO_PUBLISH_SECONDS, "destination" => destination.clone());
         for id in ids {
@@ -1266,6 +1765,9 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
     for h in &plan.held {
         *held.entry(h.destination.as_str()).or_default() += 1;
     }
+    for p in plan.pairs.iter().filter(|p| p.held) {
+        *held.entry(p.destination.as_str()).or_default() += 1;
+    }
     for (destination, n) in held {
         metrics::counter!(observe::HELD_TOTAL, "destination" => destination.to_owned())
             .increment(n);
@@ -1279,6 +1781,13 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
                     e.topic.as_str(),
                     f.dead,
                 ))
+                .or_default() += 1;
+        }
+    }
+    for p in plan.pairs.iter().filter(|p| p.failed) {
+        if let Some(e) = by_id.get(&p.event_id) {
+            *failures
+                .entry((p.destination.as_str(), e.topic.as_str(), p.dead))
                 .or_default() += 1;
         }
     }

@@ -4,6 +4,10 @@
 //! destination; every failure of the batch, retried or dead-lettered, in one more. The decision per
 //! failure comes from the destination's [`RetryPolicy`]; this module turns outcomes into that plan
 //! ([`plan`], pure and unit-tested) and writes it ([`apply`]).
+//!
+//! Fan-out: a split event (several destinations, not all delivered) has its row settled and its
+//! undelivered pairs written to the deliveries table in the same statement ([`SettlePlan::fanned`]);
+//! a batch of deliveries is settled on that table ([`apply_deliveries`]) from the same kind of plan.
 
 use std::collections::BTreeMap;
 
@@ -47,15 +51,42 @@ pub struct HeldRow {
     pub error: Option<String>,
 }
 
+/// One undelivered pair of a split event, written to the deliveries table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairRow {
+    /// The event.
+    pub event_id: Uuid,
+    /// The destination.
+    pub destination: String,
+    /// Attempts counted so far.
+    pub attempts: i32,
+    /// Delay until it is due (ignored when held or dead).
+    pub delay_secs: f64,
+    /// Its last error, if any.
+    pub error: Option<String>,
+    /// Dead-lettered.
+    pub dead: bool,
+    /// Held for its destination (paused, breaker open): due at 'infinity'.
+    pub held: bool,
+    /// This settle counted a failed attempt for it (metrics).
+    pub failed: bool,
+}
+
 /// What a batch's settle writes.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct SettlePlan {
-    /// Delivered event ids, per destination name.
+    /// Delivered event ids (or pairs, in a deliveries batch), per destination name.
     pub delivered: BTreeMap<String, Vec<Uuid>>,
     /// Failures, retried or dead.
     pub failed: Vec<FailedRow>,
     /// Events held for their destination.
     pub held: Vec<HeldRow>,
+    /// Split events: settled, their undelivered pairs going to the deliveries table.
+    pub fanned: Vec<Uuid>,
+    /// The undelivered pairs of the split events.
+    pub pairs: Vec<PairRow>,
+    /// The split events' delivered pairs, per destination (metrics; nothing to write).
+    pub pairs_delivered: BTreeMap<String, Vec<Uuid>>,
 }
 
 impl SettlePlan {
@@ -72,6 +103,41 @@ impl SettlePlan {
     /// Number of events scheduled for another attempt.
     pub fn retry_count(&self) -> usize {
         self.failed.len() - self.dead_count()
+    }
+
+    /// Records a split event's undelivered pair from its failure (see [`decide`]).
+    pub fn pair_failed(&mut self, attempts: i32, failed: FailedRow) {
+        self.pairs.push(PairRow {
+            event_id: failed.id,
+            destination: failed.destination.unwrap_or_default(),
+            attempts,
+            delay_secs: failed.delay_secs,
+            error: Some(failed.error),
+            dead: failed.dead,
+            held: false,
+            failed: true,
+        });
+    }
+
+    /// Records a split event's pair that is due without an attempt counted (`held`: at
+    /// 'infinity' until its destination is back), with a note for `last_error`.
+    pub fn pair_waiting(
+        &mut self,
+        event: &OutboxEvent,
+        destination: &str,
+        held: bool,
+        note: Option<String>,
+    ) {
+        self.pairs.push(PairRow {
+            event_id: event.id,
+            destination: destination.to_owned(),
+            attempts: event.attempts,
+            delay_secs: 0.0,
+            error: note.map(truncate),
+            dead: false,
+            held,
+            failed: false,
+        });
     }
 
     /// Dead-letters a row the relay could not read (a poison row), with the reason.
@@ -112,7 +178,6 @@ pub fn plan<'a>(
 ) -> SettlePlan {
     let mut plan = SettlePlan::default();
     for (event, route, outcome) in attempted {
-        let attempt = event.attempts + 1;
         let Some((destination, policy)) = route else {
             plan.failed.push(FailedRow {
                 id: event.id,
@@ -126,46 +191,62 @@ pub fn plan<'a>(
             });
             continue;
         };
-        let (error, decision) = match outcome {
-            Outcome::Delivered => {
+        match decide(event, destination, policy, outcome, now, rng) {
+            None => {
                 // No String per event: the destination is looked up, inserted once.
                 match plan.delivered.get_mut(destination) {
                     Some(ids) => ids.push(event.id),
                     None => {
                         plan.delivered
-                            .insert((*destination).to_owned(), vec![event.id]);
+                            .insert(destination.to_owned(), vec![event.id]);
                     }
                 }
-                continue;
             }
-            Outcome::Rejected { reason } => (reason, Decision::Dead("permanent failure".into())),
-            Outcome::Retry {
-                reason,
-                retry_after,
-            } => {
-                let failure = Failure {
-                    previous_attempts: event.attempts,
-                    created_at: event.created_at,
-                    retry_after: *retry_after,
-                };
-                (reason, policy.decide(&failure, now, rng))
-            }
-        };
-        let (delay_secs, dead, suffix) = match decision {
-            Decision::Retry(delay) => (delay.as_secs_f64(), false, String::new()),
-            Decision::Dead(why) => (0.0, true, format!(" [dead: {why}]")),
-        };
-        plan.failed.push(FailedRow {
-            id: event.id,
-            error: truncate(format!(
-                "attempt {attempt} to {destination}: {error}{suffix}"
-            )),
-            destination: Some((*destination).to_owned()),
-            delay_secs,
-            dead,
-        });
+            Some(failed) => plan.failed.push(failed),
+        }
     }
     plan
+}
+
+/// One attempt's outcome for `destination` under its policy: `None` when delivered, else the
+/// failure's new state (retried after a delay, or dead).
+pub fn decide(
+    event: &OutboxEvent,
+    destination: &str,
+    policy: &RetryPolicy,
+    outcome: &Outcome,
+    now: DateTime<Utc>,
+    rng: &mut impl Rng,
+) -> Option<FailedRow> {
+    let attempt = event.attempts + 1;
+    let (error, decision) = match outcome {
+        Outcome::Delivered => return None,
+        Outcome::Rejected { reason } => (reason, Decision::Dead("permanent failure".into())),
+        Outcome::Retry {
+            reason,
+            retry_after,
+        } => {
+            let failure = Failure {
+                previous_attempts: event.attempts,
+                created_at: event.created_at,
+                retry_after: *retry_after,
+            };
+            (reason, policy.decide(&failure, now, rng))
+        }
+    };
+    let (delay_secs, dead, suffix) = match decision {
+        Decision::Retry(delay) => (delay.as_secs_f64(), false, String::new()),
+        Decision::Dead(why) => (0.0, true, format!(" [dead: {why}]")),
+    };
+    Some(FailedRow {
+        id: event.id,
+        error: truncate(format!(
+            "attempt {attempt} to {destination}: {error}{suffix}"
+        )),
+        destination: Some(destination.to_owned()),
+        delay_secs,
+        dead,
+    })
 }
 
 fn truncate(mut s: String) -> String {
@@ -222,7 +303,9 @@ pub async fn apply(
             }
             // After the release, which makes the given-back rows due now.
             park_followers(table, &mut conn, plan, park).await?;
-            let expected = (plan.delivered_count() + plan.failed.len() + plan.held.len()) as u64;
+            let expected =
+                (plan.delivered_count() + plan.failed.len() + plan.held.len() + plan.fanned.len())
+                    as u64;
             Ok(SettleReport {
                 rows,
                 fenced: expected.saturating_sub(rows),
@@ -260,11 +343,85 @@ async fn park_followers(
 /// Makes rows waiting at 'infinity' due again once nothing holds them back: no dead row of a
 /// blocking destination and no held row ahead of them in their key, and their own destination
 /// neither paused nor with its breaker open (OutboxUnparkFollowers). Returns how many.
+/// Held deliveries whose destination is back are due again too (DeliveriesUnpark).
 pub async fn unpark_followers(table: &OutboxTable, pool: &sqlx::PgPool) -> Result<u64> {
     let done = sqlx::query(&table.sql.unpark_followers)
         .execute(pool)
         .await?;
-    Ok(done.rows_affected())
+    let pairs = sqlx::query(&table.sql.deliveries_unpark)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() + pairs.rows_affected())
+}
+
+/// One pair's new state in DeliveriesSettle: (event id, destination, kind, error, delay, dead).
+type PairUpdate<'a> = (Uuid, &'a str, &'static str, Option<&'a str>, f64, bool);
+
+/// Writes a deliveries batch's `plan` under its lease `token`: delivered pairs are deleted, failed
+/// and held ones updated, `untouched` ones (event id, destination) given back due now. Returns how
+/// the settle went (pairs the token no longer holds are fenced).
+pub async fn apply_deliveries(
+    table: &OutboxTable,
+    pool: &sqlx::PgPool,
+    token: Uuid,
+    plan: &SettlePlan,
+    untouched: &[(Uuid, String)],
+) -> Result<SettleReport> {
+    let mut ids: Vec<Uuid> = Vec::new();
+    let mut destinations: Vec<&str> = Vec::new();
+    for (destination, pairs) in &plan.delivered {
+        for id in pairs {
+            ids.push(*id);
+            destinations.push(destination);
+        }
+    }
+    let mut conn = pool.acquire().await?;
+    let mut rows = 0;
+    if !ids.is_empty() {
+        rows += sqlx::query(&table.sql.deliveries_delete)
+            .bind(&ids)
+            .bind(&destinations)
+            .bind(token)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+    }
+    let mut settle: Vec<PairUpdate<'_>> = Vec::new();
+    for f in &plan.failed {
+        let destination = f.destination.as_deref().unwrap_or_default();
+        settle.push((
+            f.id,
+            destination,
+            "failed",
+            Some(&f.error),
+            f.delay_secs,
+            f.dead,
+        ));
+    }
+    for h in &plan.held {
+        settle.push((h.id, &h.destination, "held", h.error.as_deref(), 0.0, false));
+    }
+    for (id, destination) in untouched {
+        settle.push((*id, destination, "release", None, 0.0, false));
+    }
+    if !settle.is_empty() {
+        rows += sqlx::query(&table.sql.deliveries_settle)
+            .bind(settle.iter().map(|s| s.0).collect::<Vec<_>>())
+            .bind(settle.iter().map(|s| s.1).collect::<Vec<_>>())
+            .bind(settle.iter().map(|s| s.2).collect::<Vec<_>>())
+            .bind(settle.iter().map(|s| s.3).collect::<Vec<_>>())
+            .bind(settle.iter().map(|s| s.4).collect::<Vec<_>>())
+            .bind(settle.iter().map(|s| s.5).collect::<Vec<_>>())
+            .bind(token)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+    }
+    let expected = (ids.len() + settle.len()) as u64;
+    Ok(SettleReport {
+        rows,
+        fenced: expected.saturating_sub(rows),
+    })
 }
 
 async fn write(
@@ -308,6 +465,27 @@ async fn write(
             .execute(&mut *conn)
             .await?;
         rows += done.rows_affected();
+    }
+    if !plan.fanned.is_empty() {
+        let p = &plan.pairs;
+        let statement = if delete {
+            &table.sql.deliveries_fan_out_delete
+        } else {
+            &table.sql.deliveries_fan_out
+        };
+        let (settled, _pairs): (i64, i64) = sqlx::query_as(statement)
+            .bind(&plan.fanned)
+            .bind(p.iter().map(|r| r.event_id).collect::<Vec<_>>())
+            .bind(p.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
+            .bind(p.iter().map(|r| r.attempts).collect::<Vec<_>>())
+            .bind(p.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
+            .bind(p.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
+            .bind(p.iter().map(|r| r.dead).collect::<Vec<_>>())
+            .bind(p.iter().map(|r| r.held).collect::<Vec<_>>())
+            .bind(token)
+            .fetch_one(&mut *conn)
+            .await?;
+        rows += settled as u64;
     }
     if !plan.held.is_empty() {
         let h = &plan.held;

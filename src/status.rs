@@ -8,8 +8,10 @@ use crate::error::Result;
 use crate::route::Router;
 use crate::table::OutboxTable;
 
-/// OutboxStatus. One pass over the table grouped by (destination, topic). It reads published
-/// history too (for the published counts), so it is an operator's query, not a hot-path one.
+/// OutboxStatus. One pass over the table grouped by (destination, topic), plus one over the
+/// deliveries (the undelivered pairs of split events, each counted for its own destination). It
+/// reads published history too (for the published counts), so it is an operator's query, not a
+/// hot-path one.
 const STATUS: &str = "
 SELECT destination, topic,
   count(*) FILTER (WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()) AS due,
@@ -28,7 +30,19 @@ SELECT destination, topic,
   count(*) FILTER (WHERE published_at IS NOT NULL) AS published_retained
 FROM {outbox}
 GROUP BY destination, topic
-ORDER BY destination NULLS FIRST, topic";
+UNION ALL
+SELECT destination, topic,
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()),
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()
+                   AND next_attempt_at <> 'infinity' AND lease_token IS NULL),
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at = 'infinity'),
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() AND lease_token IS NOT NULL),
+  count(*) FILTER (WHERE dead_at IS NULL AND attempts > 0),
+  count(*) FILTER (WHERE dead_at IS NOT NULL),
+  extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL))::float8,
+  0, 0, 0
+FROM {qname:deliveries}
+GROUP BY destination, topic";
 
 /// One (destination, topic) line of the status.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, sqlx::FromRow)]
@@ -75,20 +89,49 @@ pub struct Status {
     pub destinations: Vec<crate::destination::DestinationState>,
 }
 
-/// Reads the status; with a router, rows not yet tried get the destination routing would pick.
+/// Reads the status; with a router, rows not yet tried (and fanned-out rows) are counted for each
+/// destination whose topics match. The totals count each row and each pair once.
 pub async fn read(
     pool: &PgPool,
     table: &OutboxTable,
     routing: Option<(&Router, &[String])>,
 ) -> Result<Status> {
-    let mut raw: Vec<StatusRow> = sqlx::query_as(&table.render(STATUS))
+    let raw: Vec<StatusRow> = sqlx::query_as(&table.render(STATUS))
         .fetch_all(pool)
         .await?;
-    if let Some((router, names)) = routing {
-        for row in raw.iter_mut().filter(|r| r.destination.is_none()) {
-            row.destination = router.route(&row.topic).and_then(|i| names.get(i).cloned());
-        }
+    let mut totals = StatusRow {
+        topic: "*".into(),
+        ..StatusRow::default()
+    };
+    for row in &raw {
+        add(&mut totals, row);
     }
+    let raw = match routing {
+        None => raw,
+        Some((router, names)) => raw
+            .into_iter()
+            .flat_map(|row| {
+                let targets: Vec<String> = match row.destination {
+                    Some(_) => Vec::new(),
+                    None => router
+                        .by_topic(&row.topic)
+                        .into_iter()
+                        .filter_map(|i| names.get(i).cloned())
+                        .collect(),
+                };
+                if targets.is_empty() {
+                    return vec![row];
+                }
+                targets
+                    .into_iter()
+                    .map(|d| StatusRow {
+                        destination: Some(d),
+                        ..row.clone()
+                    })
+                    .collect()
+            })
+            .collect(),
+    };
     // Merge rows that routing made identical.
     let mut rows: Vec<StatusRow> = Vec::with_capacity(raw.len());
     for row in raw {
@@ -101,13 +144,6 @@ pub async fn read(
         }
     }
     rows.sort_by(|a, b| (&a.destination, &a.topic).cmp(&(&b.destination, &b.topic)));
-    let mut totals = StatusRow {
-        topic: "*".into(),
-        ..StatusRow::default()
-    };
-    for row in &rows {
-        add(&mut totals, row);
-    }
     Ok(Status {
         table: table.to_string(),
         generated_at: Utc::now(),

@@ -206,6 +206,24 @@ pub struct Queries {
     pub destination_pause: String,
     /// DestinationResume.
     pub destination_resume: String,
+    /// DeliveriesFanOut.
+    pub deliveries_fan_out: String,
+    /// DeliveriesFanOutDelete.
+    pub deliveries_fan_out_delete: String,
+    /// DeliveriesClaim.
+    pub deliveries_claim: String,
+    /// DeliveriesDelete.
+    pub deliveries_delete: String,
+    /// DeliveriesSettle.
+    pub deliveries_settle: String,
+    /// DeliveriesKeysWaiting.
+    pub deliveries_keys_waiting: String,
+    /// DeliveriesUnpark.
+    pub deliveries_unpark: String,
+    /// DeliveriesClaimProbe.
+    pub deliveries_claim_probe: String,
+    /// DeliveriesExpireHeld.
+    pub deliveries_expire_held: String,
     /// `OutboxInsert`: one event.
     pub insert_one: String,
     /// `OutboxInsertMany`: many events in one statement.
@@ -238,6 +256,15 @@ impl Queries {
             destination_close: r(DESTINATION_CLOSE),
             destination_pause: r(DESTINATION_PAUSE),
             destination_resume: r(DESTINATION_RESUME),
+            deliveries_fan_out: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_PUBLISH)),
+            deliveries_fan_out_delete: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_DELETE)),
+            deliveries_claim: r(DELIVERIES_CLAIM),
+            deliveries_delete: r(DELIVERIES_DELETE),
+            deliveries_settle: r(DELIVERIES_SETTLE),
+            deliveries_keys_waiting: r(DELIVERIES_KEYS_WAITING),
+            deliveries_unpark: r(DELIVERIES_UNPARK),
+            deliveries_claim_probe: r(DELIVERIES_CLAIM_PROBE),
+            deliveries_expire_held: r(DELIVERIES_EXPIRE_HELD),
             insert_one: r(INSERT_ONE),
             insert_many: r(INSERT_MANY),
         }
@@ -531,6 +558,154 @@ ON CONFLICT (name) DO UPDATE SET paused_at = coalesce(d.paused_at, now()), updat
 /// See DESTINATION_PAUSE.
 const DESTINATION_RESUME: &str = "
 UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name = $1";
+
+/// DeliveriesFanOut (keep mode) / DeliveriesFanOutDelete (retention 0). Settles split events (an
+/// event with several destinations, or a pair that waits behind its key): the event rows are
+/// settled by primary key, fenced by the lease token `$9` like OutboxSetPublishedMany, and in the
+/// same statement their undelivered pairs are inserted into `{qname:deliveries}`, joined to the
+/// rows actually settled: a fenced-out event writes no pair. `$2..$8` are the pairs, unnested
+/// (event id, destination, attempts, delay, error, dead, held). Returns how many events were settled
+/// and how many pairs written.
+const DELIVERIES_FAN_OUT: &str = "
+WITH settled AS (
+    {settle}
+    WHERE id = ANY($1) AND ($9::uuid IS NULL OR lease_token = $9)
+    RETURNING id, seq, topic, key, payload, headers, created_at
+),
+pairs AS (
+    INSERT INTO {qname:deliveries} AS d (event_id, destination, seq, topic, key, payload, headers,
+                                         created_at, attempts, next_attempt_at, last_error, dead_at)
+    SELECT s.id, p.destination, s.seq, s.topic, s.key, s.payload, coalesce(s.headers, '{}'::jsonb),
+           s.created_at, p.attempts,
+           CASE WHEN p.held THEN 'infinity'::timestamptz
+                ELSE statement_timestamp() + make_interval(secs => p.delay_secs) END,
+           p.error, CASE WHEN p.dead THEN statement_timestamp() END
+    FROM unnest($2::uuid[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::bool[], $8::bool[])
+         AS p(event_id, destination, attempts, delay_secs, error, dead, held)
+    JOIN settled s ON s.id = p.event_id
+    ON CONFLICT (event_id, destination) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM settled) AS settled, (SELECT count(*) FROM pairs) AS pairs";
+
+/// See DELIVERIES_FAN_OUT: the event row is done with (its pairs carry on in the deliveries).
+const FAN_OUT_PUBLISH: &str =
+    "UPDATE {outbox} SET published_at = statement_timestamp(), destination = NULL, lease_token = NULL";
+
+/// See DELIVERIES_FAN_OUT.
+const FAN_OUT_DELETE: &str = "DELETE FROM {outbox}";
+
+/// DeliveriesClaim. Due pairs, oldest first: range scan of `{name:deliveries_due_idx}`, leased at
+/// once (`next_attempt_at` pushed to the lease expiry `$2`, fencing token `$3`) so no transaction is
+/// open while a destination answers. For an ordered destination (`$4`) a keyed pair is taken only
+/// when it is its key's first undelivered pair for that destination (`{name:deliveries_key_idx}`;
+/// dead pairs count where that destination's dead pairs block, `$5`) and no earlier event row of
+/// the key is unsettled (`{name:key_idx}`): the pair never overtakes an earlier event.
+const DELIVERIES_CLAIM: &str = "
+WITH due AS (
+    SELECT d.event_id, d.destination FROM {qname:deliveries} d
+    WHERE d.dead_at IS NULL AND d.next_attempt_at <= now()
+      AND (d.key IS NULL OR NOT (d.destination = ANY($4::text[])) OR (
+            NOT EXISTS (
+                SELECT 1 FROM {qname:deliveries} p
+                WHERE p.destination = d.destination AND p.key = d.key AND p.seq < d.seq
+                  AND (p.dead_at IS NULL OR p.destination = ANY($5::text[])))
+            AND NOT EXISTS (
+                SELECT 1 FROM {outbox} o
+                WHERE o.key = d.key AND o.seq < d.seq AND o.published_at IS NULL
+                  AND (o.dead_at IS NULL OR (o.destination = d.destination
+                                             AND o.destination = ANY($5::text[]))))))
+    ORDER BY d.next_attempt_at, d.seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {qname:deliveries} AS d
+SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
+FROM due
+WHERE d.event_id = due.event_id AND d.destination = due.destination
+RETURNING d.event_id AS id, d.destination, d.seq, d.topic, d.key, d.payload::text AS payload,
+          d.headers::text AS headers, d.created_at, d.attempts";
+
+/// DeliveriesDelete. Delivered pairs leave the table (primary key), fenced by the lease token.
+const DELIVERIES_DELETE: &str = "
+DELETE FROM {qname:deliveries} AS d
+USING unnest($1::uuid[], $2::text[]) AS p(event_id, destination)
+WHERE d.event_id = p.event_id AND d.destination = p.destination
+  AND ($3::uuid IS NULL OR d.lease_token = $3)";
+
+/// DeliveriesSettle. Every other pair of a deliveries batch, one statement (primary key, fenced):
+/// `failed` counts an attempt and takes the backoff, or `dead`; `held` waits at 'infinity' with no
+/// attempt counted (destination paused or breaker open); `release` is due again as it was (not
+/// attempted before the batch's time ran out).
+const DELIVERIES_SETTLE: &str = "
+UPDATE {qname:deliveries} AS d
+SET attempts = d.attempts + CASE WHEN p.kind = 'failed' THEN 1 ELSE 0 END,
+    last_error = coalesce(p.error, d.last_error),
+    next_attempt_at = CASE p.kind
+        WHEN 'held' THEN 'infinity'::timestamptz
+        WHEN 'release' THEN now()
+        ELSE statement_timestamp() + make_interval(secs => p.delay_secs) END,
+    dead_at = CASE WHEN p.dead THEN statement_timestamp() END,
+    lease_token = NULL
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bool[])
+     AS p(event_id, destination, kind, error, delay_secs, dead)
+WHERE d.event_id = p.event_id AND d.destination = p.destination
+  AND ($7::uuid IS NULL OR d.lease_token = $7)";
+
+/// DeliveriesKeysWaiting. Before a batch is published to ordered destinations: which of the
+/// batch's (destination, key) pairs (`$1`, `$2`) still have an undelivered pair in
+/// `{qname:deliveries}` (dead ones only for destinations whose dead pairs block, `$3`). One
+/// `{name:deliveries_key_idx}` probe per pair; an empty table answers at once.
+const DELIVERIES_KEYS_WAITING: &str = "
+SELECT DISTINCT q.destination, q.key
+FROM unnest($1::text[], $2::text[]) AS q(destination, key)
+WHERE EXISTS (
+    SELECT 1 FROM {qname:deliveries} d
+    WHERE d.destination = q.destination AND d.key = q.key
+      AND (d.dead_at IS NULL OR d.destination = ANY($3::text[])))";
+
+/// DeliveriesUnpark. Held pairs (at 'infinity') whose destination is neither paused nor has its
+/// breaker open are due again. Reads `{qname:destinations}` (a few rows), then a range scan of
+/// `{name:deliveries_due_idx}` at 'infinity'.
+const DELIVERIES_UNPARK: &str = "
+WITH h AS MATERIALIZED (
+    SELECT coalesce(array_agg(name) FILTER (WHERE paused_at IS NOT NULL OR breaker <> 'closed'), '{}') AS held
+    FROM {qname:destinations}
+)
+UPDATE {qname:deliveries} AS d SET next_attempt_at = now()
+FROM h
+WHERE d.dead_at IS NULL AND d.next_attempt_at = 'infinity' AND NOT (d.destination = ANY(h.held))";
+
+/// DeliveriesClaimProbe. A held pair for destination `$1`'s probe, its key's first for that
+/// destination (a probe never breaks key order): `{name:deliveries_due_idx}` at 'infinity',
+/// `{name:deliveries_key_idx}`; leased like DeliveriesClaim.
+const DELIVERIES_CLAIM_PROBE: &str = "
+WITH probe AS (
+    SELECT d.event_id, d.destination FROM {qname:deliveries} d
+    WHERE d.dead_at IS NULL AND d.next_attempt_at = 'infinity' AND d.destination = $1
+      AND (d.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {qname:deliveries} p
+            WHERE p.destination = d.destination AND p.key = d.key AND p.seq < d.seq
+              AND p.dead_at IS NULL))
+    ORDER BY d.next_attempt_at, d.seq
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {qname:deliveries} AS d
+SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
+FROM probe
+WHERE d.event_id = probe.event_id AND d.destination = probe.destination
+RETURNING d.event_id AS id, d.destination, d.seq, d.topic, d.key, d.payload::text AS payload,
+          d.headers::text AS headers, d.created_at, d.attempts";
+
+/// DeliveriesExpireHeld. `max_age` for held pairs of destination `$1`, like OutboxExpireHeld:
+/// range scan of `{name:deliveries_due_idx}` at 'infinity'.
+const DELIVERIES_EXPIRE_HELD: &str = "
+UPDATE {qname:deliveries}
+SET dead_at = now(),
+    last_error = left(coalesce(last_error || ' ', '') || '[dead: older than max_age while ' || $1 || ' was unavailable]', 1024)
+WHERE dead_at IS NULL AND next_attempt_at = 'infinity'
+  AND destination = $1 AND created_at < now() - make_interval(secs => $2)";
 
 /// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
 const INSERT_ONE: &str = "

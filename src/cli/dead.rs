@@ -118,10 +118,14 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
             println!("{} dead events shown, {} match", events.len(), total);
         }
         Command::Show { id } => {
-            let Some(e) = dead::show(&pool, table, *id).await? else {
+            let dead = dead::show(&pool, table, *id).await?;
+            if dead.is_empty() {
                 bail!("no dead event with id {id} in {table}");
-            };
-            println!("{}", serde_json::to_string_pretty(&e)?);
+            }
+            // One document per destination that gave up on the event (several after a fan-out).
+            for e in &dead {
+                println!("{}", serde_json::to_string_pretty(e)?);
+            }
         }
         Command::Retry(sel) => {
             let n = dead::retry(&pool, table, &sel.filter(), sel.dry_run).await?;

@@ -66,6 +66,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     config.destinations = vec![DestinationConfig {
         name: "stdout".into(),
         topics: vec![],
+        filter: None,
         retry: RetryPolicy::default(),
         ordering: Default::default(),
         on_dead: Default::default(),

@@ -42,6 +42,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the per-destination state table (pause, circuit breaker)",
         include_str!("migrations/0005_destinations.sql"),
     ),
+    Migration::sql(
+        6,
+        "add the per-destination deliveries table (fan-out)",
+        include_str!("migrations/0006_deliveries.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -251,8 +256,8 @@ pub async fn ensure_current(conn: &mut PgConnection, table: &OutboxTable) -> Res
 pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
-/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT on the
-/// migrations registry. Run as the table's owner.
+/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT, INSERT,
+/// UPDATE and DELETE on its deliveries table, SELECT on the migrations registry. Run as the table's owner.
 pub async fn grant_relay(
     conn: &mut PgConnection,
     table: &OutboxTable,
@@ -262,6 +267,7 @@ pub async fn grant_relay(
         "GRANT USAGE ON SCHEMA {{schema}} TO {role};
          GRANT {privileges} ON {{outbox}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:deliveries}} TO {role};
          GRANT SELECT ON {{schema}}.pgoutbox_migrations TO {role};",
         role = role.quoted(),
         privileges = RELAY_TABLE_PRIVILEGES.join(", ")

@@ -1,0 +1,392 @@
+//! Fan-out: an event goes to every destination that takes it, and each (event, destination) pair
+//! has its own delivery state. A failing destination delays and re-sends nothing to the others.
+//! Times printed are for the record, never asserted.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pgoutbox::dead::{self, DeadFilter};
+use pgoutbox::table::OutboxTable;
+
+/// A `[[destinations]]` webhook block.
+fn webhook(name: &str, url: &str, extra: &str) -> String {
+    format!("\n[[destinations]]\nname = \"{name}\"\ntype = \"webhook\"\nurl = \"{url}\"\n{extra}\n")
+}
+
+/// A relay config for `db` with fast polling and the given destination blocks.
+fn config(db: &TestDb, destinations: &[String]) -> String {
+    format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n{}",
+        db.url,
+        destinations.concat()
+    )
+}
+
+/// The topics a receiver got (2xx), per event type.
+fn topics(rx: &Receiver) -> HashMap<String, usize> {
+    let mut by_topic = HashMap::new();
+    for r in rx.delivered() {
+        let topic = r.json()["type"].as_str().unwrap_or_default().to_owned();
+        *by_topic.entry(topic).or_default() += 1;
+    }
+    by_topic
+}
+
+/// Requests with an id the receiver had already accepted (a 2xx before).
+fn duplicates(rx: &Receiver) -> usize {
+    let mut accepted = HashSet::new();
+    rx.log()
+        .into_iter()
+        .filter(|r| (200..300).contains(&r.status))
+        .filter(|r| !accepted.insert(r.id.clone()))
+        .count()
+}
+
+async fn pairs(db: &TestDb, where_clause: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM outbox_deliveries WHERE {where_clause}"
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .expect("count pairs")
+}
+
+/// The issue's case: A takes `order.*`, B `order.*` and `payment.*`, C everything. With C
+/// answering 503, A gets its 200 orders and B its 300 events, each once; once C recovers it gets
+/// all 300; nothing dies and no destination gets a topic it did not ask for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_matching_destination_gets_the_event_while_another_is_down() {
+    let db = TestDb::migrated().await;
+    let a = Receiver::start().await;
+    let b = Receiver::start().await;
+    let c = Receiver::with(|_| Reply::status(503)).await;
+    db.insert_plain(200, "order.created").await;
+    db.insert_plain(100, "payment.captured").await;
+    let text = config(
+        &db,
+        &[
+            webhook("a", &a.url, "topics = [\"order.*\"]"),
+            webhook("b", &b.url, "topics = [\"order.*\", \"payment.*\"]"),
+            webhook("c", &c.url, "topics = [\"*\"]\nretry_schedule = [\"1s\"]"),
+        ],
+    );
+    let started = Instant::now();
+    let relay = Running::start(&db, &text);
+    let healthy = wait_for(Duration::from_secs(15), || async {
+        a.delivered_ids().len() == 200 && b.delivered_ids().len() == 300
+    })
+    .await;
+    let healthy_in = started.elapsed();
+    // A and B answered; their batches' settles write C's pairs.
+    wait_for(Duration::from_secs(15), || async {
+        pairs(&db, "destination = 'c' AND dead_at IS NULL").await == 300
+    })
+    .await;
+    let waiting_for_c = pairs(&db, "destination = 'c' AND dead_at IS NULL").await;
+    let c_requests_while_down = c.count();
+    c.set(|_| Reply::ok());
+    let back = Instant::now();
+    let recovered = wait_for(Duration::from_secs(60), || async {
+        c.delivered_ids().len() == 300
+    })
+    .await;
+    let recovered_in = back.elapsed();
+    // Let any straggling re-send show up before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.stop().await;
+    println!(
+        "fan-out: A {} and B {} in {:.1} s while C answered 503 ({c_requests_while_down} requests, {waiting_for_c} pairs waiting); C got {} in {:.1} s after it recovered",
+        a.delivered_ids().len(),
+        b.delivered_ids().len(),
+        healthy_in.as_secs_f64(),
+        c.delivered_ids().len(),
+        recovered_in.as_secs_f64()
+    );
+    assert!(
+        healthy,
+        "A got its 200 and B its 300 within 15 s while C was down"
+    );
+    assert!(recovered, "C got all 300 after it recovered");
+    assert_eq!(
+        waiting_for_c, 300,
+        "C's pairs waited in the deliveries table"
+    );
+    assert_eq!(
+        (duplicates(&a), duplicates(&b)),
+        (0, 0),
+        "A and B got no duplicates"
+    );
+    assert_eq!(duplicates(&c), 0, "C got each event once it answered");
+    assert_eq!(topics(&a), HashMap::from([("order.created".into(), 200)]));
+    assert_eq!(
+        topics(&b),
+        HashMap::from([
+            ("order.created".into(), 200),
+            ("payment.captured".into(), 100)
+        ])
+    );
+    assert_eq!(c.delivered_ids().len(), 300);
+    assert_eq!(
+        db.count("dead_at IS NOT NULL").await,
+        0,
+        "no dead event row"
+    );
+    assert_eq!(
+        pairs(&db, "true").await,
+        0,
+        "every pair delivered, none left"
+    );
+    assert_eq!(db.count("published_at IS NULL").await, 0);
+}
+
+/// Filters choose by payload and headers; an event no destination takes is still dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_choose_events_by_payload_and_headers() {
+    let db = TestDb::migrated().await;
+    let big = Receiver::start().await;
+    let acme = Receiver::start().await;
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload, headers)
+         SELECT 'order.created', jsonb_build_object('total', g * 10),
+                CASE WHEN g % 2 = 0 THEN '{\"X-Tenant\": \"acme\"}'::jsonb ELSE '{}'::jsonb END
+         FROM generate_series(1, 40) g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert");
+    sqlx::query("INSERT INTO outbox (topic, payload) VALUES ('user.signed_up', '{}')")
+        .execute(&db.pool)
+        .await
+        .expect("insert");
+    let text = config(
+        &db,
+        &[
+            webhook(
+                "big",
+                &big.url,
+                "topics = [\"order.*\"]\nfilter = \"payload.total > 100\"",
+            ),
+            webhook(
+                "acme",
+                &acme.url,
+                "topics = [\"order.*\"]\nfilter = \"headers['x-tenant'] == 'acme'\"",
+            ),
+        ],
+    );
+    let relay = Running::start(&db, &text);
+    let done = wait_for(Duration::from_secs(30), || async {
+        db.count("published_at IS NULL AND dead_at IS NULL").await == 0
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "every event settled");
+    let totals = |rx: &Receiver| -> HashSet<i64> {
+        rx.delivered()
+            .iter()
+            .map(|r| r.json()["data"]["total"].as_i64().expect("total"))
+            .collect()
+    };
+    assert_eq!(totals(&big), (11..=40).map(|g| g * 10).collect());
+    assert_eq!(totals(&acme), (1..=20).map(|g| g * 20).collect());
+    // 10, 30, 50, 70, 90: neither filter takes them, nor the user event: dead, with the reason.
+    assert_eq!(db.count("dead_at IS NOT NULL").await, 6);
+    assert_eq!(
+        db.count("dead_at IS NOT NULL AND last_error LIKE 'no destination takes topic%'")
+            .await,
+        6
+    );
+}
+
+/// A destination that rejects an event dead-letters only its own pair; `dead list|retry
+/// --destination` see and act on that destination's pairs only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_per_destination() {
+    let db = TestDb::migrated().await;
+    let ok = Receiver::start().await;
+    let picky = Receiver::with(|_| Reply::status(422).body("schema mismatch")).await;
+    db.insert_plain(10, "order.created").await;
+    let text = config(
+        &db,
+        &[webhook("ok", &ok.url, ""), webhook("picky", &picky.url, "")],
+    );
+    let relay = Running::start(&db, &text);
+    let settled = wait_for(Duration::from_secs(30), || async {
+        pairs(&db, "dead_at IS NOT NULL").await == 10
+    })
+    .await;
+    assert!(settled, "picky's 10 pairs dead");
+    assert_eq!(ok.delivered_ids().len(), 10, "ok got every event");
+    assert_eq!(
+        db.count("dead_at IS NOT NULL").await,
+        0,
+        "no event row is dead"
+    );
+    let table = OutboxTable::default_table();
+    let only = |name: &str| DeadFilter {
+        destination: Some(name.into()),
+        ..DeadFilter::default()
+    };
+    let picky_dead = dead::list(&db.pool, &table, &only("picky"), 100)
+        .await
+        .expect("list");
+    assert_eq!(picky_dead.len(), 10);
+    assert!(picky_dead
+        .iter()
+        .all(|d| d.destination.as_deref() == Some("picky")
+            && d.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("schema mismatch")));
+    assert!(dead::list(&db.pool, &table, &only("ok"), 100)
+        .await
+        .expect("list")
+        .is_empty());
+    let shown = dead::show(&db.pool, &table, picky_dead[0].id)
+        .await
+        .expect("show");
+    assert_eq!(shown.len(), 1);
+    assert!(shown[0].payload.is_some());
+
+    // The receiver is fixed; only picky's pairs are retried, and ok gets nothing again.
+    picky.set(|_| Reply::ok());
+    let retried = dead::retry(&db.pool, &table, &only("picky"), false)
+        .await
+        .expect("retry");
+    assert_eq!(retried, 10);
+    let redelivered = wait_for(Duration::from_secs(30), || async {
+        picky.delivered_ids().len() == 10
+    })
+    .await;
+    relay.stop().await;
+    assert!(redelivered, "picky got its 10 after the retry");
+    assert_eq!(ok.count(), 10, "ok was not sent anything again");
+    assert_eq!(pairs(&db, "true").await, 0);
+}
+
+/// `ordering = "key"` holds per destination: an ordered destination that fails the first events of
+/// a key holds back only its own later events of that key, and gets each key in order; a second
+/// destination gets every event without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_holds_per_destination() {
+    let db = TestDb::migrated().await;
+    let fast = Receiver::start().await;
+    // The ordered destination fails its first 30 requests, whatever the event.
+    let failures = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&failures);
+    let ordered = Receiver::with(move |_| {
+        if seen.fetch_add(1, Ordering::SeqCst) < 30 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    sqlx::query(
+        "INSERT INTO outbox (topic, key, payload)
+         SELECT 'order.updated', 'k' || (g % 5), jsonb_build_object('n', g)
+         FROM generate_series(1, 100) g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert");
+    let text = config(
+        &db,
+        &[
+            webhook("fast", &fast.url, ""),
+            webhook(
+                "ordered",
+                &ordered.url,
+                "ordering = \"key\"\nretry_schedule = [\"200ms\"]\nbreaker = { failures = 1000 }",
+            ),
+        ],
+    );
+    let relay = Running::start(&db, &text);
+    let fast_done = wait_for(Duration::from_secs(30), || async {
+        fast.delivered_ids().len() == 100
+    })
+    .await;
+    let ordered_done = wait_for(Duration::from_secs(60), || async {
+        ordered.delivered_ids().len() == 100
+    })
+    .await;
+    relay.stop().await;
+    assert!(fast_done, "the unordered destination got all 100");
+    assert!(ordered_done, "the ordered destination got all 100");
+    assert_eq!(duplicates(&fast), 0);
+    // Per key, the ordered destination's accepted events come in insert order.
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut violations = 0;
+    for r in ordered.delivered() {
+        let body = r.json();
+        let key = body["key"].as_str().expect("key").to_owned();
+        let n = body["data"]["n"].as_i64().expect("n");
+        if last.get(&key).is_some_and(|&prev| n < prev) {
+            violations += 1;
+        }
+        last.insert(key, n);
+    }
+    assert_eq!(violations, 0, "per-key order at the ordered destination");
+    assert_eq!(pairs(&db, "true").await, 0);
+}
+
+/// An outbox with rows pending at upgrade, some already failing for one destination, keeps
+/// flowing once a second destination is configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_rows_keep_flowing_when_a_destination_is_added() {
+    let db = TestDb::migrated().await;
+    let old = Receiver::start().await;
+    let new = Receiver::start().await;
+    db.insert_plain(20, "order.created").await;
+    sqlx::query(
+        "UPDATE outbox SET attempts = 2, last_error = 'attempt 2 to old: HTTP 503', destination = 'old'
+         WHERE seq IN (SELECT seq FROM outbox ORDER BY seq LIMIT 5)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("fail some");
+    let text = config(
+        &db,
+        &[webhook("old", &old.url, ""), webhook("new", &new.url, "")],
+    );
+    let relay = Running::start(&db, &text);
+    let done = wait_for(Duration::from_secs(30), || async {
+        old.delivered_ids().len() == 20 && new.delivered_ids().len() == 20
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "both destinations got the 20 events");
+    assert_eq!(db.count("published_at IS NULL").await, 0);
+}
+
+/// `/readyz` per destination: readiness of one destination names only it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_per_destination() {
+    let db = TestDb::migrated().await;
+    let up = Receiver::start().await;
+    let text = config(
+        &db,
+        &[
+            webhook("up", &up.url, ""),
+            webhook(
+                "down",
+                &format!("http://127.0.0.1:{}/events", closed_port()),
+                "",
+            ),
+        ],
+    );
+    let relay = pgoutbox::relay::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay");
+    let up_lines = relay.readiness_of(Some("up")).await.expect("up is ready");
+    assert!(up_lines.iter().any(|l| l.starts_with("destination up: ok")));
+    assert!(!up_lines.iter().any(|l| l.contains("destination down")));
+    let down = relay.readiness_of(Some("down")).await.expect_err("down");
+    assert!(down
+        .iter()
+        .any(|l| l.starts_with("destination down: not ready")));
+    assert!(relay.readiness_of(Some("nope")).await.is_err());
+    assert!(relay.readiness().await.is_err(), "all together: not ready");
+}
