@@ -22,6 +22,11 @@ pub struct Args {
     /// Settle modes (keep = set published_at, delete = retention 0).
     #[arg(long, value_delimiter = ',', default_value = "delete,keep")]
     pub settle: Vec<String>,
+    /// Fan-out layouts, each drained in turn: N destinations taking every event (1, 2, 3…), or
+    /// N-down: N destinations of which one has its circuit breaker open (its pairs are held).
+    /// Layouts other than 1 use the null sink.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub destinations: Vec<Layout>,
     /// Rows per claim.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
@@ -43,6 +48,7 @@ impl Args {
             events: 50_000,
             sinks: vec!["null".into()],
             settle: vec!["delete".into(), "keep".into()],
+            destinations: vec![Layout::default()],
             batch_size: 1000,
             workers: 2,
             no_baseline: false,
@@ -86,14 +92,22 @@ pub async fn run(
             ),
         });
         for sink in &args.sinks {
-            let r = drain(scratch, out, args, delete, sink).await?;
-            out.row(Row {
-                scenario: "drain".into(),
-                variant: format!("{sink}, {mode}"),
-                value: r,
-                unit: "ev/s",
-                detail: format!("{:.0} % of sql-limit ({mode})", r / ceiling * 100.0),
-            });
+            for layout in &args.destinations {
+                if layout.fans_out() && sink != "null" {
+                    anyhow::bail!("--destinations {layout} needs the null sink, not {sink:?}");
+                }
+                let r = drain(scratch, out, args, delete, sink, layout).await?;
+                out.row(Row {
+                    scenario: "drain".into(),
+                    variant: match layout.fans_out() {
+                        false => format!("{sink}, {mode}"),
+                        true => format!("{sink} ×{layout}, {mode}"),
+                    },
+                    value: r,
+                    unit: "ev/s",
+                    detail: format!("{:.0} % of sql-limit ({mode})", r / ceiling * 100.0),
+                });
+            }
         }
     }
     if compare && !args.no_baseline {
@@ -113,6 +127,63 @@ pub async fn run(
         });
     }
     Ok(())
+}
+
+/// A fan-out layout for `bench drain`: how many destinations take every event, and whether one of
+/// them is down (its breaker open, so its pairs are held in the deliveries table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Destinations taking every event.
+    pub destinations: usize,
+    /// One of them has its breaker open.
+    pub one_down: bool,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Self {
+            destinations: 1,
+            one_down: false,
+        }
+    }
+}
+
+impl Layout {
+    fn fans_out(&self) -> bool {
+        self.destinations > 1 || self.one_down
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.destinations)?;
+        if self.one_down {
+            f.write_str("-down")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (n, one_down) = match s.strip_suffix("-down") {
+            Some(n) => (n, true),
+            None => (s, false),
+        };
+        let destinations: usize = n
+            .parse()
+            .map_err(|_| format!("{s:?} is not a layout: use N or N-down (e.g. 3, 3-down)"))?;
+        if destinations == 0 || (one_down && destinations < 2) {
+            return Err(format!(
+                "{s:?}: N-down needs at least 2 destinations, N at least 1"
+            ));
+        }
+        Ok(Self {
+            destinations,
+            one_down,
+        })
+    }
 }
 
 fn settle_mode(mode: &str) -> anyhow::Result<bool> {
@@ -176,6 +247,7 @@ async fn drain(
     args: &Args,
     delete: bool,
     sink: &str,
+    layout: &Layout,
 ) -> anyhow::Result<f64> {
     scratch.fresh_outbox().await?;
     scratch.prefill(args.events, out).await?;
@@ -202,12 +274,27 @@ async fn drain(
         }
         other => anyhow::bail!("unknown bench sink {other:?}: use null, stdout, webhook or nats"),
     };
-    let text = format!(
+    let mut text = format!(
         "retention = \"{}\"\n[relay]\nbatch_size = {}\nworkers = {}\n[[destinations]]\nname = \"{sink}\"\n{destination}\n",
         if delete { "0s" } else { "7d" },
         args.batch_size,
         args.workers
     );
+    for n in 2..=layout.destinations {
+        text.push_str(&format!(
+            "[[destinations]]\nname = \"{sink}-{n}\"\n{destination}\n"
+        ));
+    }
+    if layout.one_down {
+        // The last destination is down: its breaker is open, with no probe before the run ends.
+        sqlx::query(
+            "INSERT INTO outbox_destinations (name, breaker, breaker_since, last_error, probe_at)
+             VALUES ($1, 'open', now(), 'down for the benchmark', now() + interval '1 day')",
+        )
+        .bind(format!("{sink}-{}", layout.destinations))
+        .execute(&scratch.pool)
+        .await?;
+    }
     let config = Config::parse(&text, |_| None)?;
     let relay = if sink == "stdout" {
         let devnull = tokio::fs::OpenOptions::new()

@@ -132,7 +132,9 @@ impl Scratch {
 
     /// Drops and re-creates the outbox table (default name) with pgoutbox's schema.
     pub async fn fresh_outbox(&self) -> anyhow::Result<()> {
-        sqlx::raw_sql("DROP TABLE IF EXISTS outbox; DROP TABLE IF EXISTS pgoutbox_migrations;")
+        sqlx::raw_sql(
+            "DROP TABLE IF EXISTS outbox, outbox_deliveries, outbox_destinations, pgoutbox_migrations;",
+        )
             .execute(&self.pool)
             .await?;
         pgoutbox::schema::migrate(&self.pool, &pgoutbox::OutboxTable::default_table()).await?;
