@@ -182,7 +182,7 @@ pub fn plan<'a>(
             plan.failed.push(FailedRow {
                 id: event.id,
                 error: format!(
-                    "no destination takes topic {:?}: add it to a destination's `topics`, then `pgoutbox dead retry`",
+                    "no destination takes topic {:?} (by its `topics` and `filter`): make one take it, then `pgoutbox dead retry`",
                     event.topic
                 ),
                 destination: None,

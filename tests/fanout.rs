@@ -246,6 +246,23 @@ async fn dead_letters_are_per_destination() {
         .await
         .expect("list")
         .is_empty());
+    // `status` counts each destination's own: picky's dead pairs, nothing dead for ok.
+    let config = parse_config(&text);
+    let router = pgoutbox::route::Router::new(&config.destinations);
+    let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
+    let status = pgoutbox::status::read(&db.pool, &table, Some((&router, &names)))
+        .await
+        .expect("status");
+    let dead_of = |name: &str| -> i64 {
+        status
+            .rows
+            .iter()
+            .filter(|r| r.destination.as_deref() == Some(name))
+            .map(|r| r.dead)
+            .sum()
+    };
+    assert_eq!((dead_of("picky"), dead_of("ok")), (10, 0));
+    assert_eq!(status.totals.dead, 10);
     let shown = dead::show(&db.pool, &table, picky_dead[0].id)
         .await
         .expect("show");

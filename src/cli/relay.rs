@@ -121,7 +121,8 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// - Size: every claim worker holds a connection for its whole batch in transaction mode and takes
 ///   another to settle in lease mode (2 per worker); cleanup holds its leader lock on one and
-///   deletes on another, the gauge refresher and `/readyz` take one each: `workers * 2 + 4`.
+///   deletes on another, the deliveries loop (fan-out retries, probes), the gauge refresher and
+///   `/readyz` take one each: `workers * 2 + 5`.
 /// - `idle_in_transaction_session_timeout`: a transaction-mode claim stays idle in its transaction
 ///   while it publishes, for up to `publish_timeout`; the server ends the session only well past
 ///   that (twice it, plus 30 s), so a server default cannot cut a healthy claim, while a relay
@@ -132,7 +133,7 @@ fn pool_settings(relay: &RelayConfig) -> PoolSettings {
     let idle_in_transaction = relay.publish_timeout * 2 + Duration::from_secs(30);
     PoolSettings {
         application_name: "pgoutbox-relay",
-        max_connections: workers.saturating_mul(2).saturating_add(4),
+        max_connections: workers.saturating_mul(2).saturating_add(5),
         acquire_timeout: ACQUIRE_TIMEOUT,
         session: vec![
             ("statement_timeout", millis(STATEMENT_TIMEOUT)),
