@@ -193,7 +193,12 @@ SELECT destination, topic,
   count(*) FILTER (WHERE dead_at IS NOT NULL),
   coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)), 0)::float8
 FROM {qname:deliveries}
-GROUP BY destination, topic";
+GROUP BY destination, topic
+UNION ALL
+SELECT b.destination, t.topic, 0, count(*), 0,
+  coalesce(extract(epoch FROM now() - min(b.oldest)), 0)::float8
+FROM {qname:held_batches} b, unnest(b.topics) AS t(topic)
+GROUP BY b.destination, t.topic";
 
 /// Refreshes the backlog gauges every `interval` until `stop`.
 pub async fn refresh_gauges(

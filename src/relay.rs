@@ -683,6 +683,12 @@ impl Relay {
                                     dead: true,
                                 },
                             ),
+                            // No per-key order to keep: with the others of its batch, in one row.
+                            None if !(event.key.is_some()
+                                && self.config.destinations[d].ordering == Ordering::Key) =>
+                            {
+                                plan.bundled.push((event.id, dest.name.clone()));
+                            }
                             None => {
                                 let note = outcome.and_then(retry_reason).map(|r| {
                                     format!(
@@ -1099,6 +1105,10 @@ impl Relay {
                 warn!(error = %crate::error_chain(&e), "cannot read the destinations' state; will try again");
                 continue;
             }
+            // Held batches written by a batch that began before its destination came back.
+            if let Err(e) = settle::unbundle(&self.table, &self.pool, None, None).await {
+                warn!(error = %crate::error_chain(&e), "cannot release held batches; will try again");
+            }
             for d in 0..self.destinations.len() {
                 let (state, paused) = self.health[d].state();
                 if paused || state == BreakerState::Closed {
@@ -1184,6 +1194,19 @@ impl Relay {
             self.claim.lease,
         )
         .await?;
+        // Its held pairs may all be in held batches: one becomes held rows to take the probe from.
+        let claimed = if claimed.deliveries.is_empty() && claimed.poison.is_empty() {
+            settle::unbundle(&self.table, &self.pool, Some((&dest.name, 1)), None).await?;
+            crate::claim::claim_delivery_probe(
+                &self.pool,
+                &self.table,
+                &dest.name,
+                self.claim.lease,
+            )
+            .await?
+        } else {
+            claimed
+        };
         let token = claimed.token;
         if let Some((id, name, reason)) = claimed.poison.into_iter().next() {
             let mut plan = settle::SettlePlan::default();
@@ -1488,6 +1511,12 @@ impl Relay {
                         warn!(error = %crate::error_chain(&e), "expiring held events failed; will try again")
                     }
                 }
+                let expiring = Some((dest.name.as_str(), i64::MAX));
+                if let Err(e) =
+                    settle::unbundle(&self.table, &self.pool, expiring, Some(max_age)).await
+                {
+                    warn!(error = %crate::error_chain(&e), "expiring held batches failed; will try again");
+                }
                 match sqlx::query(&self.table.sql.deliveries_expire_held)
                     .bind(&dest.name)
                     .bind(max_age.as_secs_f64())
@@ -1767,6 +1796,9 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
     }
     for p in plan.pairs.iter().filter(|p| p.held) {
         *held.entry(p.destination.as_str()).or_default() += 1;
+    }
+    for (_, destination) in &plan.bundled {
+        *held.entry(destination.as_str()).or_default() += 1;
     }
     for (destination, n) in held {
         metrics::counter!(observe::HELD_TOTAL, "destination" => destination.to_owned())

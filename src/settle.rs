@@ -87,6 +87,9 @@ pub struct SettlePlan {
     pub pairs: Vec<PairRow>,
     /// The split events' delivered pairs, per destination (metrics; nothing to write).
     pub pairs_delivered: BTreeMap<String, Vec<Uuid>>,
+    /// Held pairs of split events written in bulk (event id, destination): one held batch row per
+    /// destination instead of a row each. Only pairs that need no per-key order.
+    pub bundled: Vec<(Uuid, String)>,
 }
 
 impl SettlePlan {
@@ -343,7 +346,8 @@ async fn park_followers(
 /// Makes rows waiting at 'infinity' due again once nothing holds them back: no dead row of a
 /// blocking destination and no held row ahead of them in their key, and their own destination
 /// neither paused nor with its breaker open (OutboxUnparkFollowers). Returns how many.
-/// Held deliveries whose destination is back are due again too (DeliveriesUnpark).
+/// Held deliveries whose destination is back are due again too (DeliveriesUnpark), as are its held
+/// batches (DeliveriesUnbundle).
 pub async fn unpark_followers(table: &OutboxTable, pool: &sqlx::PgPool) -> Result<u64> {
     let done = sqlx::query(&table.sql.unpark_followers)
         .execute(pool)
@@ -351,7 +355,40 @@ pub async fn unpark_followers(table: &OutboxTable, pool: &sqlx::PgPool) -> Resul
     let pairs = sqlx::query(&table.sql.deliveries_unpark)
         .execute(pool)
         .await?;
-    Ok(done.rows_affected() + pairs.rows_affected())
+    let unbundled = unbundle(table, pool, None, None).await?;
+    Ok(done.rows_affected() + pairs.rows_affected() + unbundled)
+}
+
+/// Held batches turned into deliveries per round trip: bounds each statement's size.
+const UNBUNDLE_BATCHES: i64 = 50;
+
+/// Turns held batches into deliveries rows (DeliveriesUnbundle), in rounds until none is left:
+/// with `destination` `None`, those of every destination that is back (due now); with
+/// `Some((name, limit))`, up to `limit` batches of that destination, still held (for its probe),
+/// or, with `older_than`, those holding an event older than that (for `max_age`). Returns the
+/// number of pairs.
+pub async fn unbundle(
+    table: &OutboxTable,
+    pool: &sqlx::PgPool,
+    destination: Option<(&str, i64)>,
+    older_than: Option<std::time::Duration>,
+) -> Result<u64> {
+    let mut pairs = 0;
+    loop {
+        let limit = destination.map_or(UNBUNDLE_BATCHES, |(_, n)| n.min(UNBUNDLE_BATCHES));
+        let (batches, moved): (i64, i64) = sqlx::query_as(&table.sql.deliveries_unbundle)
+            .bind(limit)
+            .bind(destination.map(|(name, _)| name))
+            .bind(destination.is_some())
+            .bind(older_than.map(|d| d.as_secs_f64()))
+            .fetch_one(pool)
+            .await?;
+        pairs += moved as u64;
+        // A destination's probe needs one batch only; the rest go on in rounds.
+        if batches < limit || destination.is_some_and(|(_, n)| n <= limit) {
+            return Ok(pairs);
+        }
+    }
 }
 
 /// One pair's new state in DeliveriesSettle: (event id, destination, kind, error, delay, dead).
@@ -483,6 +520,13 @@ async fn write(
             .bind(p.iter().map(|r| r.dead).collect::<Vec<_>>())
             .bind(p.iter().map(|r| r.held).collect::<Vec<_>>())
             .bind(token)
+            .bind(plan.bundled.iter().map(|b| b.0).collect::<Vec<_>>())
+            .bind(
+                plan.bundled
+                    .iter()
+                    .map(|b| b.1.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .fetch_one(&mut *conn)
             .await?;
         rows += settled as u64;

@@ -42,7 +42,12 @@ SELECT destination, topic,
   extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL))::float8,
   0, 0, 0
 FROM {qname:deliveries}
-GROUP BY destination, topic";
+GROUP BY destination, topic
+UNION ALL
+SELECT b.destination, t.topic, 0, 0, count(*), 0, 0, 0,
+  extract(epoch FROM now() - min(b.oldest))::float8, 0, 0, 0
+FROM {qname:held_batches} b, unnest(b.topics) AS t(topic)
+GROUP BY b.destination, t.topic";
 
 /// One (destination, topic) line of the status.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, sqlx::FromRow)]

@@ -224,6 +224,8 @@ pub struct Queries {
     pub deliveries_claim_probe: String,
     /// DeliveriesExpireHeld.
     pub deliveries_expire_held: String,
+    /// DeliveriesUnbundle.
+    pub deliveries_unbundle: String,
     /// `OutboxInsert`: one event.
     pub insert_one: String,
     /// `OutboxInsertMany`: many events in one statement.
@@ -265,6 +267,7 @@ impl Queries {
             deliveries_unpark: r(DELIVERIES_UNPARK),
             deliveries_claim_probe: r(DELIVERIES_CLAIM_PROBE),
             deliveries_expire_held: r(DELIVERIES_EXPIRE_HELD),
+            deliveries_unbundle: r(DELIVERIES_UNBUNDLE),
             insert_one: r(INSERT_ONE),
             insert_many: r(INSERT_MANY),
         }
@@ -564,8 +567,10 @@ UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name 
 /// settled by primary key, fenced by the lease token `$9` like OutboxSetPublishedMany, and in the
 /// same statement their undelivered pairs are inserted into `{qname:deliveries}`, joined to the
 /// rows actually settled: a fenced-out event writes no pair. `$2..$8` are the pairs, unnested
-/// (event id, destination, attempts, delay, error, dead, held). Returns how many events were settled
-/// and how many pairs written.
+/// (event id, destination, attempts, delay, error, dead, held). `$10`, `$11` (event id,
+/// destination) are held pairs written in bulk: one `{qname:held_batches}` row per destination,
+/// whatever the number of events (a destination that is down costs the others one row per batch).
+/// Returns how many events were settled and how many pairs written.
 const DELIVERIES_FAN_OUT: &str = "
 WITH settled AS (
     {settle}
@@ -585,8 +590,22 @@ pairs AS (
     JOIN settled s ON s.id = p.event_id
     ON CONFLICT (event_id, destination) DO NOTHING
     RETURNING 1
+),
+bundles AS (
+    INSERT INTO {qname:held_batches} (destination, oldest, event_ids, seqs, topics, keys, payloads,
+                                      headers, created_ats)
+    SELECT h.destination, min(s.created_at), array_agg(s.id ORDER BY s.seq),
+           array_agg(s.seq ORDER BY s.seq), array_agg(s.topic ORDER BY s.seq),
+           array_agg(s.key ORDER BY s.seq), array_agg(s.payload ORDER BY s.seq),
+           array_agg(coalesce(s.headers, '{}'::jsonb) ORDER BY s.seq),
+           array_agg(s.created_at ORDER BY s.seq)
+    FROM unnest($10::uuid[], $11::text[]) AS h(event_id, destination)
+    JOIN settled s ON s.id = h.event_id
+    GROUP BY h.destination
+    RETURNING cardinality(event_ids) AS n
 )
-SELECT (SELECT count(*) FROM settled) AS settled, (SELECT count(*) FROM pairs) AS pairs";
+SELECT (SELECT count(*) FROM settled) AS settled,
+       (SELECT count(*) FROM pairs) + (SELECT coalesce(sum(n), 0) FROM bundles)::bigint AS pairs";
 
 /// See DELIVERIES_FAN_OUT: the event row is done with (its pairs carry on in the deliveries).
 const FAN_OUT_PUBLISH: &str =
@@ -706,6 +725,43 @@ SET dead_at = now(),
     last_error = left(coalesce(last_error || ' ', '') || '[dead: older than max_age while ' || $1 || ' was unavailable]', 1024)
 WHERE dead_at IS NULL AND next_attempt_at = 'infinity'
   AND destination = $1 AND created_at < now() - make_interval(secs => $2)";
+
+/// DeliveriesUnbundle. Turns up to `$1` held batches into deliveries rows, oldest first, each batch
+/// once (`FOR UPDATE SKIP LOCKED`, then deleted in the same statement). Which batches: with `$2`
+/// NULL, those of destinations that are neither paused nor open (their pairs are due now); with
+/// `$2` a destination, that destination's, as held pairs (`$3`: at 'infinity', for its probe or
+/// for `max_age`), only those holding an event older than `$4` seconds when `$4` is set.
+/// `{name:held_batches_destination_idx}`, then primary keys. Returns batches and pairs moved.
+const DELIVERIES_UNBUNDLE: &str = "
+WITH h AS MATERIALIZED (
+    SELECT coalesce(array_agg(name) FILTER (WHERE paused_at IS NOT NULL OR breaker <> 'closed'), '{}') AS held
+    FROM {qname:destinations}
+),
+taken AS (
+    DELETE FROM {qname:held_batches} AS b
+    WHERE b.id IN (
+        SELECT c.id FROM {qname:held_batches} c, h
+        WHERE CASE WHEN $2::text IS NULL THEN NOT (c.destination = ANY(h.held))
+                   ELSE c.destination = $2 END
+          AND ($4::float8 IS NULL OR c.oldest < now() - make_interval(secs => $4))
+        ORDER BY c.id
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED)
+    RETURNING b.destination, b.event_ids, b.seqs, b.topics, b.keys, b.payloads, b.headers,
+              b.created_ats
+),
+moved AS (
+    INSERT INTO {qname:deliveries} (event_id, destination, seq, topic, key, payload, headers,
+                                    created_at, attempts, next_attempt_at)
+    SELECT e.event_id, t.destination, e.seq, e.topic, e.key, e.payload, e.headers, e.created_at, 0,
+           CASE WHEN $3 THEN 'infinity'::timestamptz ELSE now() END
+    FROM taken t,
+         unnest(t.event_ids, t.seqs, t.topics, t.keys, t.payloads, t.headers, t.created_ats)
+           AS e(event_id, seq, topic, key, payload, headers, created_at)
+    ON CONFLICT (event_id, destination) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM taken) AS batches, (SELECT count(*) FROM moved) AS pairs";
 
 /// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
 const INSERT_ONE: &str = "

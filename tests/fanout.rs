@@ -47,6 +47,19 @@ fn duplicates(rx: &Receiver) -> usize {
         .count()
 }
 
+/// Undelivered pairs of a destination: rows of the deliveries table plus pairs in held batches.
+async fn waiting(db: &TestDb, destination: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM outbox_deliveries WHERE destination = $1 AND dead_at IS NULL)
+              + (SELECT coalesce(sum(cardinality(event_ids)), 0) FROM outbox_held_batches
+                 WHERE destination = $1)::bigint",
+    )
+    .bind(destination)
+    .fetch_one(&db.pool)
+    .await
+    .expect("count waiting pairs")
+}
+
 async fn pairs(db: &TestDb, where_clause: &str) -> i64 {
     sqlx::query_scalar(&format!(
         "SELECT count(*) FROM outbox_deliveries WHERE {where_clause}"
@@ -84,10 +97,14 @@ async fn every_matching_destination_gets_the_event_while_another_is_down() {
     let healthy_in = started.elapsed();
     // A and B answered; their batches' settles write C's pairs.
     wait_for(Duration::from_secs(15), || async {
-        pairs(&db, "destination = 'c' AND dead_at IS NULL").await == 300
+        waiting(&db, "c").await == 300
     })
     .await;
-    let waiting_for_c = pairs(&db, "destination = 'c' AND dead_at IS NULL").await;
+    let waiting_for_c = waiting(&db, "c").await;
+    let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_held_batches")
+        .fetch_one(&db.pool)
+        .await
+        .expect("held batches");
     let c_requests_while_down = c.count();
     c.set(|_| Reply::ok());
     let back = Instant::now();
@@ -100,7 +117,7 @@ async fn every_matching_destination_gets_the_event_while_another_is_down() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     relay.stop().await;
     println!(
-        "fan-out: A {} and B {} in {:.1} s while C answered 503 ({c_requests_while_down} requests, {waiting_for_c} pairs waiting); C got {} in {:.1} s after it recovered",
+        "fan-out: A {} and B {} in {:.1} s while C answered 503 ({c_requests_while_down} requests, {waiting_for_c} pairs waiting, {batches} held batches); C got {} in {:.1} s after it recovered",
         a.delivered_ids().len(),
         b.delivered_ids().len(),
         healthy_in.as_secs_f64(),

@@ -182,7 +182,7 @@ mod tests {
         };
         let settings = pool_settings(&relay);
         assert_eq!(settings.application_name, "pgoutbox-relay");
-        assert_eq!(settings.max_connections, 10);
+        assert_eq!(settings.max_connections, 11);
         assert_eq!(
             settings.session,
             vec![

@@ -31,3 +31,26 @@ CREATE INDEX IF NOT EXISTS {name:deliveries_dead_idx} ON {qname:deliveries} (des
 -- Rows come and go with failures: vacuum early, like the outbox (docs/operations.md, "Vacuum").
 ALTER TABLE {qname:deliveries} SET (autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0.02);
+
+-- Held pairs in bulk: while a destination is paused or its breaker is open, the pairs it cannot
+-- take now are written one row per batch (arrays, stored uncompressed out of line) instead of one
+-- row each, so a destination that is down costs the others next to nothing. When it is back they
+-- become deliveries rows (DeliveriesUnbundle). Only pairs that need no per-key order go here.
+CREATE TABLE IF NOT EXISTS {qname:held_batches} (
+    id          bigserial PRIMARY KEY,
+    destination text NOT NULL,
+    -- The oldest event's created_at (max_age).
+    oldest      timestamptz NOT NULL,
+    event_ids   uuid[] NOT NULL,
+    seqs        bigint[] NOT NULL,
+    topics      text[] NOT NULL,
+    keys        text[] NOT NULL,
+    payloads    jsonb[] NOT NULL,
+    headers     jsonb[] NOT NULL,
+    created_ats timestamptz[] NOT NULL
+);
+ALTER TABLE {qname:held_batches} ALTER event_ids SET STORAGE EXTERNAL,
+    ALTER seqs SET STORAGE EXTERNAL, ALTER topics SET STORAGE EXTERNAL,
+    ALTER keys SET STORAGE EXTERNAL, ALTER payloads SET STORAGE EXTERNAL,
+    ALTER headers SET STORAGE EXTERNAL, ALTER created_ats SET STORAGE EXTERNAL;
+CREATE INDEX IF NOT EXISTS {name:held_batches_destination_idx} ON {qname:held_batches} (destination, id);
