@@ -570,6 +570,8 @@ UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name 
 /// (event id, destination, attempts, delay, error, dead, held). `$10`, `$11` (event id,
 /// destination) are held pairs written in bulk: one `{qname:held_batches}` row per destination,
 /// whatever the number of events (a destination that is down costs the others one row per batch).
+/// The arrays need no order (the deliveries claim orders by seq), only to be aligned, which the
+/// aggregates of one group are (they see its rows in the same order): no sort per array.
 /// Returns how many events were settled and how many pairs written.
 const DELIVERIES_FAN_OUT: &str = "
 WITH settled AS (
@@ -594,11 +596,9 @@ pairs AS (
 bundles AS (
     INSERT INTO {qname:held_batches} (destination, oldest, event_ids, seqs, topics, keys, payloads,
                                       headers, created_ats)
-    SELECT h.destination, min(s.created_at), array_agg(s.id ORDER BY s.seq),
-           array_agg(s.seq ORDER BY s.seq), array_agg(s.topic ORDER BY s.seq),
-           array_agg(s.key ORDER BY s.seq), array_agg(s.payload ORDER BY s.seq),
-           array_agg(coalesce(s.headers, '{}'::jsonb) ORDER BY s.seq),
-           array_agg(s.created_at ORDER BY s.seq)
+    SELECT h.destination, min(s.created_at), array_agg(s.id), array_agg(s.seq),
+           array_agg(s.topic), array_agg(s.key), array_agg(s.payload),
+           array_agg(coalesce(s.headers, '{}'::jsonb)), array_agg(s.created_at)
     FROM unnest($10::uuid[], $11::text[]) AS h(event_id, destination)
     JOIN settled s ON s.id = h.event_id
     GROUP BY h.destination
