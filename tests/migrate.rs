@@ -133,6 +133,9 @@ async fn shape(pool: &PgPool, schema: &str) -> Vec<String> {
                        seqincrement, seqmin, seqcache)
          FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid
          WHERE c.relnamespace = $2::regnamespace
+           -- The outbox's own (seq); other tables of the schema have theirs.
+           AND c.oid IN (SELECT objid FROM pg_depend
+                         WHERE refobjid = $1::regclass AND classid = 'pg_class'::regclass)
          ORDER BY 1",
     )
     .bind(&table)
