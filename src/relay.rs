@@ -1497,40 +1497,22 @@ impl Relay {
                 let Some(max_age) = dest.retry.max_age else {
                     continue;
                 };
-                match sqlx::query(&self.table.sql.expire_held)
-                    .bind(&dest.name)
-                    .bind(max_age.as_secs_f64())
-                    .execute(&self.pool)
-                    .await
-                {
-                    Ok(done) if done.rows_affected() > 0 => {
-                        warn!(destination = %dest.name, rows = done.rows_affected(), "held events reached max_age: dead-lettered")
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        warn!(error = %crate::error_chain(&e), "expiring held events failed; will try again")
-                    }
-                }
+                self.expire_held(
+                    &self.table.sql.expire_held,
+                    &dest.name,
+                    max_age,
+                    "held events",
+                )
+                .await;
                 let expiring = Some((dest.name.as_str(), i64::MAX));
                 if let Err(e) =
                     settle::unbundle(&self.table, &self.pool, expiring, Some(max_age)).await
                 {
                     warn!(error = %crate::error_chain(&e), "expiring held batches failed; will try again");
                 }
-                match sqlx::query(&self.table.sql.deliveries_expire_held)
-                    .bind(&dest.name)
-                    .bind(max_age.as_secs_f64())
-                    .execute(&self.pool)
-                    .await
-                {
-                    Ok(done) if done.rows_affected() > 0 => {
-                        warn!(destination = %dest.name, pairs = done.rows_affected(), "held deliveries reached max_age: dead-lettered")
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        warn!(error = %crate::error_chain(&e), "expiring held deliveries failed; will try again")
-                    }
-                }
+                let sql = &self.table.sql.deliveries_expire_held;
+                self.expire_held(sql, &dest.name, max_age, "held deliveries")
+                    .await;
             }
             // Rows whose wait is over (a dead row ahead was retried, discarded or cleaned up; an
             // `on_dead` that is now "skip"; a destination resumed) are due again.
@@ -1542,6 +1524,29 @@ impl Relay {
                 Err(e) => {
                     warn!(error = %crate::error_chain(&e), "unparking failed; will try again")
                 }
+            }
+        }
+    }
+
+    /// Runs an expiry statement (OutboxExpireHeld, DeliveriesExpireHeld) for one destination's
+    /// held `what`: those older than `max_age` are dead-lettered.
+    async fn expire_held(&self, sql: &str, destination: &str, max_age: Duration, what: &str) {
+        match sqlx::query(sql)
+            .bind(destination)
+            .bind(max_age.as_secs_f64())
+            .execute(&self.pool)
+            .await
+        {
+            Ok(done) if done.rows_affected() > 0 => {
+                warn!(
+                    destination,
+                    rows = done.rows_affected(),
+                    "{what} reached max_age: dead-lettered"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %crate::error_chain(&e), "expiring {what} failed; will try again")
             }
         }
     }

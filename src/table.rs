@@ -260,12 +260,12 @@ impl Queries {
             destination_resume: r(DESTINATION_RESUME),
             deliveries_fan_out: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_PUBLISH)),
             deliveries_fan_out_delete: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_DELETE)),
-            deliveries_claim: r(DELIVERIES_CLAIM),
+            deliveries_claim: r(&format!("{DELIVERIES_CLAIM}{DELIVERIES_LEASE}")),
             deliveries_delete: r(DELIVERIES_DELETE),
             deliveries_settle: r(DELIVERIES_SETTLE),
             deliveries_keys_waiting: r(DELIVERIES_KEYS_WAITING),
             deliveries_unpark: r(DELIVERIES_UNPARK),
-            deliveries_claim_probe: r(DELIVERIES_CLAIM_PROBE),
+            deliveries_claim_probe: r(&format!("{DELIVERIES_CLAIM_PROBE}{DELIVERIES_LEASE}")),
             deliveries_expire_held: r(DELIVERIES_EXPIRE_HELD),
             deliveries_unbundle: r(DELIVERIES_UNBUNDLE),
             insert_one: r(INSERT_ONE),
@@ -621,7 +621,7 @@ const FAN_OUT_DELETE: &str = "DELETE FROM {outbox}";
 /// dead pairs count where that destination's dead pairs block, `$5`) and no earlier event row of
 /// the key is unsettled (`{name:key_idx}`): the pair never overtakes an earlier event.
 const DELIVERIES_CLAIM: &str = "
-WITH due AS (
+WITH picked AS (
     SELECT d.event_id, d.destination FROM {qname:deliveries} d
     WHERE d.dead_at IS NULL AND d.next_attempt_at <= now()
       AND (d.key IS NULL OR NOT (d.destination = ANY($4::text[])) OR (
@@ -637,11 +637,15 @@ WITH due AS (
     ORDER BY d.next_attempt_at, d.seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-)
+)";
+
+/// The end of DeliveriesClaim and DeliveriesClaimProbe: the `picked` pairs are leased (due again at
+/// the lease expiry `$2`, fencing token `$3`) and returned as events.
+const DELIVERIES_LEASE: &str = "
 UPDATE {qname:deliveries} AS d
 SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
-FROM due
-WHERE d.event_id = due.event_id AND d.destination = due.destination
+FROM picked
+WHERE d.event_id = picked.event_id AND d.destination = picked.destination
 RETURNING d.event_id AS id, d.destination, d.seq, d.topic, d.key, d.payload::text AS payload,
           d.headers::text AS headers, d.created_at, d.attempts";
 
@@ -699,7 +703,7 @@ WHERE d.dead_at IS NULL AND d.next_attempt_at = 'infinity' AND NOT (d.destinatio
 /// destination (a probe never breaks key order): `{name:deliveries_due_idx}` at 'infinity',
 /// `{name:deliveries_key_idx}`; leased like DeliveriesClaim.
 const DELIVERIES_CLAIM_PROBE: &str = "
-WITH probe AS (
+WITH picked AS (
     SELECT d.event_id, d.destination FROM {qname:deliveries} d
     WHERE d.dead_at IS NULL AND d.next_attempt_at = 'infinity' AND d.destination = $1
       AND (d.key IS NULL OR NOT EXISTS (
@@ -709,13 +713,7 @@ WITH probe AS (
     ORDER BY d.next_attempt_at, d.seq
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-)
-UPDATE {qname:deliveries} AS d
-SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
-FROM probe
-WHERE d.event_id = probe.event_id AND d.destination = probe.destination
-RETURNING d.event_id AS id, d.destination, d.seq, d.topic, d.key, d.payload::text AS payload,
-          d.headers::text AS headers, d.created_at, d.attempts";
+)";
 
 /// DeliveriesExpireHeld. `max_age` for held pairs of destination `$1`, like OutboxExpireHeld:
 /// range scan of `{name:deliveries_due_idx}` at 'infinity'.
