@@ -258,6 +258,32 @@ async fn the_relay_runs_under_a_least_privilege_role() {
         assert!(!out.status.success(), "the relay role must not insert");
     }
 
+    // Fan-out under the same role: a second destination that refuses connections gets its pairs
+    // recorded (deliveries rows, then, once its breaker opens, held batches).
+    db.insert_plain(25, "order.created").await;
+    let down = format!(
+        "\n[[destinations]]\nname = \"down\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:{}/events\"\n",
+        closed_port()
+    );
+    let fan_out = write_config(dir.path(), &format!("{text}{down}"));
+    let (code, _, err) = run(&[
+        "relay",
+        "--once",
+        "--config",
+        fan_out.to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 3, "some events not delivered to `down`: {err}");
+    assert!(!err.contains("permission denied"), "{err}");
+    assert_eq!(rx.delivered_ids().len(), 50);
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM outbox_deliveries)
+              + (SELECT coalesce(sum(cardinality(event_ids)), 0) FROM outbox_held_batches)::bigint",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("pairs");
+    assert_eq!(waiting, 25, "down's 25 pairs are recorded");
+
     sqlx::raw_sql(&format!("REVOKE UPDATE ON outbox FROM {role}"))
         .execute(&db.pool)
         .await

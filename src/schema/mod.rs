@@ -257,7 +257,7 @@ pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
 /// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT, INSERT,
-/// UPDATE and DELETE on its deliveries table, SELECT, INSERT and DELETE on its held batches, SELECT
+/// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT
 /// on the migrations registry. Run as the table's owner.
 pub async fn grant_relay(
     conn: &mut PgConnection,
@@ -269,7 +269,7 @@ pub async fn grant_relay(
          GRANT {privileges} ON {{outbox}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:deliveries}} TO {role};
-         GRANT SELECT, INSERT, DELETE ON {{qname:held_batches}} TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:held_batches}} TO {role};
          GRANT USAGE ON SEQUENCE {{qname:held_batches_id_seq}} TO {role};
          GRANT SELECT ON {{schema}}.pgoutbox_migrations TO {role};",
         role = role.quoted(),
