@@ -195,9 +195,9 @@ SELECT destination, topic,
 FROM {qname:deliveries}
 GROUP BY destination, topic
 UNION ALL
-SELECT b.destination, t.topic, 0, count(*), 0,
+SELECT b.destination, t.topic, 0, sum(t.n::bigint)::bigint, 0,
   coalesce(extract(epoch FROM now() - min(b.oldest)), 0)::float8
-FROM {qname:held_batches} b, unnest(b.topics) AS t(topic)
+FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
 GROUP BY b.destination, t.topic";
 
 /// Refreshes the backlog gauges every `interval` until `stop`.

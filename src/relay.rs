@@ -651,6 +651,8 @@ impl Relay {
             }
         }
         let mut pairs = PairCounts::default();
+        // Per destination: its held pairs that go into one held batch.
+        let mut bundled: Vec<Vec<&OutboxEvent>> = vec![Vec::new(); self.destinations.len()];
         for e in split {
             let event = &events[e];
             plan.fanned.push(event.id);
@@ -687,7 +689,7 @@ impl Relay {
                             None if !(event.key.is_some()
                                 && self.config.destinations[d].ordering == Ordering::Key) =>
                             {
-                                plan.bundled.push((event.id, dest.name.clone()));
+                                bundled[d].push(event);
                             }
                             None => {
                                 let note = outcome.and_then(retry_reason).map(|r| {
@@ -724,6 +726,12 @@ impl Relay {
                         }
                     }
                 }
+            }
+        }
+        for (d, held) in bundled.iter().enumerate() {
+            if !held.is_empty() {
+                plan.bundles
+                    .push(settle::HeldBatch::encode(&self.destinations[d].name, held)?);
             }
         }
         for (id, reason) in poison {
@@ -1802,8 +1810,8 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
     for p in plan.pairs.iter().filter(|p| p.held) {
         *held.entry(p.destination.as_str()).or_default() += 1;
     }
-    for (_, destination) in &plan.bundled {
-        *held.entry(destination.as_str()).or_default() += 1;
+    for b in &plan.bundles {
+        *held.entry(b.destination.as_str()).or_default() += b.count as u64;
     }
     for (destination, n) in held {
         metrics::counter!(observe::HELD_TOTAL, "destination" => destination.to_owned())

@@ -16,7 +16,7 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::claim::Hold;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::publish::Outcome;
 use crate::retry::{Decision, Failure, RetryPolicy};
@@ -87,9 +87,85 @@ pub struct SettlePlan {
     pub pairs: Vec<PairRow>,
     /// The split events' delivered pairs, per destination (metrics; nothing to write).
     pub pairs_delivered: BTreeMap<String, Vec<Uuid>>,
-    /// Held pairs of split events written in bulk (event id, destination): one held batch row per
-    /// destination instead of a row each. Only pairs that need no per-key order.
-    pub bundled: Vec<(Uuid, String)>,
+    /// Held pairs of split events written in bulk: one held batch per destination instead of a
+    /// row each. Only pairs that need no per-key order.
+    pub bundles: Vec<HeldBatch>,
+}
+
+/// A destination's held pairs of one batch, as one `<table>_held_batches` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldBatch {
+    /// The destination that is down or paused.
+    pub destination: String,
+    /// The oldest event's creation time (`max_age`).
+    pub oldest: DateTime<Utc>,
+    /// How many events.
+    pub count: i32,
+    /// Events per topic, as a JSON object (status, gauges).
+    pub topics: String,
+    /// The events, one JSON array (DeliveriesUnbundle reads it back).
+    pub events: Vec<u8>,
+}
+
+impl HeldBatch {
+    /// Encodes `events` held for `destination`.
+    pub fn encode(destination: &str, events: &[&OutboxEvent]) -> Result<Self> {
+        let mut topics: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut body = Vec::with_capacity(events.len() * 192);
+        body.push(b'[');
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            *topics.entry(e.topic.as_str()).or_default() += 1;
+            serde_json::to_writer(&mut body, &Held(e)).map_err(Error::Payload)?;
+        }
+        body.push(b']');
+        Ok(Self {
+            destination: destination.to_owned(),
+            oldest: events
+                .iter()
+                .map(|e| e.created_at)
+                .min()
+                .unwrap_or_else(Utc::now),
+            count: i32::try_from(events.len()).unwrap_or(i32::MAX),
+            topics: serde_json::to_string(&topics).map_err(Error::Payload)?,
+            events: body,
+        })
+    }
+}
+
+/// An event as a held batch stores it: the columns of a deliveries row.
+struct Held<'a>(&'a OutboxEvent);
+
+impl serde::Serialize for Held<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let e = self.0;
+        let mut m = s.serialize_map(Some(7))?;
+        m.serialize_entry("id", &e.id)?;
+        m.serialize_entry("seq", &e.seq)?;
+        m.serialize_entry("topic", &e.topic)?;
+        m.serialize_entry("key", &e.key)?;
+        m.serialize_entry("payload", &e.payload)?;
+        m.serialize_entry("headers", &Headers(&e.headers))?;
+        m.serialize_entry("created_at", &e.created_at)?;
+        m.end()
+    }
+}
+
+/// Headers as the JSON object they came from.
+struct Headers<'a>(&'a [(String, String)]);
+
+impl serde::Serialize for Headers<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
 }
 
 impl SettlePlan {
@@ -510,6 +586,7 @@ async fn write(
         } else {
             &table.sql.deliveries_fan_out
         };
+        let b = &plan.bundles;
         let (settled, _pairs): (i64, i64) = sqlx::query_as(statement)
             .bind(&plan.fanned)
             .bind(p.iter().map(|r| r.event_id).collect::<Vec<_>>())
@@ -520,13 +597,11 @@ async fn write(
             .bind(p.iter().map(|r| r.dead).collect::<Vec<_>>())
             .bind(p.iter().map(|r| r.held).collect::<Vec<_>>())
             .bind(token)
-            .bind(plan.bundled.iter().map(|b| b.0).collect::<Vec<_>>())
-            .bind(
-                plan.bundled
-                    .iter()
-                    .map(|b| b.1.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(b.iter().map(|b| b.destination.as_str()).collect::<Vec<_>>())
+            .bind(b.iter().map(|b| b.oldest).collect::<Vec<_>>())
+            .bind(b.iter().map(|b| b.count).collect::<Vec<_>>())
+            .bind(b.iter().map(|b| b.topics.as_str()).collect::<Vec<_>>())
+            .bind(b.iter().map(|b| b.events.as_slice()).collect::<Vec<_>>())
             .fetch_one(&mut *conn)
             .await?;
         rows += settled as u64;

@@ -44,9 +44,9 @@ SELECT destination, topic,
 FROM {qname:deliveries}
 GROUP BY destination, topic
 UNION ALL
-SELECT b.destination, t.topic, 0, 0, count(*), 0, 0, 0,
+SELECT b.destination, t.topic, 0, 0, sum(t.n::bigint)::bigint, 0, 0, 0,
   extract(epoch FROM now() - min(b.oldest))::float8, 0, 0, 0
-FROM {qname:held_batches} b, unnest(b.topics) AS t(topic)
+FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
 GROUP BY b.destination, t.topic";
 
 /// One (destination, topic) line of the status.

@@ -567,11 +567,11 @@ UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name 
 /// settled by primary key, fenced by the lease token `$9` like OutboxSetPublishedMany, and in the
 /// same statement their undelivered pairs are inserted into `{qname:deliveries}`, joined to the
 /// rows actually settled: a fenced-out event writes no pair. `$2..$8` are the pairs, unnested
-/// (event id, destination, attempts, delay, error, dead, held). `$10`, `$11` (event id,
-/// destination) are held pairs written in bulk: one `{qname:held_batches}` row per destination,
-/// whatever the number of events (a destination that is down costs the others one row per batch).
-/// The arrays need no order (the deliveries claim orders by seq), only to be aligned, which the
-/// aggregates of one group are (they see its rows in the same order): no sort per array.
+/// (event id, destination, attempts, delay, error, dead, held). `$10..$14` are held batches, one
+/// per destination whose pairs are held in bulk (destination, oldest, count, topic counts, the
+/// events as one JSON array built by the relay): one row whatever the number of events, written
+/// unless the whole settle was fenced out (a destination that is down costs the others one row per
+/// batch; a partly fenced batch may send an event twice to it, never lose one).
 /// Returns how many events were settled and how many pairs written.
 const DELIVERIES_FAN_OUT: &str = "
 WITH settled AS (
@@ -594,15 +594,12 @@ pairs AS (
     RETURNING 1
 ),
 bundles AS (
-    INSERT INTO {qname:held_batches} (destination, oldest, event_ids, seqs, topics, keys, payloads,
-                                      headers, created_ats)
-    SELECT h.destination, min(s.created_at), array_agg(s.id), array_agg(s.seq),
-           array_agg(s.topic), array_agg(s.key), array_agg(s.payload),
-           array_agg(coalesce(s.headers, '{}'::jsonb)), array_agg(s.created_at)
-    FROM unnest($10::uuid[], $11::text[]) AS h(event_id, destination)
-    JOIN settled s ON s.id = h.event_id
-    GROUP BY h.destination
-    RETURNING cardinality(event_ids) AS n
+    INSERT INTO {qname:held_batches} (destination, oldest, count, topics, events)
+    SELECT b.destination, b.oldest, b.count, b.topics::jsonb, b.events
+    FROM unnest($10::text[], $11::timestamptz[], $12::int[], $13::text[], $14::bytea[])
+         AS b(destination, oldest, count, topics, events)
+    WHERE EXISTS (SELECT 1 FROM settled)
+    RETURNING count AS n
 )
 SELECT (SELECT count(*) FROM settled) AS settled,
        (SELECT count(*) FROM pairs) + (SELECT coalesce(sum(n), 0) FROM bundles)::bigint AS pairs";
@@ -745,17 +742,15 @@ taken AS (
         ORDER BY c.id
         LIMIT $1
         FOR UPDATE SKIP LOCKED)
-    RETURNING b.destination, b.event_ids, b.seqs, b.topics, b.keys, b.payloads, b.headers,
-              b.created_ats
+    RETURNING b.destination, b.events
 ),
 moved AS (
     INSERT INTO {qname:deliveries} (event_id, destination, seq, topic, key, payload, headers,
                                     created_at, attempts, next_attempt_at)
-    SELECT e.event_id, t.destination, e.seq, e.topic, e.key, e.payload, e.headers, e.created_at, 0,
+    SELECT (e->>'id')::uuid, t.destination, (e->>'seq')::bigint, e->>'topic', e->>'key',
+           e->'payload', coalesce(e->'headers', '{}'::jsonb), (e->>'created_at')::timestamptz, 0,
            CASE WHEN $3 THEN 'infinity'::timestamptz ELSE now() END
-    FROM taken t,
-         unnest(t.event_ids, t.seqs, t.topics, t.keys, t.payloads, t.headers, t.created_ats)
-           AS e(event_id, seq, topic, key, payload, headers, created_at)
+    FROM taken t, jsonb_array_elements(convert_from(t.events, 'UTF8')::jsonb) AS e
     ON CONFLICT (event_id, destination) DO NOTHING
     RETURNING 1
 )

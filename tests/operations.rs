@@ -277,7 +277,7 @@ async fn the_relay_runs_under_a_least_privilege_role() {
     assert_eq!(rx.delivered_ids().len(), 50);
     let waiting: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM outbox_deliveries)
-              + (SELECT coalesce(sum(cardinality(event_ids)), 0) FROM outbox_held_batches)::bigint",
+              + (SELECT coalesce(sum(count), 0) FROM outbox_held_batches)::bigint",
     )
     .fetch_one(&db.pool)
     .await

@@ -33,32 +33,28 @@ ALTER TABLE {qname:deliveries} SET (autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0.02);
 
 -- Held pairs in bulk: while a destination is paused or its breaker is open, the pairs it cannot
--- take now are written one row per batch (arrays, stored uncompressed out of line) instead of one
--- row each, so a destination that is down costs the others little. When it is back they
--- become deliveries rows (DeliveriesUnbundle). Only pairs that need no per-key order go here.
+-- take now are written one row per batch instead of one row each, so a destination that is down
+-- costs the others little. `events` is the batch's events as one JSON array (written by the relay,
+-- read back by DeliveriesUnbundle when the destination is back); `topics` counts them per topic for
+-- `status` and the gauges. Only pairs that need no per-key order go here.
 CREATE TABLE IF NOT EXISTS {qname:held_batches} (
     id          bigserial PRIMARY KEY,
     destination text NOT NULL,
     -- The oldest event's created_at (max_age).
     oldest      timestamptz NOT NULL,
-    event_ids   uuid[] NOT NULL,
-    seqs        bigint[] NOT NULL,
-    topics      text[] NOT NULL,
-    keys        text[] NOT NULL,
-    payloads    jsonb[] NOT NULL,
-    headers     jsonb[] NOT NULL,
-    created_ats timestamptz[] NOT NULL
+    count       int NOT NULL,
+    topics      jsonb NOT NULL,
+    events      bytea NOT NULL
 );
--- lz4 where the server has it (PostgreSQL 14+ built with lz4): a batch's arrays, payloads above
--- all, compress about 4x at a fraction of pglz's CPU, and the WAL written per batch shrinks with them.
+-- lz4 where the server has it (PostgreSQL 14+ built with lz4): a batch compresses about 4x for a
+-- fraction of pglz's CPU; elsewhere stored uncompressed (pglz cost more than it saved).
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression'
                AND 'lz4' = ANY(enumvals)) THEN
-        EXECUTE 'ALTER TABLE {qname:held_batches} ALTER event_ids SET COMPRESSION lz4,
-            ALTER seqs SET COMPRESSION lz4, ALTER topics SET COMPRESSION lz4,
-            ALTER keys SET COMPRESSION lz4, ALTER payloads SET COMPRESSION lz4,
-            ALTER headers SET COMPRESSION lz4, ALTER created_ats SET COMPRESSION lz4';
+        EXECUTE 'ALTER TABLE {qname:held_batches} ALTER events SET COMPRESSION lz4';
+    ELSE
+        EXECUTE 'ALTER TABLE {qname:held_batches} ALTER events SET STORAGE EXTERNAL';
     END IF;
 END $$;
 CREATE INDEX IF NOT EXISTS {name:held_batches_destination_idx} ON {qname:held_batches} (destination, id);
