@@ -436,3 +436,132 @@ async fn readiness_per_destination() {
     assert!(relay.readiness_of(Some("nope")).await.is_err());
     assert!(relay.readiness().await.is_err(), "all together: not ready");
 }
+
+/// A paused destination's pairs wait in held batches (one row per batch, not per event) while the
+/// other destination gets everything; `resume` sends them, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_destination_gets_its_events_on_resume() {
+    let db = TestDb::migrated().await;
+    let live = Receiver::start().await;
+    let paused = Receiver::start().await;
+    let table = OutboxTable::default_table();
+    let text = config(
+        &db,
+        &[
+            webhook("live", &live.url, ""),
+            webhook("paused", &paused.url, ""),
+        ],
+    );
+    pgoutbox::destination::pause(&db.pool, &table, "paused")
+        .await
+        .expect("pause");
+    let relay = Running::start(&db, &text);
+    db.insert_plain(500, "order.created").await;
+    let live_done = wait_for(Duration::from_secs(30), || async {
+        live.delivered_ids().len() == 500 && waiting(&db, "paused").await == 500
+    })
+    .await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_held_batches")
+        .fetch_one(&db.pool)
+        .await
+        .expect("batches");
+    assert!(live_done, "live got all 500 while paused held them");
+    assert_eq!(paused.count(), 0, "nothing sent to the paused destination");
+    assert!(
+        rows < 500,
+        "held in batches, not a row per event ({rows} rows)"
+    );
+    pgoutbox::destination::resume(&db.pool, &table, "paused")
+        .await
+        .expect("resume");
+    let resumed = wait_for(Duration::from_secs(30), || async {
+        paused.delivered_ids().len() == 500
+    })
+    .await;
+    relay.stop().await;
+    assert!(resumed, "the resumed destination got its 500");
+    assert_eq!((duplicates(&live), duplicates(&paused)), (0, 0));
+    assert_eq!(waiting(&db, "paused").await, 0);
+}
+
+/// `max_age` still applies to held pairs, in held batches too: past it they are dead-lettered for
+/// that destination only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_pairs_reach_max_age() {
+    let db = TestDb::migrated().await;
+    let live = Receiver::start().await;
+    let paused = Receiver::start().await;
+    let table = OutboxTable::default_table();
+    pgoutbox::destination::pause(&db.pool, &table, "paused")
+        .await
+        .expect("pause");
+    let text = config(
+        &db,
+        &[
+            webhook("live", &live.url, ""),
+            webhook("paused", &paused.url, "max_age = \"1s\""),
+        ],
+    )
+    .replace("[relay]", "cleanup_interval = \"200ms\"\n[relay]");
+    db.insert_plain(20, "order.created").await;
+    let relay = Running::start(&db, &text);
+    let dead = wait_for(Duration::from_secs(30), || async {
+        pairs(&db, "destination = 'paused' AND dead_at IS NOT NULL").await == 20
+    })
+    .await;
+    relay.stop().await;
+    assert!(dead, "the paused destination's 20 pairs died of max_age");
+    assert_eq!(live.delivered_ids().len(), 20);
+    assert_eq!(paused.count(), 0);
+    let last_error: String = sqlx::query_scalar(
+        "SELECT last_error FROM outbox_deliveries WHERE destination = 'paused' LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("last_error");
+    assert!(last_error.contains("max_age"), "{last_error}");
+}
+
+/// Lease mode fans out the same way: a flapping destination's failures are its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_fans_out() {
+    let db = TestDb::migrated().await;
+    let steady = Receiver::start().await;
+    let flips = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&flips);
+    let flapping = Receiver::with(move |_| {
+        if seen.fetch_add(1, Ordering::SeqCst) % 3 == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    })
+    .await;
+    db.insert_plain(300, "order.created").await;
+    let text = config(
+        &db,
+        &[
+            webhook("steady", &steady.url, ""),
+            webhook(
+                "flapping",
+                &flapping.url,
+                "retry_schedule = [\"100ms\"]\nbreaker = { failures = 1000 }",
+            ),
+        ],
+    )
+    .replace("[relay]", "[relay]\nclaim = \"lease\"");
+    let relay = Running::start(&db, &text);
+    let done = wait_for(Duration::from_secs(60), || async {
+        steady.delivered_ids().len() == 300 && flapping.delivered_ids().len() == 300
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "both got all 300");
+    assert_eq!(
+        steady.count(),
+        300,
+        "the steady destination got each event once"
+    );
+    assert_eq!(duplicates(&flapping), 0);
+    assert_eq!(pairs(&db, "true").await, 0);
+}
