@@ -530,7 +530,7 @@ async fn lease_mode_fans_out() {
     let flips = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&flips);
     let flapping = Receiver::with(move |_| {
-        if seen.fetch_add(1, Ordering::SeqCst) % 3 == 0 {
+        if seen.fetch_add(1, Ordering::SeqCst).is_multiple_of(3) {
             Reply::status(503)
         } else {
             Reply::ok()
