@@ -135,21 +135,28 @@ impl HeldBatch {
     }
 }
 
-/// An event as a held batch stores it: the columns of a deliveries row.
+/// An event as a held batch stores it: the columns of a deliveries row, under one-letter names
+/// (`i` id, `s` seq, `t` topic, `k` key, `p` payload, `h` headers, `c` created_at in microseconds
+/// since the epoch), an absent key and empty headers left out: the batch is written on the settle
+/// path of the other destinations, so every byte counts (DeliveriesUnbundle reads it back).
 struct Held<'a>(&'a OutboxEvent);
 
 impl serde::Serialize for Held<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let e = self.0;
-        let mut m = s.serialize_map(Some(7))?;
-        m.serialize_entry("id", &e.id)?;
-        m.serialize_entry("seq", &e.seq)?;
-        m.serialize_entry("topic", &e.topic)?;
-        m.serialize_entry("key", &e.key)?;
-        m.serialize_entry("payload", &e.payload)?;
-        m.serialize_entry("headers", &Headers(&e.headers))?;
-        m.serialize_entry("created_at", &e.created_at)?;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("i", &e.id)?;
+        m.serialize_entry("s", &e.seq)?;
+        m.serialize_entry("t", &e.topic)?;
+        if let Some(key) = &e.key {
+            m.serialize_entry("k", key)?;
+        }
+        m.serialize_entry("p", &e.payload)?;
+        if !e.headers.is_empty() {
+            m.serialize_entry("h", &Headers(&e.headers))?;
+        }
+        m.serialize_entry("c", &e.created_at.timestamp_micros())?;
         m.end()
     }
 }

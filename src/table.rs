@@ -726,7 +726,8 @@ WHERE dead_at IS NULL AND next_attempt_at = 'infinity'
 /// NULL, those of destinations that are neither paused nor open (their pairs are due now); with
 /// `$2` a destination, that destination's, as held pairs (`$3`: at 'infinity', for its probe or
 /// for `max_age`), only those holding an event older than `$4` seconds when `$4` is set.
-/// `{name:held_batches_destination_idx}`, then primary keys. Returns batches and pairs moved.
+/// `{name:held_batches_destination_idx}`, then primary keys. The events' field names are those
+/// `settle::HeldBatch` writes. Returns batches and pairs moved.
 const DELIVERIES_UNBUNDLE: &str = "
 WITH h AS MATERIALIZED (
     SELECT coalesce(array_agg(name) FILTER (WHERE paused_at IS NOT NULL OR breaker <> 'closed'), '{}') AS held
@@ -747,8 +748,9 @@ taken AS (
 moved AS (
     INSERT INTO {qname:deliveries} (event_id, destination, seq, topic, key, payload, headers,
                                     created_at, attempts, next_attempt_at)
-    SELECT (e->>'id')::uuid, t.destination, (e->>'seq')::bigint, e->>'topic', e->>'key',
-           e->'payload', coalesce(e->'headers', '{}'::jsonb), (e->>'created_at')::timestamptz, 0,
+    SELECT (e->>'i')::uuid, t.destination, (e->>'s')::bigint, e->>'t', e->>'k', e->'p',
+           coalesce(e->'h', '{}'::jsonb),
+           'epoch'::timestamptz + ((e->>'c') || ' microseconds')::interval, 0,
            CASE WHEN $3 THEN 'infinity'::timestamptz ELSE now() END
     FROM taken t, jsonb_array_elements(convert_from(t.events, 'UTF8')::jsonb) AS e
     ON CONFLICT (event_id, destination) DO NOTHING

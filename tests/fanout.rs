@@ -456,7 +456,17 @@ async fn a_paused_destination_gets_its_events_on_resume() {
         .await
         .expect("pause");
     let relay = Running::start(&db, &text);
-    db.insert_plain(500, "order.created").await;
+    db.insert_plain(490, "order.created").await;
+    // Keys and headers come back from a held batch as they went in (unordered destination).
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload, key, headers)
+         SELECT 'order.updated', jsonb_build_object('n', g, 'note', 'é \"quoted\"'), 'k' || g,
+                jsonb_build_object('X-Tenant', 'acme', 'x-n', g::text)
+         FROM generate_series(1, 10) g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert keyed");
     let live_done = wait_for(Duration::from_secs(30), || async {
         live.delivered_ids().len() == 500 && waiting(&db, "paused").await == 500
     })
@@ -481,6 +491,13 @@ async fn a_paused_destination_gets_its_events_on_resume() {
     relay.stop().await;
     assert!(resumed, "the resumed destination got its 500");
     assert_eq!((duplicates(&live), duplicates(&paused)), (0, 0));
+    let seen = |rx: &Receiver| -> HashMap<String, (serde_json::Value, Option<String>)> {
+        rx.delivered()
+            .into_iter()
+            .map(|r| (r.id.clone(), (r.json(), r.headers.get("x-tenant").cloned())))
+            .collect()
+    };
+    assert_eq!(seen(&paused), seen(&live), "same envelopes and headers");
     assert_eq!(waiting(&db, "paused").await, 0);
 }
 
