@@ -60,6 +60,53 @@ const STRAGGLER_PATIENCE: Duration = Duration::from_millis(200);
 /// Longest pause between retries while the database is unreachable.
 const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How long a claim loop waits before its next claim.
+///
+/// Busy: at once. The claim is an index range scan that finds nothing quickly, so this costs little
+/// and keeps latency at milliseconds. Idle: exponentially longer up to `poll_interval`, so an idle
+/// relay costs a few cheap queries per second and no measurable CPU. After a database error:
+/// exponentially longer up to [`MAX_DB_BACKOFF`].
+struct Pacing {
+    min: Duration,
+    max: Duration,
+    idle: Duration,
+    backoff: Duration,
+}
+
+impl Pacing {
+    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+    fn new(settings: &RelayConfig) -> Self {
+        Self {
+            min: settings.min_poll_interval,
+            max: settings.poll_interval,
+            idle: settings.min_poll_interval,
+            backoff: Self::FIRST_BACKOFF,
+        }
+    }
+
+    /// A claim found work: look again at once.
+    fn busy(&mut self) {
+        self.idle = self.min;
+        self.backoff = Self::FIRST_BACKOFF;
+    }
+
+    /// A claim found nothing: the pause before the next one.
+    fn idle(&mut self) -> Duration {
+        self.backoff = Self::FIRST_BACKOFF;
+        let pause = self.idle;
+        self.idle = (self.idle * 2).min(self.max);
+        pause
+    }
+
+    /// A claim or settle failed on the database: the pause before trying again.
+    fn failed(&mut self) -> Duration {
+        let pause = self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_DB_BACKOFF);
+        pause
+    }
+}
+
 /// A configured destination, ready to publish.
 pub struct Destination {
     /// Its name.
@@ -1030,8 +1077,7 @@ impl Relay {
     /// them, with at most one such batch waiting per worker.
     async fn worker(self: Arc<Self>, worker: usize, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
-        let mut backoff = Duration::from_millis(100);
-        let mut idle_pause = self.settings.min_poll_interval;
+        let mut pacing = Pacing::new(&self.settings);
         let mut db_down = false;
         let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
         while !shutdown.is_cancelled() {
@@ -1054,26 +1100,18 @@ impl Relay {
                         info!(worker, "database reachable again, relaying");
                         db_down = false;
                     }
-                    backoff = Duration::from_millis(100);
                     if report.claimed > 0 {
                         total += report;
-                        // Busy: look again at once. The claim is an index range scan that finds
-                        // nothing quickly, so this costs little and keeps latency at milliseconds.
-                        idle_pause = self.settings.min_poll_interval;
+                        pacing.busy();
                         continue;
                     }
-                    // Idle: back off exponentially up to poll_interval, so an idle relay costs
-                    // a few cheap queries per second and no measurable CPU.
-                    let pause = idle_pause;
-                    idle_pause = (idle_pause * 2).min(self.settings.poll_interval);
-                    pause
+                    pacing.idle()
                 }
                 Err(e) => {
                     metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
-                    warn!(worker, error = %crate::error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "claim or settle failed; retrying");
+                    let pause = pacing.failed();
+                    warn!(worker, error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "claim or settle failed; retrying");
                     db_down = true;
-                    let pause = backoff;
-                    backoff = (backoff * 2).min(MAX_DB_BACKOFF);
                     pause
                 }
             };
@@ -1451,26 +1489,19 @@ impl Relay {
     /// `poll_interval` while there are none, and on database errors.
     async fn deliveries_loop(&self, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
-        let mut idle_pause = self.settings.min_poll_interval;
-        let mut backoff = Duration::from_millis(100);
+        let mut pacing = Pacing::new(&self.settings);
         while !shutdown.is_cancelled() {
             let pause = match self.run_deliveries_batch().await {
                 Ok(report) if report.claimed > 0 => {
                     total += report;
-                    idle_pause = self.settings.min_poll_interval;
-                    backoff = Duration::from_millis(100);
+                    pacing.busy();
                     continue;
                 }
-                Ok(_) => {
-                    let pause = idle_pause;
-                    idle_pause = (idle_pause * 2).min(self.settings.poll_interval);
-                    pause
-                }
+                Ok(_) => pacing.idle(),
                 Err(e) => {
                     metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
-                    warn!(error = %crate::error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "deliveries claim or settle failed; retrying");
-                    let pause = backoff;
-                    backoff = (backoff * 2).min(MAX_DB_BACKOFF);
+                    let pause = pacing.failed();
+                    warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "deliveries claim or settle failed; retrying");
                     pause
                 }
             };
