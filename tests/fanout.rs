@@ -90,13 +90,16 @@ async fn every_matching_destination_gets_the_event_while_another_is_down() {
     );
     let started = Instant::now();
     let relay = Running::start(&db, &text);
-    let healthy = wait_for(Duration::from_secs(15), || async {
+    // The behaviour asserted: A and B get everything while C is still answering 503. The time
+    // it took (the 15 s) is printed, not asserted; the limit only guards against a hang.
+    let healthy = wait_for(Duration::from_secs(120), || async {
         a.delivered_ids().len() == 200 && b.delivered_ids().len() == 300
     })
     .await;
     let healthy_in = started.elapsed();
+    let c_delivered_while_down = c.delivered_ids().len();
     // A and B answered; their batches' settles write C's pairs.
-    wait_for(Duration::from_secs(15), || async {
+    wait_for(Duration::from_secs(120), || async {
         waiting(&db, "c").await == 300
     })
     .await;
@@ -124,9 +127,10 @@ async fn every_matching_destination_gets_the_event_while_another_is_down() {
         c.delivered_ids().len(),
         recovered_in.as_secs_f64()
     );
-    assert!(
-        healthy,
-        "A got its 200 and B its 300 within 15 s while C was down"
+    assert!(healthy, "A got its 200 and B its 300 while C was down");
+    assert_eq!(
+        c_delivered_while_down, 0,
+        "C accepted nothing while it answered 503"
     );
     assert!(recovered, "C got all 300 after it recovered");
     assert_eq!(
