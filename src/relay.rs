@@ -290,10 +290,8 @@ impl Relay {
         &self,
         only: Option<&str>,
     ) -> std::result::Result<Vec<String>, Vec<String>> {
-        if let Some(name) = only {
-            if !self.destinations.iter().any(|d| d.name == name) {
-                return Err(vec![format!("no destination is named {name:?}\n")]);
-            }
+        if let Some(name) = only.filter(|name| !self.has_destination(name)) {
+            return Err(vec![format!("no destination is named {name:?}\n")]);
         }
         let limit = Duration::from_secs(2);
         let mut lines = Vec::new();
@@ -685,15 +683,8 @@ impl Relay {
         let mut plan = settle::plan(attempted, now, &mut rng);
         for (e, d, reason) in held {
             let (event, dest) = (&events[e], &self.destinations[d]);
-            match dest.retry.expired(event.created_at, now) {
-                // max_age still applies while a destination is unavailable.
-                Some(why) => plan.failed.push(settle::FailedRow {
-                    id: event.id,
-                    error: format!("held for {}: {why}", dest.name),
-                    destination: Some(dest.name.clone()),
-                    delay_secs: 0.0,
-                    dead: true,
-                }),
+            match settle::expired_hold(event, &dest.name, &dest.retry, now) {
+                Some(dead) => plan.failed.push(dead),
                 None => plan.hold(event.id, &dest.name, reason.as_deref()),
             }
         }
@@ -721,17 +712,8 @@ impl Relay {
                         plan.pair_waiting(event, &dest.name, false, Some(note));
                     }
                     (Route::Hold(_), _) | (_, Some((_, Counted::Held))) => {
-                        match dest.retry.expired(event.created_at, now) {
-                            Some(why) => plan.pair_failed(
-                                event.attempts,
-                                settle::FailedRow {
-                                    id: event.id,
-                                    error: format!("held for {}: {why}", dest.name),
-                                    destination: Some(dest.name.clone()),
-                                    delay_secs: 0.0,
-                                    dead: true,
-                                },
-                            ),
+                        match settle::expired_hold(event, &dest.name, &dest.retry, now) {
+                            Some(dead) => plan.pair_failed(event.attempts, dead),
                             // No per-key order to keep: with the others of its batch, in one row.
                             None if !(event.key.is_some()
                                 && self.config.destinations[d].ordering == Ordering::Key) =>
@@ -767,7 +749,7 @@ impl Relay {
                                 } else {
                                     pairs.retried += 1;
                                 }
-                                warn!(event_id = %event.id, topic = %event.topic, destination = %dest.name, attempt = event.attempts + 1, dead = failed.dead, error = %failed.error, "publish failed");
+                                warn_failed(event, &failed);
                                 plan.pair_failed(event.attempts + 1, failed);
                             }
                         }
@@ -786,18 +768,9 @@ impl Relay {
             plan.poison(*id, reason);
         }
         for failed in &plan.failed {
-            let Some(event) = events.iter().find(|e| e.id == failed.id) else {
-                continue;
-            };
-            warn!(
-                event_id = %event.id,
-                topic = %event.topic,
-                destination = failed.destination.as_deref().unwrap_or("-"),
-                attempt = event.attempts + 1,
-                dead = failed.dead,
-                error = %failed.error,
-                "publish failed"
-            );
+            if let Some(event) = events.iter().find(|e| e.id == failed.id) {
+                warn_failed(event, failed);
+            }
         }
         if aborted && !untouched.is_empty() {
             // Shutdown grace is over: what finished is settled, the rest goes back untouched.
@@ -1256,8 +1229,7 @@ impl Relay {
         let token = claimed.token;
         if let Some((id, name, reason)) = claimed.poison.into_iter().next() {
             let mut plan = settle::SettlePlan::default();
-            plan.poison(id, &reason);
-            plan.failed[0].destination = Some(name);
+            plan.poison_pair(id, &name, &reason);
             settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
             return self.probe_skipped(d, failed_probes).await;
         }
@@ -1390,10 +1362,7 @@ impl Relay {
         let mut plan = settle::SettlePlan::default();
         for (id, name, reason) in &claimed.poison {
             warn!(event_id = %id, destination = %name, error = %reason, "dead-lettering a delivery that cannot be read as an event");
-            plan.poison(*id, reason);
-            if let Some(last) = plan.failed.last_mut() {
-                last.destination = Some(name.clone());
-            }
+            plan.poison_pair(*id, name, reason);
         }
         if claimed.deliveries.is_empty() && plan.failed.is_empty() {
             return Ok(BatchReport::default());
@@ -1428,16 +1397,12 @@ impl Relay {
                     delay_secs: 0.0,
                     dead: true,
                 }),
-                (Route::Hold(d), _) => match self.destinations[d].retry.expired(event.created_at, now) {
-                    Some(why) => plan.failed.push(settle::FailedRow {
-                        id: event.id,
-                        error: format!("held for {name}: {why}"),
-                        destination: Some(name.clone()),
-                        delay_secs: 0.0,
-                        dead: true,
-                    }),
-                    None => plan.hold(event.id, name, None),
-                },
+                (Route::Hold(d), _) => {
+                    match settle::expired_hold(event, name, &self.destinations[d].retry, now) {
+                        Some(dead) => plan.failed.push(dead),
+                        None => plan.hold(event.id, name, None),
+                    }
+                }
                 (Route::Send(_) | Route::Defer(_), None) => untouched.push((event.id, name.clone())),
                 (Route::Send(d) | Route::Defer(d), Some(outcome)) => {
                     match self.count(d, outcome, &mut tripped) {
@@ -1449,7 +1414,7 @@ impl Relay {
                             match settle::decide(event, name, &dest.retry, outcome, now, &mut rng) {
                                 None => plan.delivered.entry(name.clone()).or_default().push(event.id),
                                 Some(failed) => {
-                                    warn!(event_id = %event.id, topic = %event.topic, destination = %name, attempt = event.attempts + 1, dead = failed.dead, error = %failed.error, "publish failed");
+                                    warn_failed(event, &failed);
                                     plan.failed.push(failed);
                                 }
                             }
@@ -1687,6 +1652,19 @@ struct PairCounts {
     retried: usize,
     dead: usize,
     held: usize,
+}
+
+/// Logs a failed attempt (retried or dead-lettered) of `event`.
+fn warn_failed(event: &OutboxEvent, failed: &settle::FailedRow) {
+    warn!(
+        event_id = %event.id,
+        topic = %event.topic,
+        destination = failed.destination.as_deref().unwrap_or("-"),
+        attempt = event.attempts + 1,
+        dead = failed.dead,
+        error = %failed.error,
+        "publish failed"
+    );
 }
 
 /// The failure an outcome reports, if it is a retryable one.

@@ -228,15 +228,13 @@ impl SettlePlan {
 
     /// Dead-letters a row the relay could not read (a poison row), with the reason.
     pub fn poison(&mut self, id: Uuid, reason: &str) {
-        self.failed.push(FailedRow {
-            id,
-            error: truncate(format!(
-                "cannot relay this row: {reason} [dead: unreadable row]"
-            )),
-            destination: None,
-            delay_secs: 0.0,
-            dead: true,
-        });
+        self.failed.push(unreadable(id, None, reason));
+    }
+
+    /// Dead-letters a pair of the deliveries table that cannot be read as an event.
+    pub fn poison_pair(&mut self, id: Uuid, destination: &str, reason: &str) {
+        self.failed
+            .push(unreadable(id, Some(destination.to_owned()), reason));
     }
 
     /// Holds an event for `destination`; `error` is a failure not counted as an attempt.
@@ -251,6 +249,36 @@ impl SettlePlan {
             }),
         });
     }
+}
+
+/// The dead letter of a row (or pair) that cannot be read as an event.
+fn unreadable(id: Uuid, destination: Option<String>, reason: &str) -> FailedRow {
+    FailedRow {
+        id,
+        error: truncate(format!(
+            "cannot relay this row: {reason} [dead: unreadable row]"
+        )),
+        destination,
+        delay_secs: 0.0,
+        dead: true,
+    }
+}
+
+/// `max_age` still applies while a destination is unavailable: the dead letter of an event held
+/// for `destination` past its policy's `max_age`, or `None` while it may wait.
+pub fn expired_hold(
+    event: &OutboxEvent,
+    destination: &str,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+) -> Option<FailedRow> {
+    policy.expired(event.created_at, now).map(|why| FailedRow {
+        id: event.id,
+        error: format!("held for {destination}: {why}"),
+        destination: Some(destination.to_owned()),
+        delay_secs: 0.0,
+        dead: true,
+    })
 }
 
 /// The destination an event was routed to, with its policy; `None` for an unroutable event.
