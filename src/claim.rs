@@ -238,9 +238,7 @@ pub async fn claim_deliveries(
         .bind(blocking)
         .fetch_all(pool)
         .await?;
-    let mut batch = delivery_rows(&rows)?;
-    batch.token = token;
-    Ok(batch)
+    delivery_rows(&rows, token)
 }
 
 /// Claims one held delivery of `destination` for its probe (DeliveriesClaimProbe).
@@ -257,12 +255,11 @@ pub async fn claim_delivery_probe(
         .bind(token)
         .fetch_all(pool)
         .await?;
-    let mut batch = delivery_rows(&rows)?;
-    batch.token = token;
-    Ok(batch)
+    delivery_rows(&rows, token)
 }
 
-fn delivery_rows(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimedDeliveries> {
+/// Decodes leased delivery rows; `token` is their lease's.
+fn delivery_rows(rows: &[sqlx::postgres::PgRow], token: Uuid) -> Result<ClaimedDeliveries> {
     let mut deliveries = Vec::with_capacity(rows.len());
     let mut poison = Vec::new();
     for row in rows {
@@ -280,6 +277,6 @@ fn delivery_rows(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimedDeliveries> {
     Ok(ClaimedDeliveries {
         deliveries,
         poison,
-        token: Uuid::nil(),
+        token,
     })
 }
