@@ -42,19 +42,7 @@ pub async fn measure(
     events: u64,
     sample: Duration,
 ) -> anyhow::Result<f64> {
-    sqlx::raw_sql(
-        "DROP TABLE IF EXISTS baseline_outbox;
-         CREATE TABLE baseline_outbox (
-            id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-            created_at timestamptz NOT NULL DEFAULT now(),
-            published_at timestamptz,
-            topic text NOT NULL,
-            payload jsonb NOT NULL,
-            attempts int NOT NULL DEFAULT 0,
-            last_error text);",
-    )
-    .execute(&scratch.pool)
-    .await?;
+    scratch.minimal_table("baseline_outbox").await?;
     sqlx::query(
         "INSERT INTO baseline_outbox (topic, payload, created_at)
          SELECT 'bench.event', jsonb_build_object('n', g), now() + g * interval '1 microsecond'

@@ -102,19 +102,10 @@ impl Window {
 }
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
-    sqlx::raw_sql(
-        "DROP TABLE IF EXISTS outbox; DROP TABLE IF EXISTS pgoutbox_migrations;
-         CREATE TABLE outbox (
-             id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-             created_at   timestamptz NOT NULL DEFAULT now(),
-             published_at timestamptz,
-             topic        text NOT NULL,
-             payload      jsonb NOT NULL,
-             attempts     int NOT NULL DEFAULT 0,
-             last_error   text)",
-    )
-    .execute(&scratch.pool)
-    .await?;
+    sqlx::raw_sql("DROP TABLE IF EXISTS pgoutbox_migrations")
+        .execute(&scratch.pool)
+        .await?;
+    scratch.minimal_table("outbox").await?;
     // A month of history, oldest first, with pending rows spread through it.
     let insert = format!(
         "INSERT INTO outbox (topic, payload, created_at, published_at)
