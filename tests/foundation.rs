@@ -335,22 +335,15 @@ async fn concurrent_migrations_serialize() {
 async fn migrate_upgrades_a_minimal_outbox_in_place() {
     let db = TestDb::empty().await;
     // The well-known minimal table, with history and a backlog.
-    sqlx::raw_sql(
-        "CREATE TABLE outbox (
-            id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-            created_at timestamptz NOT NULL DEFAULT now(),
-            published_at timestamptz,
-            topic text NOT NULL,
-            payload jsonb NOT NULL,
-            attempts int NOT NULL DEFAULT 0,
-            last_error text);
+    sqlx::raw_sql(&format!(
+        "{MINIMAL_OUTBOX};
          INSERT INTO outbox (topic, payload, published_at, created_at)
            SELECT 'order.created', jsonb_build_object('n', g), now() - interval '1 day', now() - interval '2 days'
            FROM generate_series(1, 50) g;
          INSERT INTO outbox (topic, payload, attempts, last_error, created_at)
            SELECT 'order.created', jsonb_build_object('n', g), 2, 'timeout', now() - interval '1 hour' + g * interval '1 second'
            FROM generate_series(1, 30) g;",
-    )
+    ))
     .execute(&db.pool)
     .await
     .expect("minimal table");

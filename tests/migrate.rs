@@ -15,16 +15,6 @@ use pgoutbox::OutboxTable;
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-/// The README's minimal outbox table.
-const MINIMAL: &str = "CREATE TABLE outbox (
-    id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    published_at timestamptz,
-    topic        text NOT NULL,
-    payload      jsonb NOT NULL,
-    attempts     int NOT NULL DEFAULT 0,
-    last_error   text)";
-
 /// Fills the table with `n` old rows: created a second apart in threes (ties, which the id
 /// breaks), one in ten pending, stored in random order (so the physical order is not the
 /// creation order). Returns their ids in creation order.
@@ -50,7 +40,7 @@ async fn old_rows(pool: &PgPool, n: i32) -> Vec<Uuid> {
 }
 
 async fn minimal_table(db: &TestDb, n: i32) -> Vec<Uuid> {
-    sqlx::raw_sql(MINIMAL)
+    sqlx::raw_sql(MINIMAL_OUTBOX)
         .execute(&db.pool)
         .await
         .expect("minimal table");

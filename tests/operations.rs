@@ -429,16 +429,21 @@ async fn a_cleanup_waits(db: &TestDb) -> bool {
     .await
 }
 
-/// A second relay's cleanup takes over once the first one's has ended, however it ended.
-async fn another_leader_takes_over(db: &TestDb) {
-    let pool = sqlx::PgPool::connect(&db.url).await.expect("second relay");
-    let table = pgoutbox::OutboxTable::default_table();
-    let options = pgoutbox::cleanup::CleanupOptions {
+/// The cleanup settings of the leader tests: an hour of retention, small chunks.
+fn hour_retention_in_chunks_of_five() -> pgoutbox::cleanup::CleanupOptions {
+    pgoutbox::cleanup::CleanupOptions {
         retention: Duration::from_secs(3600),
         dead_retention: None,
         chunk_rows: 5,
         dry_run: false,
-    };
+    }
+}
+
+/// A second relay's cleanup takes over once the first one's has ended, however it ended.
+async fn another_leader_takes_over(db: &TestDb) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("second relay");
+    let table = pgoutbox::OutboxTable::default_table();
+    let options = hour_retention_in_chunks_of_five();
     let mut report = None;
     for _ in 0..100 {
         report = pgoutbox::cleanup::run_if_leader(&pool, &table, &options)
@@ -465,12 +470,7 @@ async fn another_leader_takes_over(db: &TestDb) {
 async fn the_cleanup_lock_ends_with_a_dropped_or_failed_cleanup() {
     let db = TestDb::migrated().await;
     let table = pgoutbox::OutboxTable::default_table();
-    let options = pgoutbox::cleanup::CleanupOptions {
-        retention: Duration::from_secs(3600),
-        dead_retention: None,
-        chunk_rows: 5,
-        dry_run: false,
-    };
+    let options = hour_retention_in_chunks_of_five();
 
     // Dropped mid-run, as the relay aborts its cleanup task at shutdown. The first relay's pool
     // stays open: a connection returned to it would keep the lock.

@@ -219,6 +219,17 @@ struct ReceiverState {
     behaviour: Arc<Mutex<Behaviour>>,
 }
 
+/// The README's minimal outbox table, as an application that already has one created it: what
+/// `migrate` upgrades in place.
+pub const MINIMAL_OUTBOX: &str = "CREATE TABLE outbox (
+    id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz,
+    topic        text NOT NULL,
+    payload      jsonb NOT NULL,
+    attempts     int NOT NULL DEFAULT 0,
+    last_error   text)";
+
 /// A real HTTP server on 127.0.0.1 that records every request and answers per a behaviour.
 pub struct Receiver {
     pub url: String,
