@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the per-destination deliveries table (fan-out)",
         include_str!("migrations/0006_deliveries.sql"),
     ),
+    Migration::steps(
+        7,
+        "cheaper inserts: cleanup index on published rows only, no seq index, autovacuum settings",
+        WRITE_PATH,
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -163,6 +168,38 @@ const RELAY_COLUMNS: &[Step] = &[
             table: "{outbox}",
             sql: include_str!("migrations/0002_relay_columns/dead_idx.sql"),
         },
+    },
+];
+
+/// Migration 7: what every INSERT pays, cut (docs/performance.md, "Write path"). The unique index
+/// on `seq` (every row, so every INSERT) gives way to an index of published rows only, which
+/// INSERTs never touch; built first, so cleanup always has one of them.
+const WRITE_PATH: &[Step] = &[
+    Step {
+        what: "build the published-rows index (cleanup)",
+        unless: None,
+        action: Action::Index {
+            name: "{qname:published_idx}",
+            table: "{outbox}",
+            sql: include_str!("migrations/0007_write_path/published_idx.sql"),
+        },
+    },
+    Step {
+        what: "drop the seq index",
+        unless: None,
+        action: Action::Statement(include_str!("migrations/0007_write_path/drop_seq_idx.sql")),
+    },
+    Step {
+        what: "set the outbox's own autovacuum settings",
+        unless: None,
+        action: Action::Transaction(include_str!("migrations/0007_write_path/autovacuum.sql")),
+    },
+    Step {
+        what: "time-ordered id default (PostgreSQL 18+)",
+        unless: None,
+        action: Action::Transaction(include_str!(
+            "migrations/0007_write_path/uuidv7_default.sql"
+        )),
     },
 ];
 
