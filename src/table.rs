@@ -758,17 +758,19 @@ moved AS (
 )
 SELECT (SELECT count(*) FROM taken) AS batches, (SELECT count(*) FROM moved) AS pairs";
 
-/// OutboxInsert. Every column not named has a default, as for any plain-SQL producer.
+/// OutboxInsert. The id is made by the adapter (a UUIDv7, `enqueue::new_id`); every other column
+/// not named has a default, as for any plain-SQL producer.
 const INSERT_ONE: &str = "
-INSERT INTO {outbox} (topic, payload, key, headers)
-VALUES ($1, $2::text::jsonb, $3, $4::text::jsonb)
+INSERT INTO {outbox} (id, topic, payload, key, headers)
+VALUES ($5, $1, $2::text::jsonb, $3, $4::text::jsonb)
 RETURNING id";
 
 /// OutboxInsertMany. One round trip for a whole batch; unnest keeps the array order, and so `seq`.
 const INSERT_MANY: &str = "
-INSERT INTO {outbox} (topic, payload, key, headers)
-SELECT t, p::jsonb, k, h::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(t, p, k, h, n)
+INSERT INTO {outbox} (id, topic, payload, key, headers)
+SELECT i, t, p::jsonb, k, h::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[])
+     WITH ORDINALITY AS e(t, p, k, h, i, n)
 ORDER BY n
 RETURNING id";
 

@@ -16,6 +16,7 @@ impl Outbox {
             .bind(&event.payload)
             .bind(&event.key)
             .bind(event.headers_json())
+            .bind(super::new_id())
             .fetch_one(conn)
             .await?;
         Ok(id)
@@ -36,6 +37,7 @@ impl Outbox {
             .bind(c.payloads)
             .bind(c.keys)
             .bind(c.headers)
+            .bind(c.ids)
             .fetch_all(conn)
             .await?;
         Ok(ids)

@@ -23,6 +23,7 @@ impl Outbox {
             .bind(event.payload.clone())
             .bind(event.key.clone())
             .bind(event.headers_json())
+            .bind(super::new_id())
             .fetch_one(conn)
             .await?;
         Ok(id)
@@ -44,6 +45,7 @@ impl Outbox {
             .bind(c.payloads)
             .bind(c.keys)
             .bind(c.headers)
+            .bind(c.ids)
             .fetch_all(conn)
             .await?;
         Ok(ids)

@@ -15,7 +15,9 @@ impl Outbox {
     /// Inserts one event with a tokio-postgres client or transaction; returns its id.
     pub async fn enqueue_pg<C: GenericClient>(&self, client: &C, event: &Event) -> Result<Uuid> {
         let headers = event.headers_json();
-        let params: [&(dyn ToSql + Sync); 4] = [&event.topic, &event.payload, &event.key, &headers];
+        let id = super::new_id();
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&event.topic, &event.payload, &event.key, &headers, &id];
         let row = client
             .query_one(self.table.sql.insert_one.as_str(), &params)
             .await?;
@@ -33,7 +35,8 @@ impl Outbox {
             return Ok(Vec::new());
         }
         let c = Columns::of(events);
-        let params: [&(dyn ToSql + Sync); 4] = [&c.topics, &c.payloads, &c.keys, &c.headers];
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&c.topics, &c.payloads, &c.keys, &c.headers, &c.ids];
         let rows = client
             .query(self.table.sql.insert_many.as_str(), &params)
             .await?;
