@@ -127,6 +127,36 @@ pub struct RelayConfig {
     /// Lease mode: how long a claim lasts (default: twice `publish_timeout`).
     #[serde(with = "opt_duration_str")]
     pub lease: Option<Duration>,
+    /// `synchronous_commit` of the relay's own sessions (claims, settles, cleanup); producers keep
+    /// theirs. See [`SettleCommit`].
+    pub synchronous_commit: SettleCommit,
+}
+
+/// Whether the relay's commits wait for the WAL flush.
+///
+/// `on` (default): every settle is durable before the next claim. `off`: a settle returns as soon
+/// as it is in the WAL buffers, so no claim loop waits on the disk (on a slow disk; measured here
+/// it made no difference, docs/performance.md, "Tail"). Safe for
+/// at-least-once: producers' commits stay synchronous, so no event is lost; only if the
+/// *database server* crashes can the last settles (at most about three `wal_writer_delay`s, 600
+/// ms by default) be lost, and those events are delivered again, as after a relay crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettleCommit {
+    /// Wait for the WAL flush (the default, as PostgreSQL's).
+    On,
+    /// Do not wait.
+    Off,
+}
+
+impl SettleCommit {
+    /// The setting's value for PostgreSQL.
+    pub fn as_setting(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::Off => "off",
+        }
+    }
 }
 
 impl RelayConfig {
@@ -141,12 +171,13 @@ impl Default for RelayConfig {
         Self {
             batch_size: 500,
             workers: 2,
-            poll_interval: Duration::from_millis(250),
+            poll_interval: Duration::from_millis(100),
             min_poll_interval: Duration::from_millis(1),
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,
             shutdown_grace: Duration::from_secs(10),
             lease: None,
+            synchronous_commit: SettleCommit::On,
         }
     }
 }

@@ -1053,7 +1053,29 @@ impl Relay {
         let mut pacing = Pacing::new(&self.settings);
         let mut db_down = false;
         let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
+        let mut quiet = false;
         while !shutdown.is_cancelled() {
+            // After an empty claim, poll with one cheap statement and claim only once there is
+            // something: an idle relay's cost is a few index probes per second, not transactions.
+            if quiet {
+                let pause = match self.any_due().await {
+                    Ok(true) => None,
+                    Ok(false) => {
+                        if std::mem::take(&mut db_down) {
+                            info!(worker, "database reachable again, relaying");
+                        }
+                        Some(pacing.idle())
+                    }
+                    Err(e) => Some(self.db_failed(worker, &mut pacing, &mut db_down, &e)),
+                };
+                if let Some(pause) = pause {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    continue;
+                }
+            }
             let (signal, detached) = tokio::sync::oneshot::channel();
             let relay = Arc::clone(&self);
             let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
@@ -1076,17 +1098,13 @@ impl Relay {
                     if report.claimed > 0 {
                         total += report;
                         pacing.busy();
+                        quiet = false;
                         continue;
                     }
+                    quiet = true;
                     pacing.idle()
                 }
-                Err(e) => {
-                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
-                    let pause = pacing.failed();
-                    warn!(worker, error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "claim or settle failed; retrying");
-                    db_down = true;
-                    pause
-                }
+                Err(e) => self.db_failed(worker, &mut pacing, &mut db_down, &e),
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -1097,6 +1115,29 @@ impl Relay {
             total += self.report_of(worker, joined_batch(previous.await));
         }
         total
+    }
+
+    /// OutboxAnyDue: is a row due now?
+    async fn any_due(&self) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.table.sql.any_due)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// A claim loop's database error (poll, claim or settle): counted, logged, and the pause
+    /// before the next try.
+    fn db_failed(
+        &self,
+        worker: usize,
+        pacing: &mut Pacing,
+        db_down: &mut bool,
+        e: &crate::error::Error,
+    ) -> Duration {
+        metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+        let pause = pacing.failed();
+        warn!(worker, error = %crate::error_chain(e), retry_in_ms = pause.as_millis() as u64, "claim or settle failed; retrying");
+        *db_down = true;
+        pause
     }
 
     /// A finished batch's report; a database error is logged (its rows are claimed again).

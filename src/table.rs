@@ -162,6 +162,8 @@ fn render(template: &str, schema: &Ident, table: &Ident) -> String {
 /// migrations in [`crate::schema`] are built to serve.
 #[derive(Clone, Debug)]
 pub struct Queries {
+    /// `OutboxAnyDue`: is anything due? (an idle relay's poll).
+    pub any_due: String,
     /// `OutboxClaimDue`: the transaction-held claim.
     pub claim_due: String,
     /// `OutboxClaimLease`: the lease-mode claim.
@@ -236,6 +238,7 @@ impl Queries {
     fn render(schema: &Ident, table: &Ident) -> Self {
         let r = |t: &str| render(&t.replace("{columns}", EVENT_COLUMNS), schema, table);
         Self {
+            any_due: r(ANY_DUE),
             claim_due: r(CLAIM_DUE),
             claim_lease: r(CLAIM_LEASE),
             claim_due_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_DUE_ORDERED}")),
@@ -286,6 +289,14 @@ WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
 ORDER BY next_attempt_at, seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED";
+
+/// OutboxAnyDue. What an idle relay polls instead of a claim: the first entry of the due range
+/// of `{name:pending_idx}`, one statement and no transaction or row lock, so a short
+/// `poll_interval` (the wait of the first event after a quiet spell) costs little when idle.
+const ANY_DUE: &str = "
+SELECT EXISTS (
+    SELECT 1 FROM {outbox}
+    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now())";
 
 /// OutboxClaimLease. Same index and row choice as OutboxClaimDue, but commits at once: the lease is
 /// `next_attempt_at` pushed to the lease expiry (so the row leaves the due range until then) plus a

@@ -141,6 +141,10 @@ fn pool_settings(relay: &RelayConfig) -> PoolSettings {
                 "idle_in_transaction_session_timeout",
                 millis(idle_in_transaction),
             ),
+            (
+                "synchronous_commit",
+                relay.synchronous_commit.as_setting().to_owned(),
+            ),
         ],
     }
 }
@@ -188,6 +192,7 @@ mod tests {
             vec![
                 ("statement_timeout", "60000".to_owned()),
                 ("idle_in_transaction_session_timeout", "70000".to_owned()),
+                ("synchronous_commit", "on".to_owned()),
             ]
         );
     }
