@@ -73,8 +73,14 @@ fn steady_and_history_report() {
     assert!(
         scenarios.contains(&"steady")
             && scenarios.contains(&"idle")
-            && scenarios.contains(&"producers"),
+            && scenarios.contains(&"producers")
+            && scenarios.contains(&"timeline"),
         "{scenarios:?}"
+    );
+    // The producers' cost includes the schema's, against the minimal table.
+    assert!(
+        rows.iter().any(|r| r["unit"] == "× minimal"),
+        "no schema-cost row"
     );
     let rows = bench(&["history", "--history-rows", "20000", "--events", "3000"]);
     assert!(rows.iter().any(|r| r["variant"] == "ratio"));
@@ -103,4 +109,59 @@ fn migrate_reports_the_producers_stalls() {
         .collect();
     assert_eq!(variants.len(), 4, "{variants:?}");
     assert!(variants.contains(&"longest INSERT"), "{variants:?}");
+}
+
+#[test]
+fn soak_reports_each_interval_and_draws_its_curves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = dir.path().join("soak.csv");
+    let svg = dir.path().join("soak.svg");
+    let rows = bench(&[
+        "soak",
+        "--events",
+        "3000",
+        "--rate",
+        "1000",
+        "--retention",
+        "1s",
+        "--cleanup-interval",
+        "1s",
+        "--every",
+        "1s",
+        "--csv",
+        csv.to_str().expect("utf-8"),
+        "--plot",
+        svg.to_str().expect("utf-8"),
+    ]);
+    let variants: Vec<String> = rows[1..]
+        .iter()
+        .filter(|r| r["scenario"] == "soak")
+        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    for mode in ["keep", "delete"] {
+        assert!(
+            variants
+                .iter()
+                .any(|v| v.starts_with(&format!("{mode} minute"))),
+            "{variants:?}"
+        );
+        let verdict = rows
+            .iter()
+            .find(|r| r["variant"] == format!("{mode}: last / first interval p99"))
+            .unwrap_or_else(|| panic!("no {mode} verdict in {variants:?}"));
+        assert!(
+            verdict["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("3000 of 3000 delivered")),
+            "{verdict}"
+        );
+    }
+    let table = std::fs::read_to_string(&csv).expect("csv");
+    assert!(table.starts_with("mode,minute,delivered,claim_p99_ms"));
+    assert!(
+        table.lines().any(|l| l.starts_with("keep,"))
+            && table.lines().any(|l| l.starts_with("delete,"))
+    );
+    let plot = std::fs::read_to_string(&svg).expect("svg");
+    assert!(plot.starts_with("<svg") && plot.contains("<polyline"));
 }

@@ -10,6 +10,8 @@ mod drain;
 mod history;
 mod migrate;
 mod ordering;
+mod produce;
+mod soak;
 mod steady;
 
 use std::process::ExitCode;
@@ -52,12 +54,22 @@ enum Scenario {
     /// `migrate` upgrading a large minimal table in place while producers insert: how long the
     /// producers' INSERTs were blocked.
     Migrate(migrate::Args),
+    /// A long steady load (5,000,000 events at 3,000/s by default) in keep mode with cleanup
+    /// running, then in delete mode: every minute the claim p99, commit→publish p99, table and
+    /// index sizes and dead tuples, to see whether anything grows or slows down over time.
+    Soak(soak::Args),
     /// drain (null sink, both settle modes, with sql-limit and baseline), steady and history at
     /// reduced sizes: a quick tour.
     Quick,
+    /// Producers in their own process (started by steady and soak).
+    #[command(hide = true)]
+    Produce(produce::Args),
 }
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    if let Scenario::Produce(a) = &args.scenario {
+        return produce::run(a).await.map(|()| ExitCode::SUCCESS);
+    }
     let config = cli.load_config()?;
     let url = config
         .database_url
@@ -75,7 +87,9 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         Scenario::History(a) => history::run(&scratch, &out, a).await,
         Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
         Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
+        Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
         Scenario::Quick => quick(&scratch, &out).await,
+        Scenario::Produce(_) => Ok(()),
     };
     scratch.drop_database().await;
     result.map(|()| ExitCode::SUCCESS)

@@ -1,21 +1,26 @@
 //! `bench steady`: producers commit single-event transactions at a target rate while a relay
-//! process delivers them to a local webhook receiver. Reports commit→publish latency, the relay's
-//! CPU, its CPU when idle, and what the wake-up mechanism costs producers.
+//! process delivers them to a local webhook receiver. Reports commit→publish latency (with p99.9,
+//! max and a per-second timeline of p99 and max, each second marked when a checkpoint was
+//! running), the relay's own claim and settle times, its CPU, its CPU when idle, and what the
+//! schema and the wake-up mechanism cost producers.
+//!
+//! Three processes, as in production: the producers (`bench produce`, pgbench-like), the relay,
+//! and this one, which only receives and measures. Latency = the producer's commit returned →
+//! the receiver got the request, both read from the same system clock.
 //!
 //! Wake-up: the relay polls adaptively (at once after a non-empty claim, then 1 ms doubling up to
-//! `poll_interval` when idle). The producer-cost part compares the producers' commit rate with no
-//! relay, with the relay running, and with a statement-level NOTIFY trigger (the alternative).
+//! `poll_interval` when idle). The producer-cost part compares the producers' commit rate on the
+//! pgoutbox table with the minimal table (the schema's cost), and with no relay, with the relay
+//! running, and with a statement-level NOTIFY trigger (the alternative wake-up).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use sqlx::postgres::PgPoolOptions;
+use std::time::{Duration, Instant, SystemTime};
 
 use super::drain::Receiver;
-use super::{rate, Output, Row, Scratch};
+use super::produce::{unix_micros, Producer, Spec};
+use super::{Output, Row, Scratch};
 
 /// Arguments of `bench steady`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,9 +40,22 @@ pub struct Args {
     /// How long each producer-cost run lasts.
     #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
     cost_duration: Duration,
+    /// Pairs of (minimal table, pgoutbox table) runs for the schema cost; the median ratio is
+    /// reported.
+    #[arg(long, default_value_t = 3)]
+    cost_pairs: usize,
     /// How long the idle relay's CPU is measured (0s skips it).
     #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
     idle: Duration,
+    /// `relay.synchronous_commit` of the measured relay (on: every settle waits for the disk).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    relay_synchronous_commit: String,
+    /// `relay.poll_interval` of the measured relay (its default when absent).
+    #[arg(long)]
+    relay_poll_interval: Option<String>,
+    /// Print the per-second timeline (p99 and max of each second).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    timeline: bool,
 }
 
 impl Args {
@@ -49,26 +67,78 @@ impl Args {
             duration: Duration::from_secs(5),
             cost_connections: 32,
             cost_duration: Duration::from_secs(3),
+            cost_pairs: 1,
             idle: Duration::from_secs(5),
+            relay_synchronous_commit: "on".into(),
+            relay_poll_interval: None,
+            timeline: false,
         }
     }
 }
 
-/// A relay child process and its /proc counters.
-struct RelayProcess {
+/// How the bench's relay process is configured.
+pub struct RelaySpec<'a> {
+    /// Webhook receiver URL.
+    pub receiver_url: &'a str,
+    /// `relay.min_poll_interval`.
+    pub min_poll: &'a str,
+    /// `relay.poll_interval` (None: the relay's default).
+    pub poll_interval: Option<&'a str>,
+    /// `retention` ("0s": delete at settle).
+    pub retention: &'a str,
+    /// `cleanup_interval`.
+    pub cleanup_interval: &'a str,
+    /// `relay.synchronous_commit`.
+    pub synchronous_commit: &'a str,
+}
+
+impl<'a> RelaySpec<'a> {
+    /// Delete mode, adaptive polling from 1 ms.
+    pub fn new(receiver_url: &'a str) -> Self {
+        Self {
+            receiver_url,
+            min_poll: "1ms",
+            poll_interval: None,
+            retention: "0s",
+            cleanup_interval: "1m",
+            synchronous_commit: "on",
+        }
+    }
+}
+
+/// A relay child process, its /proc counters and its metrics endpoint.
+pub struct RelayProcess {
     child: std::process::Child,
+    metrics_url: String,
     _dir: tempfile::TempDir,
 }
 
 impl RelayProcess {
-    fn spawn(scratch: &Scratch, receiver_url: &str, min_poll: &str) -> anyhow::Result<Self> {
+    /// Starts `pgoutbox relay` on the scratch database with one webhook destination.
+    pub fn spawn(scratch: &Scratch, spec: &RelaySpec<'_>) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("bench.toml");
+        // A free port for the metrics endpoint: bound, then released for the relay to take.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         std::fs::write(
             &path,
             format!(
-                "database_url = \"{}\"\nretention = \"0s\"\n[relay]\nmin_poll_interval = \"{min_poll}\"\n[[destinations]]\nname = \"bench\"\ntype = \"webhook\"\nurl = \"{receiver_url}\"\nconcurrency = 128\n",
-                scratch.url
+                "database_url = \"{url}\"\nretention = \"{retention}\"\ncleanup_interval = \"{cleanup}\"\n\
+                 [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}\
+                 [observability]\nlisten = \"127.0.0.1:{port}\"\n\
+                 [[destinations]]\nname = \"bench\"\ntype = \"webhook\"\nurl = \"{receiver}\"\nconcurrency = 128\n",
+                url = scratch.url,
+                retention = spec.retention,
+                cleanup = spec.cleanup_interval,
+                min_poll = spec.min_poll,
+                sync = spec.synchronous_commit,
+                poll = spec
+                    .poll_interval
+                    .map(|p| format!("poll_interval = \"{p}\"\n"))
+                    .unwrap_or_default(),
+                receiver = spec.receiver_url,
             ),
         )?;
         let child = std::process::Command::new(std::env::current_exe()?)
@@ -79,17 +149,29 @@ impl RelayProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        Ok(Self { child, _dir: dir })
+        Ok(Self {
+            child,
+            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            _dir: dir,
+        })
     }
 
     /// User + system CPU time so far.
-    fn cpu(&self) -> Duration {
+    pub fn cpu(&self) -> Duration {
         proc_cpu(self.child.id()).unwrap_or_default()
     }
 
     /// Peak resident memory in KiB.
-    fn peak_rss_kib(&self) -> u64 {
+    pub fn peak_rss_kib(&self) -> u64 {
         proc_peak_rss_kib(self.child.id()).unwrap_or(0)
+    }
+
+    /// The relay's Prometheus scrape (empty when it cannot be read).
+    pub async fn metrics(&self) -> String {
+        match reqwest::get(&self.metrics_url).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
     }
 }
 
@@ -98,6 +180,248 @@ impl Drop for RelayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A histogram from a Prometheus scrape: cumulative bucket counts by upper bound, summed over
+/// label sets.
+#[derive(Debug, Clone, Default)]
+pub struct Histogram {
+    buckets: BTreeMap<u64, f64>,
+}
+
+impl Histogram {
+    /// Reads `<name>_bucket` lines from `scrape`.
+    pub fn parse(scrape: &str, name: &str) -> Self {
+        let prefix = format!("{name}_bucket{{");
+        let mut buckets = BTreeMap::new();
+        for line in scrape.lines().filter(|l| l.starts_with(&prefix)) {
+            let Some((labels, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Some(le) = labels
+                .split("le=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+            else {
+                continue;
+            };
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            // Bounds as ordered keys: microseconds (the buckets are ≥ 0.5 ms apart).
+            let key = if bound.is_finite() {
+                (bound * 1e6) as u64
+            } else {
+                u64::MAX
+            };
+            *buckets.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+        Self { buckets }
+    }
+
+    /// What was observed since `earlier` (bucket by bucket).
+    pub fn since(&self, earlier: &Self) -> Self {
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|(k, v)| (*k, v - earlier.buckets.get(k).copied().unwrap_or(0.0)))
+            .collect();
+        Self { buckets }
+    }
+
+    /// Observations in all.
+    pub fn count(&self) -> f64 {
+        self.buckets.get(&u64::MAX).copied().unwrap_or(0.0)
+    }
+
+    /// The upper bound (ms) of the bucket holding quantile `q`: "at most this"; `None` when empty
+    /// or past the last finite bucket.
+    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = total * q;
+        self.buckets
+            .iter()
+            .find(|(_, c)| **c >= rank)
+            .and_then(|(k, _)| (*k != u64::MAX).then(|| *k as f64 / 1000.0))
+    }
+}
+
+/// Commit→publish latencies, by commit time.
+#[derive(Debug, Default)]
+pub struct Latencies {
+    /// (commit time µs since the epoch, latency µs).
+    samples: Vec<(u64, u64)>,
+}
+
+/// Percentiles of a set of latencies, in ms.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Summary {
+    /// Percentiles of `latencies` (µs).
+    pub fn of(mut latencies: Vec<u64>) -> Self {
+        latencies.sort_unstable();
+        let pct = |p: f64| {
+            latencies
+                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+                .map(|us| *us as f64 / 1000.0)
+                .unwrap_or(f64::NAN)
+        };
+        Self {
+            count: latencies.len(),
+            p50: pct(0.50),
+            p95: pct(0.95),
+            p99: pct(0.99),
+            p999: pct(0.999),
+            max: latencies
+                .last()
+                .map(|us| *us as f64 / 1000.0)
+                .unwrap_or(f64::NAN),
+        }
+    }
+}
+
+impl Latencies {
+    /// Pairs commits with arrivals (both µs since the epoch) by event id.
+    pub fn join(committed: &HashMap<String, u64>, received: &HashMap<String, u64>) -> Self {
+        let samples = committed
+            .iter()
+            .filter_map(|(id, c)| received.get(id).map(|r| (*c, r.saturating_sub(*c))))
+            .collect();
+        Self { samples }
+    }
+
+    /// All of them.
+    pub fn summary(&self) -> Summary {
+        Summary::of(self.samples.iter().map(|(_, l)| *l).collect())
+    }
+
+    /// Per second of commit time (seconds since the epoch), in order.
+    pub fn per_second(&self) -> BTreeMap<u64, Summary> {
+        let mut by_second: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (at, l) in &self.samples {
+            by_second.entry(at / 1_000_000).or_default().push(*l);
+        }
+        by_second
+            .into_iter()
+            .map(|(s, v)| (s, Summary::of(v)))
+            .collect()
+    }
+}
+
+/// What the checkpointer did, second by second (since the epoch): its wait events other than
+/// `CheckpointerMain` (idle), sampled every 100 ms. A spread checkpoint shows as
+/// `CheckpointWriteDelay` for minutes; its sync phase (`DataFileSync`, `DataFileFlush`) is when
+/// commits may wait on the disk. Stops when dropped.
+pub struct CheckpointWatch {
+    seconds: Arc<Mutex<BTreeMap<u64, BTreeSet<String>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CheckpointWatch {
+    /// Starts sampling on `pool`.
+    pub fn start(pool: &sqlx::PgPool) -> Self {
+        let seconds: Arc<Mutex<BTreeMap<u64, BTreeSet<String>>>> = Arc::default();
+        let (pool, out) = (pool.clone(), seconds.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let event: Option<String> = sqlx::query_scalar(
+                    "SELECT coalesce(wait_event, 'running') FROM pg_stat_activity
+                     WHERE backend_type = 'checkpointer'",
+                )
+                .fetch_optional(&pool)
+                .await
+                .ok()
+                .flatten();
+                if let Some(event) = event.filter(|e| e != "CheckpointerMain") {
+                    if let Ok(mut s) = out.lock() {
+                        s.entry(unix_micros(SystemTime::now()) / 1_000_000)
+                            .or_default()
+                            .insert(event);
+                    }
+                }
+            }
+        });
+        Self { seconds, task }
+    }
+
+    /// What the checkpointer was doing during second `s` ("" when idle).
+    pub fn during(&self, s: u64) -> String {
+        self.seconds
+            .lock()
+            .ok()
+            .and_then(|x| {
+                x.get(&s)
+                    .map(|e| e.iter().cloned().collect::<Vec<_>>().join("+"))
+            })
+            .unwrap_or_default()
+    }
+
+    /// Seconds in which the checkpointer was not idle.
+    pub fn count(&self) -> usize {
+        self.seconds.lock().map(|x| x.len()).unwrap_or(0)
+    }
+}
+
+impl Drop for CheckpointWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A receiver that records each event's arrival time (µs since the epoch) by id.
+pub async fn timed_receiver() -> anyhow::Result<(Receiver, Times)> {
+    let received: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let rec = received.clone();
+    let receiver = Receiver::with_hook(move |id| {
+        let at = unix_micros(SystemTime::now());
+        if let Ok(mut m) = rec.lock() {
+            m.entry(id.to_owned()).or_insert(at);
+        }
+    })
+    .await?;
+    Ok((receiver, received))
+}
+
+/// Event ids with a time in µs since the epoch (commit or arrival).
+pub type Times = Arc<Mutex<HashMap<String, u64>>>;
+
+/// Starts a reporting producer process and collects its commits (id → µs) on a blocking thread;
+/// the handle ends with the producer and gives its commit count.
+pub fn follow_producer(
+    spec: &Spec<'_>,
+) -> anyhow::Result<(tokio::task::JoinHandle<anyhow::Result<u64>>, Times)> {
+    let committed: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let sink = committed.clone();
+    let producer = Producer::spawn(spec)?;
+    let handle = tokio::task::spawn_blocking(move || {
+        producer.follow(|id, at| {
+            if let Ok(mut m) = sink.lock() {
+                m.insert(id.to_owned(), at);
+            }
+        })
+    });
+    Ok((handle, committed))
 }
 
 /// CPU time of a process from /proc (Linux).
@@ -121,15 +445,15 @@ pub fn proc_peak_rss_kib(pid: u32) -> Option<u64> {
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     scratch.fresh_outbox().await?;
-    let received: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let rec = received.clone();
-    let receiver = Receiver::with_hook(move |id| {
-        if let Ok(mut m) = rec.lock() {
-            m.entry(id.to_owned()).or_insert_with(Instant::now);
-        }
-    })
-    .await?;
-    let relay = RelayProcess::spawn(scratch, &receiver.url, "1ms")?;
+    let (receiver, received) = timed_receiver().await?;
+    let relay = RelayProcess::spawn(
+        scratch,
+        &RelaySpec {
+            synchronous_commit: &args.relay_synchronous_commit,
+            poll_interval: args.relay_poll_interval.as_deref(),
+            ..RelaySpec::new(&receiver.url)
+        },
+    )?;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Idle CPU first: the relay has nothing to do.
@@ -149,24 +473,28 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             value: cpu,
             unit: "% CPU",
             detail: format!(
-                "over {:?} (adaptive polling, poll_interval 250ms)",
-                args.idle
+                "over {:?} (adaptive polling, poll_interval {})",
+                args.idle,
+                args.relay_poll_interval.as_deref().unwrap_or("default")
             ),
         });
     }
 
     // Steady load.
-    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let metrics_before = relay.metrics().await;
+    let checkpoints = CheckpointWatch::start(&scratch.pool);
     let cpu_before = relay.cpu();
     let started = Instant::now();
-    let count = produce(
-        scratch,
-        args.producers,
-        Some(args.rate),
-        args.duration,
-        Some(committed.clone()),
-    )
-    .await?;
+    let (producer, committed) = follow_producer(&Spec {
+        url: &scratch.url,
+        table: "outbox",
+        connections: args.producers,
+        rate: Some(args.rate),
+        duration: args.duration,
+        events: None,
+        report: true,
+    })?;
+    let count = producer.await??;
     let produce_elapsed = started.elapsed();
     let wait_until = Instant::now() + Duration::from_secs(30);
     while received.lock().map(|m| m.len()).unwrap_or(0) < count as usize
@@ -175,39 +503,78 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = (relay.cpu() - cpu_before).as_secs_f64() / started.elapsed().as_secs_f64() * 100.0;
-    let mut latencies: Vec<Duration> = {
+    let metrics_after = relay.metrics().await;
+    let latencies = {
         let committed = committed.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         let received = received.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-        committed
-            .iter()
-            .filter_map(|(id, c)| received.get(id).map(|r| r.saturating_duration_since(*c)))
-            .collect()
+        Latencies::join(&committed, &received)
     };
-    latencies.sort();
-    let pct = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .map(|d| d.as_secs_f64() * 1000.0)
-            .unwrap_or(f64::NAN)
-    };
-    let variant = format!("{} producers, target {}/s", args.producers, args.rate);
+    let all = latencies.summary();
+    let variant = format!(
+        "{} producers, {}/s, relay sync commit {}",
+        args.producers, args.rate, args.relay_synchronous_commit
+    );
     out.row(Row {
         scenario: "steady".into(),
         variant: variant.clone(),
-        value: pct(0.50),
+        value: all.p50,
         unit: "ms p50",
         detail: format!(
-            "p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms; achieved {:.0} commits/s, {} delivered of {}; relay CPU {:.0} %, peak RSS {} MiB",
-            pct(0.95),
-            pct(0.99),
-            latencies.last().map(|d| d.as_secs_f64() * 1000.0).unwrap_or(f64::NAN),
-            rate(count, produce_elapsed),
-            latencies.len(),
+            "p95 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms; achieved {:.0} commits/s, {} delivered of {}; relay CPU {:.0} %, peak RSS {} MiB",
+            all.p95,
+            all.p99,
+            all.p999,
+            all.max,
+            super::rate(count, produce_elapsed),
+            all.count,
             count,
             cpu,
             relay.peak_rss_kib() / 1024
         ),
     });
+    let claim = Histogram::parse(&metrics_after, pgoutbox::observe::CLAIM_SECONDS).since(
+        &Histogram::parse(&metrics_before, pgoutbox::observe::CLAIM_SECONDS),
+    );
+    let settle = Histogram::parse(&metrics_after, pgoutbox::observe::SETTLE_SECONDS).since(
+        &Histogram::parse(&metrics_before, pgoutbox::observe::SETTLE_SECONDS),
+    );
+    let bound = |h: &Histogram, q: f64| {
+        h.quantile_ms(q)
+            .map_or_else(|| "n/a".to_owned(), |ms| format!("≤ {ms} ms"))
+    };
+    out.row(Row {
+        scenario: "steady".into(),
+        variant: "relay claim / settle (its histograms)".into(),
+        value: claim.count(),
+        unit: "claims",
+        detail: format!(
+            "claim p50 {}, p99 {}, p99.9 {}; settle p99 {}, p99.9 {}; checkpointer busy {} s of the run",
+            bound(&claim, 0.5),
+            bound(&claim, 0.99),
+            bound(&claim, 0.999),
+            bound(&settle, 0.99),
+            bound(&settle, 0.999),
+            checkpoints.count()
+        ),
+    });
+    if args.timeline {
+        let seconds = latencies.per_second();
+        let first = seconds.keys().next().copied().unwrap_or(0);
+        for (second, s) in seconds {
+            out.row(Row {
+                scenario: "timeline".into(),
+                variant: format!(
+                    "second {:>3} {}",
+                    second - first,
+                    checkpoints.during(second)
+                ),
+                value: s.p99,
+                unit: "ms p99",
+                detail: format!("max {:.1} ms, {} events", s.max, s.count),
+            });
+        }
+    }
+    drop(checkpoints);
     drop(relay);
 
     if args.cost_connections > 0 {
@@ -216,7 +583,30 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     Ok(())
 }
 
-/// Commit rate of unthrottled single-event producers: alone, beside a relay, and with a NOTIFY trigger.
+/// Commit rate of unthrottled single-event producers on `table`, with nothing else running.
+async fn unthrottled(scratch: &Scratch, args: &Args, table: &str) -> anyhow::Result<f64> {
+    sqlx::query("CHECKPOINT").execute(&scratch.pool).await?;
+    let n = Producer::run(&Spec {
+        url: &scratch.url,
+        table,
+        connections: args.cost_connections,
+        rate: None,
+        duration: args.cost_duration,
+        events: None,
+        report: false,
+    })
+    .await?;
+    Ok(super::rate(n, args.cost_duration))
+}
+
+/// The median of some ratios.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Commit rate of unthrottled single-event producers: the pgoutbox table against the minimal one
+/// (the schema's cost), alone, beside a relay, and with a NOTIFY trigger.
 async fn producer_cost(
     scratch: &Scratch,
     out: &Output,
@@ -224,20 +614,59 @@ async fn producer_cost(
     receiver: &Receiver,
 ) -> anyhow::Result<()> {
     let n = args.cost_connections;
-    let d = args.cost_duration;
-    scratch.fresh_outbox().await?;
-    let alone = rate(produce(scratch, n, None, d, None).await?, d);
+    // Schema cost: A/B pairs on fresh tables, alternating which goes first.
+    let mut ratios = Vec::new();
+    let mut pairs = Vec::new();
+    for pair in 0..args.cost_pairs.max(1) {
+        let run = |minimal_first: bool| async move {
+            let mut minimal = 0.0;
+            let mut ours = 0.0;
+            for minimal_turn in [minimal_first, !minimal_first] {
+                if minimal_turn {
+                    scratch.minimal_table("outbox_minimal").await?;
+                    minimal = unthrottled(scratch, args, "outbox_minimal").await?;
+                } else {
+                    scratch.fresh_outbox().await?;
+                    ours = unthrottled(scratch, args, "outbox").await?;
+                }
+            }
+            Ok::<_, anyhow::Error>((minimal, ours))
+        };
+        let (minimal, ours) = run(pair % 2 == 0).await?;
+        ratios.push(ours / minimal);
+        pairs.push(format!("{ours:.0}/{minimal:.0}"));
+    }
+    sqlx::query("DROP TABLE IF EXISTS outbox_minimal")
+        .execute(&scratch.pool)
+        .await?;
+    let schema_ratio = median(ratios);
+    out.row(Row {
+        scenario: "producers".into(),
+        variant: format!("{n} conns, schema cost vs minimal table"),
+        value: schema_ratio,
+        unit: "× minimal",
+        detail: format!(
+            "median of {} A/B pairs (pgoutbox/minimal commits/s: {}); no relay running",
+            pairs.len(),
+            pairs.join(", ")
+        ),
+    });
 
     scratch.fresh_outbox().await?;
-    let relay = RelayProcess::spawn(scratch, &receiver.url, "250ms")?;
+    let alone = unthrottled(scratch, args, "outbox").await?;
+
+    scratch.fresh_outbox().await?;
+    let mut spec = RelaySpec::new(&receiver.url);
+    spec.min_poll = "250ms";
+    let relay = RelayProcess::spawn(scratch, &spec)?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fixed_poll = rate(produce(scratch, n, None, d, None).await?, d);
+    let fixed_poll = unthrottled(scratch, args, "outbox").await?;
     drop(relay);
 
     scratch.fresh_outbox().await?;
-    let relay = RelayProcess::spawn(scratch, &receiver.url, "1ms")?;
+    let relay = RelayProcess::spawn(scratch, &RelaySpec::new(&receiver.url))?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let with_relay = rate(produce(scratch, n, None, d, None).await?, d);
+    let with_relay = unthrottled(scratch, args, "outbox").await?;
     drop(relay);
 
     scratch.fresh_outbox().await?;
@@ -248,7 +677,7 @@ async fn producer_cost(
     )
     .execute(&scratch.pool)
     .await?;
-    let with_notify = rate(produce(scratch, n, None, d, None).await?, d);
+    let with_notify = unthrottled(scratch, args, "outbox").await?;
     sqlx::raw_sql("DROP TRIGGER bench_notify ON outbox; DROP FUNCTION bench_notify();")
         .execute(&scratch.pool)
         .await?;
@@ -274,58 +703,54 @@ async fn producer_cost(
     Ok(())
 }
 
-/// Runs `producers` connections committing one-event transactions for `duration`, at `rate` in
-/// total if given (else as fast as they can); records commit times when asked. Returns commits.
-async fn produce(
-    scratch: &Scratch,
-    producers: usize,
-    rate_limit: Option<u64>,
-    duration: Duration,
-    committed: Option<Arc<Mutex<HashMap<String, Instant>>>>,
-) -> anyhow::Result<u64> {
-    let pool = PgPoolOptions::new()
-        .max_connections(producers as u32)
-        .connect(&scratch.url)
-        .await?;
-    let total = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for _ in 0..producers {
-        let (pool, total, stop, committed) =
-            (pool.clone(), total.clone(), stop.clone(), committed.clone());
-        let period =
-            rate_limit.map(|r| Duration::from_secs_f64(producers as f64 / r.max(1) as f64));
-        tasks.push(tokio::spawn(async move {
-            let mut ticker = period.map(|p| {
-                let mut t = tokio::time::interval(p);
-                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                t
-            });
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(t) = ticker.as_mut() {
-                    t.tick().await;
-                }
-                let id: uuid::Uuid = sqlx::query_scalar(
-                    "INSERT INTO outbox (topic, payload) VALUES ('bench.steady', '{\"order_id\": 1}') RETURNING id",
-                )
-                .fetch_one(&pool)
-                .await?;
-                let now = Instant::now();
-                total.fetch_add(1, Ordering::Relaxed);
-                if let Some(c) = &committed {
-                    if let Ok(mut m) = c.lock() {
-                        m.insert(id.to_string(), now);
-                    }
-                }
-            }
-            Ok::<_, sqlx::Error>(())
-        }));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = r#"# TYPE pgoutbox_claim_duration_seconds histogram
+pgoutbox_claim_duration_seconds_bucket{le="0.001"} 50
+pgoutbox_claim_duration_seconds_bucket{le="0.005"} 98
+pgoutbox_claim_duration_seconds_bucket{le="0.01"} 99
+pgoutbox_claim_duration_seconds_bucket{le="+Inf"} 100
+pgoutbox_claim_duration_seconds_sum 0.2
+pgoutbox_claim_duration_seconds_count 100
+"#;
+
+    #[test]
+    fn a_histogram_quantile_is_the_bound_of_its_bucket() {
+        let h = Histogram::parse(SCRAPE, "pgoutbox_claim_duration_seconds");
+        assert_eq!(h.count(), 100.0);
+        assert_eq!(h.quantile_ms(0.5), Some(1.0));
+        assert_eq!(h.quantile_ms(0.98), Some(5.0));
+        assert_eq!(h.quantile_ms(0.99), Some(10.0));
+        // Past the last finite bound: unknown, not a number that looks measured.
+        assert_eq!(h.quantile_ms(1.0), None);
+        // What was observed between two scrapes.
+        let empty = Histogram::parse("", "pgoutbox_claim_duration_seconds");
+        assert_eq!(h.since(&h).quantile_ms(0.5), None);
+        assert_eq!(h.since(&empty).count(), 100.0);
     }
-    tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await??;
+
+    #[test]
+    fn latencies_are_summarised_overall_and_per_second() {
+        // Commits in two seconds; latencies 1..=100 ms in the first, 500 ms once in the second.
+        let mut committed = HashMap::new();
+        let mut received = HashMap::new();
+        for i in 1..=100u64 {
+            committed.insert(format!("a{i}"), 10_000_000 + i);
+            received.insert(format!("a{i}"), 10_000_000 + i + i * 1000);
+        }
+        committed.insert("b".into(), 11_000_000);
+        received.insert("b".into(), 11_500_000);
+        committed.insert("lost".into(), 11_000_001);
+        let l = Latencies::join(&committed, &received);
+        let all = l.summary();
+        assert_eq!(all.count, 101);
+        assert_eq!(all.max, 500.0);
+        let seconds = l.per_second();
+        assert_eq!(seconds.len(), 2);
+        assert_eq!(seconds[&10].max, 100.0);
+        assert_eq!(seconds[&10].p50, 51.0);
+        assert_eq!(seconds[&11].count, 1);
     }
-    pool.close().await;
-    Ok(total.load(Ordering::Relaxed))
 }

@@ -1,0 +1,224 @@
+//! Producers as their own process, the way pgbench runs: `bench steady` and `bench soak` start
+//! `pgoutbox bench produce` as a child so that the producers' scheduling never lands in the
+//! latency the parent measures (the parent only receives events and reads this process's output).
+//!
+//! Each connection commits one single-row INSERT per transaction (autocommit), at a share of the
+//! target rate or as fast as it can. With `--report`, every commit is printed on stdout as
+//! `<event id> <unix time in microseconds when the commit returned>`; at the end a last line
+//! `total <commits>` is printed in every case.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdout, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use sqlx::postgres::PgPoolOptions;
+
+/// Arguments of the hidden `bench produce` (run by other scenarios, not by hand).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Database to insert into.
+    #[arg(long)]
+    url: String,
+    /// Table to insert into (quoted as an identifier).
+    #[arg(long, default_value = "outbox")]
+    table: String,
+    /// Connections, each committing one event per transaction.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Commits per second, all connections together; unthrottled when absent.
+    #[arg(long)]
+    rate: Option<u64>,
+    /// How long to run.
+    #[arg(long, value_parser = crate::cli::parse_duration)]
+    duration: Duration,
+    /// Stop after this many commits in all (the soak's fixed event count).
+    #[arg(long)]
+    events: Option<u64>,
+    /// Print each commit's event id and time.
+    #[arg(long)]
+    report: bool,
+}
+
+/// The INSERT every producer runs: what an application in any language writes.
+fn insert_statement(table: &str) -> anyhow::Result<String> {
+    let table = pgoutbox::table::Ident::parse(table)?.quoted();
+    Ok(format!(
+        "INSERT INTO {table} (topic, payload) VALUES ('bench.steady', '{{\"order_id\": 1}}') RETURNING id"
+    ))
+}
+
+/// Microseconds since the Unix epoch: the clock both processes share.
+pub fn unix_micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Runs the producers (in the child process).
+pub async fn run(args: &Args) -> anyhow::Result<()> {
+    let statement = insert_statement(&args.table)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(args.connections as u32)
+        .min_connections(args.connections as u32)
+        .connect(&args.url)
+        .await
+        .context("producer cannot connect")?;
+    let total = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (lines, mut rx) = tokio::sync::mpsc::unbounded_channel::<(uuid::Uuid, u64)>();
+    let mut tasks = Vec::new();
+    for _ in 0..args.connections {
+        let (pool, total, stop, statement) =
+            (pool.clone(), total.clone(), stop.clone(), statement.clone());
+        let lines = args.report.then(|| lines.clone());
+        let period = args
+            .rate
+            .map(|r| Duration::from_secs_f64(args.connections as f64 / r.max(1) as f64));
+        let limit = args.events;
+        tasks.push(tokio::spawn(async move {
+            let mut ticker = period.map(|p| {
+                let mut t = tokio::time::interval(p);
+                // A late commit does not make the next ones burst: the rate is a steady rate.
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(t) = ticker.as_mut() {
+                    t.tick().await;
+                }
+                if limit.is_some_and(|l| total.fetch_add(1, Ordering::Relaxed) >= l) {
+                    break;
+                }
+                let id: uuid::Uuid = sqlx::query_scalar(&statement).fetch_one(&pool).await?;
+                let at = unix_micros(SystemTime::now());
+                if limit.is_none() {
+                    total.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(lines) = &lines {
+                    let _ = lines.send((id, at));
+                }
+            }
+            Ok::<_, sqlx::Error>(())
+        }));
+    }
+    drop(lines);
+    let writer = tokio::task::spawn_blocking(move || {
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        while let Some((id, at)) = rx.blocking_recv() {
+            let _ = writeln!(out, "{id} {at}");
+        }
+        let _ = out.flush();
+    });
+    let deadline = tokio::time::sleep(args.duration);
+    tokio::pin!(deadline);
+    let mut all = futures::future::join_all(tasks);
+    let finished = tokio::select! {
+        _ = &mut deadline => None,
+        r = &mut all => Some(r),
+    };
+    stop.store(true, Ordering::Relaxed);
+    let results = match finished {
+        Some(r) => r,
+        None => all.await,
+    };
+    for r in results {
+        r??;
+    }
+    writer.await?;
+    let commits = total.load(Ordering::Relaxed);
+    let commits = args.events.map_or(commits, |l| commits.min(l));
+    println!("total {commits}");
+    pool.close().await;
+    Ok(())
+}
+
+/// A running producer process.
+pub struct Producer {
+    child: Child,
+    stdout: Option<BufReader<ChildStdout>>,
+}
+
+/// What the parent asks of a producer process.
+pub struct Spec<'a> {
+    /// Database URL.
+    pub url: &'a str,
+    /// Table name.
+    pub table: &'a str,
+    /// Connections.
+    pub connections: usize,
+    /// Target rate, or unthrottled.
+    pub rate: Option<u64>,
+    /// How long.
+    pub duration: Duration,
+    /// Stop after this many commits.
+    pub events: Option<u64>,
+    /// Report every commit.
+    pub report: bool,
+}
+
+impl Producer {
+    /// Starts `pgoutbox bench produce` with `spec`.
+    pub fn spawn(spec: &Spec<'_>) -> anyhow::Result<Self> {
+        let mut command = std::process::Command::new(std::env::current_exe()?);
+        command
+            .args(["bench", "produce", "--url", spec.url, "--table", spec.table])
+            .arg("--connections")
+            .arg(spec.connections.to_string())
+            .arg("--duration")
+            .arg(format!("{}ms", spec.duration.as_millis()));
+        if let Some(rate) = spec.rate {
+            command.arg("--rate").arg(rate.to_string());
+        }
+        if let Some(events) = spec.events {
+            command.arg("--events").arg(events.to_string());
+        }
+        if spec.report {
+            command.arg("--report");
+        }
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start the producer process")?;
+        let stdout = child.stdout.take().map(BufReader::new);
+        Ok(Self { child, stdout })
+    }
+
+    /// Reads the producer's output until it exits, calling `commit` for each reported commit;
+    /// returns the total number of commits. Blocking: run it on a blocking thread.
+    pub fn follow(mut self, mut commit: impl FnMut(&str, u64)) -> anyhow::Result<u64> {
+        let mut total = None;
+        if let Some(stdout) = self.stdout.take() {
+            for line in stdout.lines() {
+                let line = line?;
+                if let Some(n) = line.strip_prefix("total ") {
+                    total = n.parse().ok();
+                } else if let Some((id, at)) = line.split_once(' ') {
+                    commit(id, at.parse().unwrap_or(0));
+                }
+            }
+        }
+        let status = self.child.wait()?;
+        anyhow::ensure!(status.success(), "the producer process failed ({status})");
+        total.context("the producer process printed no total")
+    }
+
+    /// Runs a producer to its end and returns its commits (no per-commit report).
+    pub async fn run(spec: &Spec<'_>) -> anyhow::Result<u64> {
+        let producer = Self::spawn(spec)?;
+        tokio::task::spawn_blocking(move || producer.follow(|_, _| {})).await?
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if self.stdout.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

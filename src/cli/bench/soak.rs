@@ -1,0 +1,353 @@
+//! `bench soak`: a long steady load, to see whether anything grows or slows down over time.
+//!
+//! Producers (their own process) commit `--events` single-event transactions at `--rate`; a
+//! relay delivers them to a local receiver. Each mode runs on a fresh table: keep mode with
+//! cleanup running (`retention`, `cleanup_interval`), then delete mode. Every `--every` it prints
+//! the claim p99 (from the relay's histogram), the commit→publish p99 (measured here), the
+//! outbox's table and index sizes and its dead tuples; at the end, the last interval's p99 against
+//! the first's and the size growth after the first retention period. `--csv` writes the rows,
+//! `--plot` draws them as an SVG.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::produce::Spec;
+use super::steady::{
+    follow_producer, timed_receiver, Histogram, RelayProcess, RelaySpec, Summary, Times,
+};
+use super::{Output, Row, Scratch};
+
+/// Arguments of `bench soak`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Events per mode.
+    #[arg(long, default_value_t = 5_000_000)]
+    events: u64,
+    /// Commits per second, all producers together.
+    #[arg(long, default_value_t = 3000)]
+    rate: u64,
+    /// Producer connections.
+    #[arg(long, default_value_t = 8)]
+    producers: usize,
+    /// Settle modes to run, in order: keep (published_at, with cleanup) and/or delete.
+    #[arg(long, value_delimiter = ',', default_value = "keep,delete")]
+    modes: Vec<String>,
+    /// Keep mode: published rows older than this are deleted by cleanup.
+    #[arg(long, default_value = "5m", value_parser = crate::cli::parse_duration)]
+    retention: Duration,
+    /// Keep mode: how often cleanup runs.
+    #[arg(long, default_value = "1m", value_parser = crate::cli::parse_duration)]
+    cleanup_interval: Duration,
+    /// How often a line is printed.
+    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
+    every: Duration,
+    /// Write every interval's figures to this CSV file.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Draw the curves into this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// One interval's figures.
+#[derive(Debug, Clone)]
+struct Sample {
+    mode: String,
+    minute: f64,
+    delivered: usize,
+    claim_p99_ms: Option<f64>,
+    latency: Summary,
+    table_mb: f64,
+    indexes_mb: f64,
+    dead_tuples: i64,
+    live_tuples: i64,
+}
+
+/// OutboxSizes. The table's heap and index sizes and the statistics' tuple counts.
+const SIZES: &str = "
+SELECT pg_relation_size('outbox')::float8 / 1048576, pg_indexes_size('outbox')::float8 / 1048576,
+       coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0)
+FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass";
+
+pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
+    let mut samples = Vec::new();
+    for mode in &args.modes {
+        anyhow::ensure!(
+            mode == "keep" || mode == "delete",
+            "unknown mode {mode:?}: expected keep or delete"
+        );
+        samples.extend(run_mode(scratch, out, args, mode).await?);
+    }
+    if let Some(path) = &args.csv {
+        std::fs::write(path, csv(&samples))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot(&samples, args))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+async fn run_mode(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    mode: &str,
+) -> anyhow::Result<Vec<Sample>> {
+    scratch.fresh_outbox().await?;
+    let (receiver, received) = timed_receiver().await?;
+    let retention = if mode == "keep" {
+        format!("{}s", args.retention.as_secs())
+    } else {
+        "0s".to_owned()
+    };
+    let cleanup = format!("{}s", args.cleanup_interval.as_secs().max(1));
+    let relay = RelayProcess::spawn(
+        scratch,
+        &RelaySpec {
+            retention: &retention,
+            cleanup_interval: &cleanup,
+            ..RelaySpec::new(&receiver.url)
+        },
+    )?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let expected = Duration::from_secs_f64(args.events as f64 / args.rate.max(1) as f64);
+    let (producer, committed) = follow_producer(&Spec {
+        url: &scratch.url,
+        table: "outbox",
+        connections: args.producers,
+        rate: Some(args.rate),
+        duration: expected * 2 + Duration::from_secs(60),
+        events: Some(args.events),
+        report: true,
+    })?;
+    let bar = out.bar(args.events, mode);
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut metrics = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
+    let mut delivered_total = 0;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + args.every, args.every);
+    let mut producer = Some(producer);
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        tick.tick().await;
+        let latencies = take_delivered(&committed, &received);
+        delivered_total += latencies.len();
+        bar.set_position(delivered_total as u64);
+        let now = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
+        let claims = now.since(&metrics);
+        metrics = now;
+        let (table_mb, indexes_mb, dead_tuples, live_tuples): (f64, f64, i64, i64) =
+            sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
+        let sample = Sample {
+            mode: mode.to_owned(),
+            minute: started.elapsed().as_secs_f64() / 60.0,
+            delivered: latencies.len(),
+            claim_p99_ms: claims.quantile_ms(0.99),
+            latency: Summary::of(latencies),
+            table_mb,
+            indexes_mb,
+            dead_tuples,
+            live_tuples,
+        };
+        bar.suspend(|| out.row(row(&sample)));
+        samples.push(sample);
+        if producer.as_ref().is_some_and(|p| p.is_finished()) {
+            if let Some(p) = producer.take() {
+                p.await??;
+            }
+        }
+        if producer.is_none() {
+            if delivered_total as u64 >= args.events {
+                break;
+            }
+            // Whatever did not arrive within two intervals (at least 30 s) of the producers' end
+            // is reported as missing.
+            let since = *quiet_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > (args.every * 2).max(Duration::from_secs(30)) {
+                break;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    drop(relay);
+    summarize(out, args, mode, &samples, delivered_total);
+    Ok(samples)
+}
+
+/// Moves the events both committed and received out of the two maps; returns their latencies (µs).
+fn take_delivered(committed: &Times, received: &Times) -> Vec<u64> {
+    let (Ok(mut committed), Ok(mut received)) = (committed.lock(), received.lock()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    committed.retain(|id, at| match received.remove(id) {
+        Some(r) => {
+            out.push(r.saturating_sub(*at));
+            false
+        }
+        None => true,
+    });
+    out
+}
+
+fn row(s: &Sample) -> Row {
+    Row {
+        scenario: "soak".into(),
+        variant: format!("{} minute {:>5.1}", s.mode, s.minute),
+        value: s.latency.p99,
+        unit: "ms p99",
+        detail: format!(
+            "claim p99 {}, max {:.1} ms, {} delivered; table {:.0} MB + indexes {:.0} MB, {} live, {} dead tuples",
+            s.claim_p99_ms
+                .map_or("n/a".to_owned(), |ms| format!("≤ {ms} ms")),
+            s.latency.max,
+            s.delivered,
+            s.table_mb,
+            s.indexes_mb,
+            s.live_tuples,
+            s.dead_tuples
+        ),
+    }
+}
+
+/// The verdict lines: p99 drift, size growth after the first retention period, missing events.
+fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], delivered: usize) {
+    // Full intervals only: the first is the start-up, the tail is the drain after the producers.
+    let full: Vec<&Sample> = samples.iter().filter(|s| s.delivered > 0).collect();
+    let (Some(first), Some(last)) = (full.first(), full.iter().rev().nth(1).or(full.last())) else {
+        return;
+    };
+    let settled = if mode == "keep" {
+        args.retention.as_secs_f64() / 60.0 + args.cleanup_interval.as_secs_f64() / 60.0
+    } else {
+        1.0
+    };
+    let after = samples.iter().find(|s| s.minute >= settled);
+    let end = samples.iter().rev().find(|s| s.delivered > 0);
+    let size = |s: &Sample| s.table_mb + s.indexes_mb;
+    out.row(Row {
+        scenario: "soak".into(),
+        variant: format!("{mode}: last / first interval p99"),
+        value: last.latency.p99 / first.latency.p99,
+        unit: "×",
+        detail: format!(
+            "commit→publish p99 {:.1} → {:.1} ms (target ≤ 1.5×); {delivered} of {} delivered",
+            first.latency.p99, last.latency.p99, args.events
+        ),
+    });
+    if let (Some(after), Some(end)) = (after, end) {
+        out.row(Row {
+            scenario: "soak".into(),
+            variant: format!("{mode}: size growth after minute {settled:.0}"),
+            value: size(end) / size(after).max(0.001),
+            unit: "×",
+            detail: format!(
+                "table + indexes {:.0} MB at minute {:.1} → {:.0} MB at minute {:.1}; dead tuples {} → {}",
+                size(after),
+                after.minute,
+                size(end),
+                end.minute,
+                after.dead_tuples,
+                end.dead_tuples
+            ),
+        });
+    }
+}
+
+fn csv(samples: &[Sample]) -> String {
+    let mut s = String::from(
+        "mode,minute,delivered,claim_p99_ms,latency_p50_ms,latency_p99_ms,latency_max_ms,table_mb,indexes_mb,dead_tuples,live_tuples\n",
+    );
+    for x in samples {
+        let _ = writeln!(
+            s,
+            "{},{:.2},{},{},{:.3},{:.3},{:.3},{:.1},{:.1},{},{}",
+            x.mode,
+            x.minute,
+            x.delivered,
+            x.claim_p99_ms.map_or(String::new(), |v| v.to_string()),
+            x.latency.p50,
+            x.latency.p99,
+            x.latency.max,
+            x.table_mb,
+            x.indexes_mb,
+            x.dead_tuples,
+            x.live_tuples
+        );
+    }
+    s
+}
+
+/// Three stacked charts over minutes: commit→publish p99 and claim p99 (ms), table + index size
+/// (MB), dead tuples; one colour per mode.
+fn plot(samples: &[Sample], args: &Args) -> String {
+    type Metric = fn(&Sample) -> Option<f64>;
+    let panels: [(&str, Metric); 4] = [
+        ("commit→publish p99 (ms)", |s| {
+            (s.delivered > 0).then_some(s.latency.p99)
+        }),
+        ("claim p99 (ms, bucket bound)", |s| s.claim_p99_ms),
+        ("table + indexes (MB)", |s| Some(s.table_mb + s.indexes_mb)),
+        ("dead tuples (thousands)", |s| {
+            Some(s.dead_tuples as f64 / 1000.0)
+        }),
+    ];
+    let (w, h, margin) = (760.0, 170.0, 50.0);
+    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let max_minute = samples.iter().map(|s| s.minute).fold(1.0, f64::max);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{margin}\" y=\"18\" font-size=\"13\">pgoutbox bench soak: {} events per mode at {}/s</text>\n",
+        30.0 + panels.len() as f64 * (h + 30.0),
+        args.events,
+        args.rate
+    );
+    for (i, (title, metric)) in panels.iter().enumerate() {
+        let top = 30.0 + i as f64 * (h + 30.0);
+        let max_y = samples
+            .iter()
+            .filter_map(metric)
+            .fold(0.0f64, f64::max)
+            .max(1e-9);
+        let _ = writeln!(
+            svg,
+            "<text x=\"{margin}\" y=\"{}\">{title} — max {max_y:.1}</text><rect x=\"{margin}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>",
+            top + 12.0,
+            top + 16.0,
+            w - 2.0 * margin,
+            h - 16.0
+        );
+        let mut modes: Vec<&str> = samples.iter().map(|s| s.mode.as_str()).collect();
+        modes.dedup();
+        for (m, mode) in modes.iter().enumerate() {
+            let points: Vec<String> = samples
+                .iter()
+                .filter(|s| s.mode == *mode)
+                .filter_map(|s| metric(s).map(|v| (s.minute, v)))
+                .map(|(x, y)| {
+                    format!(
+                        "{:.1},{:.1}",
+                        margin + x / max_minute * (w - 2.0 * margin),
+                        top + h - y / max_y * (h - 20.0)
+                    )
+                })
+                .collect();
+            let colour = colours[m % colours.len()];
+            let _ = writeln!(
+                svg,
+                "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{}\"/><text x=\"{}\" y=\"{}\" fill=\"{colour}\">{mode}</text>",
+                points.join(" "),
+                w - margin - 60.0 + m as f64 * 0.0,
+                top + 30.0 + m as f64 * 13.0
+            );
+        }
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{margin}\" y=\"{}\">minutes since the mode's start (0 – {max_minute:.0})</text>\n</svg>",
+        30.0 + panels.len() as f64 * (h + 30.0) - 8.0
+    );
+    svg
+}
