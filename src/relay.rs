@@ -107,6 +107,13 @@ impl Pacing {
     }
 }
 
+/// A claim loop's statement succeeded: if the database was down, say it is back.
+fn db_reachable(worker: usize, db_down: &mut bool) {
+    if std::mem::take(db_down) {
+        info!(worker, "database reachable again, relaying");
+    }
+}
+
 /// A configured destination, ready to publish.
 pub struct Destination {
     /// Its name.
@@ -1061,9 +1068,7 @@ impl Relay {
                 let pause = match self.any_due().await {
                     Ok(true) => None,
                     Ok(false) => {
-                        if std::mem::take(&mut db_down) {
-                            info!(worker, "database reachable again, relaying");
-                        }
+                        db_reachable(worker, &mut db_down);
                         Some(pacing.idle())
                     }
                     Err(e) => Some(self.db_failed(worker, &mut pacing, &mut db_down, &e)),
@@ -1091,10 +1096,7 @@ impl Relay {
             };
             let pause = match result {
                 Ok((report, _)) => {
-                    if db_down {
-                        info!(worker, "database reachable again, relaying");
-                        db_down = false;
-                    }
+                    db_reachable(worker, &mut db_down);
                     if report.claimed > 0 {
                         total += report;
                         pacing.busy();

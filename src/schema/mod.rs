@@ -19,13 +19,12 @@ use runner::{Action, Step};
 use crate::error::{Error, Result};
 use crate::table::OutboxTable;
 
+/// Migration 1: the article's minimal outbox table (a template for [`OutboxTable::render`]).
+pub const MINIMAL_TABLE: &str = include_str!("migrations/0001_minimal_outbox.sql");
+
 /// The outbox table's migrations, in order.
 const MIGRATIONS: &[Migration] = &[
-    Migration::sql(
-        1,
-        "create the minimal outbox table",
-        include_str!("migrations/0001_minimal_outbox.sql"),
-    ),
+    Migration::sql(1, "create the minimal outbox table", MINIMAL_TABLE),
     Migration::steps(
         2,
         "add relay columns and the pending-claim index",

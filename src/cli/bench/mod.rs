@@ -147,20 +147,13 @@ impl Scratch {
     /// Drops and creates `name` as the article's minimal outbox table: an application's own table
     /// from before pgoutbox (the baseline's, and what `bench migrate` upgrades).
     pub async fn minimal_table(&self, name: &str) -> anyhow::Result<()> {
-        let name = pgoutbox::table::Ident::parse(name)?.quoted();
-        sqlx::raw_sql(&format!(
-            "DROP TABLE IF EXISTS {name};
-             CREATE TABLE {name} (
-                 id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-                 created_at   timestamptz NOT NULL DEFAULT now(),
-                 published_at timestamptz,
-                 topic        text NOT NULL,
-                 payload      jsonb NOT NULL,
-                 attempts     int NOT NULL DEFAULT 0,
-                 last_error   text)"
-        ))
-        .execute(&self.pool)
-        .await?;
+        let table = pgoutbox::OutboxTable::parse("public", name)?;
+        sqlx::raw_sql(&table.render("DROP TABLE IF EXISTS {outbox}"))
+            .execute(&self.pool)
+            .await?;
+        sqlx::raw_sql(&table.render(pgoutbox::schema::MINIMAL_TABLE))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -89,14 +89,14 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 if let Some(t) = ticker.as_mut() {
                     t.tick().await;
                 }
-                if limit.is_some_and(|l| total.fetch_add(1, Ordering::Relaxed) >= l) {
+                // Counted before the commit, so `--events` is never overshot; a stop lets the
+                // commit in flight finish, so the count is exact (capped at `--events` below).
+                let n = total.fetch_add(1, Ordering::Relaxed);
+                if limit.is_some_and(|l| n >= l) {
                     break;
                 }
                 let id: uuid::Uuid = sqlx::query_scalar(&statement).fetch_one(&pool).await?;
                 let at = unix_micros(SystemTime::now());
-                if limit.is_none() {
-                    total.fetch_add(1, Ordering::Relaxed);
-                }
                 if let Some(lines) = &lines {
                     let _ = lines.send((id, at));
                 }

@@ -339,7 +339,7 @@ fn plot(samples: &[Sample], args: &Args) -> String {
                 svg,
                 "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{}\"/><text x=\"{}\" y=\"{}\" fill=\"{colour}\">{mode}</text>",
                 points.join(" "),
-                w - margin - 60.0 + m as f64 * 0.0,
+                w - margin - 60.0,
                 top + 30.0 + m as f64 * 13.0
             );
         }
