@@ -57,13 +57,93 @@ impl ConfigError {
 }
 
 /// A secret string whose `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
+///
+/// In the file it is written in one of three ways: the value itself (`"whsec_…"`), the name of an
+/// environment variable that holds it (`{ env = "BILLING_WEBHOOK_SECRET" }`), or the path of a file
+/// that holds it (`{ file = "/run/credentials/pgoutbox/billing" }`, the form systemd credentials
+/// and Kubernetes secret volumes give). The reference is resolved when the configuration loads;
+/// a file's one trailing newline is dropped (`echo value > file` writes one). A missing variable or
+/// an unreadable file is a configuration error that names the variable or the path, never a value.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
+
+impl Secret {
+    /// The secret's value, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(***)")
+    }
+}
+
+/// Where a secret is read from, as written in the file: `{ env = "NAME" }` or `{ file = "PATH" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretSource {
+    env: Option<String>,
+    file: Option<PathBuf>,
+}
+
+impl SecretSource {
+    /// Reads the value this source points at.
+    fn resolve(self) -> Result<String, String> {
+        let value = match (self.env, self.file) {
+            (Some(name), None) => std::env::var(&name).map_err(|e| match e {
+                std::env::VarError::NotPresent => {
+                    format!("secret from the environment: `{name}` is not set")
+                }
+                std::env::VarError::NotUnicode(_) => {
+                    format!("secret from the environment: `{name}` is not UTF-8")
+                }
+            })?,
+            (None, Some(path)) => {
+                let mut text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
+                if text.ends_with('\n') {
+                    text.pop();
+                    if text.ends_with('\r') {
+                        text.pop();
+                    }
+                }
+                text
+            }
+            _ => {
+                return Err(
+                    "a secret is a string, `{ env = \"NAME\" }` or `{ file = \"PATH\" }`".into(),
+                )
+            }
+        };
+        if value.is_empty() {
+            return Err("the secret it points at is empty".into());
+        }
+        Ok(value)
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Value(String),
+            Source(SecretSource),
+        }
+        // Untagged errors say only "did not match any variant"; say what is accepted instead.
+        match Written::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "a secret is a string, `{ env = \"NAME\" }` or `{ file = \"PATH\" }`",
+            )
+        })? {
+            Written::Value(value) => Ok(Secret(value)),
+            Written::Source(source) => source
+                .resolve()
+                .map(Secret)
+                .map_err(serde::de::Error::custom),
+        }
     }
 }
 
@@ -708,6 +788,73 @@ max_attempts = 10
         Config::parse(text, no_env)
             .expect_err("must be rejected")
             .to_string()
+    }
+
+    #[test]
+    fn secrets_come_from_the_file_the_environment_or_a_file_it_names() {
+        let dir = std::env::temp_dir().join(format!("pgoutbox-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("db_url");
+        std::fs::write(&file, "postgres://app:from-a-file@db/app\n").expect("write");
+        // nextest runs each test in its own process: setting a variable touches no other test.
+        std::env::set_var(
+            "PGOUTBOX_TEST_WEBHOOK_SECRET",
+            "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+        );
+        let text = format!(
+            "database_url = {{ file = {:?} }}\n\
+             [[destinations]]\nname = \"b\"\ntype = \"webhook\"\nurl = \"http://a/\"\n\
+             secret = {{ env = \"PGOUTBOX_TEST_WEBHOOK_SECRET\" }}\n",
+            file.display().to_string()
+        );
+        let c = Config::parse(&text, no_env).expect("valid");
+        assert_eq!(
+            c.database_url().expect("set"),
+            "postgres://app:from-a-file@db/app",
+            "one trailing newline dropped"
+        );
+        #[derive(Debug, Deserialize)]
+        struct Hook {
+            #[allow(dead_code)]
+            url: Secret,
+            secret: Secret,
+        }
+        let settings: Hook = sink_settings(&c.destinations[0].sink.settings).expect("webhook");
+        assert_eq!(
+            settings.secret.expose(),
+            "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+        );
+        assert!(!format!("{c:?}{settings:?}").contains("from-a-file"));
+
+        let missing = dir.join("nope");
+        let e = error_of(&format!(
+            "database_url = {{ file = {:?} }}\n",
+            missing.display().to_string()
+        ));
+        assert!(
+            e.contains("database_url")
+                && e.contains("cannot read the secret file")
+                && e.contains("nope"),
+            "{e}"
+        );
+        let e = error_of("database_url = { env = \"PGOUTBOX_TEST_NEVER_SET\" }\n");
+        assert!(e.contains("`PGOUTBOX_TEST_NEVER_SET` is not set"), "{e}");
+        for bad in [
+            "database_url = { env = \"A\", file = \"/b\" }\n",
+            "database_url = { vault = \"x\" }\n",
+            "database_url = {}\n",
+            "database_url = 5\n",
+        ] {
+            let e = error_of(bad);
+            assert!(e.contains("a secret is a string"), "{bad}: {e}");
+        }
+        std::fs::write(&file, "\n").expect("write");
+        let e = error_of(&format!(
+            "database_url = {{ file = {:?} }}\n",
+            file.display().to_string()
+        ));
+        assert!(e.contains("empty"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

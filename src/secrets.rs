@@ -98,6 +98,8 @@ pub fn scrub(message: &str, url: &str) -> String {
 }
 
 /// A user name and password read from a URL, percent-decoded.
+// The sinks that read credentials from their URL (NATS, MQTT) are features of their own.
+#[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Credentials {
     /// The user name (a token, to NATS, when there is no password).
@@ -115,6 +117,7 @@ impl std::fmt::Debug for Credentials {
 /// The userinfo of `url`, percent-decoded (`%2B` → `+`, `%40` → `@`, `%3A` → `:`, and `+` stays
 /// `+`: userinfo is not a form); `None` when the URL has no user name. The error names the part
 /// that is not UTF-8 once decoded, never its value.
+#[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
 pub(crate) fn credentials(url: &url::Url) -> Result<Option<Credentials>, String> {
     if url.username().is_empty() {
         return Ok(None);

@@ -87,12 +87,34 @@ fn destination(name: &str, kind: &str, topic: &str, settings: &str) -> String {
 }
 
 /// One destination per sink, each failing: a closed port, a wrong password, a redirect.
-fn destinations(receiver: &str, closed: u16, mqtt_port: u16) -> String {
+///
+/// Some secrets are written in the file, some are read from a file under `dir` (`{ file = … }`)
+/// and some from this process's environment (`{ env = … }`, inherited by every `pgoutbox` the
+/// test runs): each form must stay out of every output.
+fn destinations(dir: &std::path::Path, receiver: &str, closed: u16, mqtt_port: u16) -> String {
     let signing = base64::engine::general_purpose::STANDARD.encode(WEBHOOK_SIGNING);
-    let hook_url = format!(
-        "http://user:{WEBHOOK_PASSWORD}@127.0.0.1:{closed}/events?token={WEBHOOK_QUERY}&v=1"
+    let secret_file = |name: &str, value: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{value}\n")).expect("secret file");
+        format!("{{ file = {:?} }}", path.to_str().expect("utf-8"))
+    };
+    let hook_url = secret_file(
+        "hook_url",
+        &format!(
+            "http://user:{WEBHOOK_PASSWORD}@127.0.0.1:{closed}/events?token={WEBHOOK_QUERY}&v=1"
+        ),
     );
-    let hook_headers = format!("{{ authorization = \"Bearer {WEBHOOK_HEADER}\" }}");
+    let signing = secret_file("signing", &format!("whsec_{signing}"));
+    // nextest runs each test in its own process: the variables reach only this test's children.
+    std::env::set_var(
+        "PGOUTBOX_TEST_HOOK_AUTH",
+        format!("Bearer {WEBHOOK_HEADER}"),
+    );
+    std::env::set_var(
+        "PGOUTBOX_TEST_REDIS_URL",
+        format!("redis://:{REDIS_PASSWORD}@127.0.0.1:6379/0"),
+    );
+    let hook_headers = "{ authorization = { env = \"PGOUTBOX_TEST_HOOK_AUTH\" } }";
     #[allow(unused_mut)]
     let mut text = [
         destination(
@@ -100,8 +122,7 @@ fn destinations(receiver: &str, closed: u16, mqtt_port: u16) -> String {
             "webhook",
             "hook.closed",
             &format!(
-                "url = \"{hook_url}\"\nsecret = \"whsec_{signing}\"\nheaders = {hook_headers}\n\
-                 timeout = \"2s\""
+                "url = {hook_url}\nsecret = {signing}\nheaders = {hook_headers}\ntimeout = \"2s\""
             ),
         ),
         destination(
@@ -132,7 +153,7 @@ fn destinations(receiver: &str, closed: u16, mqtt_port: u16) -> String {
             "redis",
             "redis",
             "redis.x",
-            &format!("url = \"redis://:{REDIS_PASSWORD}@127.0.0.1:6379/0\"\ntimeout = \"2s\""),
+            "url = { env = \"PGOUTBOX_TEST_REDIS_URL\" }\ntimeout = \"2s\"",
         ),
         destination(
             "mqtt",
@@ -152,7 +173,8 @@ fn destinations(receiver: &str, closed: u16, mqtt_port: u16) -> String {
         &format!(
             "brokers = \"127.0.0.1:{closed}\"\ntimeout = \"2s\"\nproperties = {{ \
              \"security.protocol\" = \"sasl_plaintext\", \"sasl.mechanism\" = \"PLAIN\", \
-             \"sasl.username\" = \"user\", \"sasl.password\" = \"{KAFKA_PASSWORD}\" }}"
+             \"sasl.username\" = \"user\", \"sasl.password\" = {} }}",
+            secret_file("kafka_password", KAFKA_PASSWORD)
         ),
     ));
     text
@@ -217,7 +239,7 @@ async fn secrets_reach_no_log_last_error_readyz_or_status() {
         "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\npublish_timeout = \"10s\"\n\
          [observability]\nlisten = \"127.0.0.1:{listen}\"\n{}",
         db.url,
-        destinations(&rx.url, closed, mosquitto.port)
+        destinations(dir.path(), &rx.url, closed, mosquitto.port)
     );
     let config = write_config(dir.path(), &text);
     for topic in topics() {

@@ -127,6 +127,48 @@ async fn event_headers_cannot_set_the_id_and_topic_headers() {
     );
 }
 
+/// `/readyz` asks the brokers for metadata: ready against the live broker, not ready (with
+/// librdkafka's reason) against a closed port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_asks_the_brokers_for_metadata() {
+    let db = TestDb::migrated().await;
+    let up = Relay::new(
+        db.pool.clone(),
+        &parse_config(&sink_config(
+            &db,
+            "kafka",
+            &format!("brokers = \"{BROKERS}\"\n"),
+        )),
+    )
+    .expect("relay");
+    let lines = up.readiness().await.expect("ready against the live broker");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("destination ") && l.contains("ok")),
+        "{lines:?}"
+    );
+
+    let closed = common::closed_port();
+    let down = Relay::new(
+        db.pool.clone(),
+        &parse_config(&sink_config(
+            &db,
+            "kafka",
+            &format!("brokers = \"127.0.0.1:{closed}\"\n"),
+        )),
+    )
+    .expect("relay");
+    let lines = down
+        .readiness()
+        .await
+        .expect_err("not ready on a closed port");
+    assert!(
+        lines.iter().any(|l| l.contains("Kafka is not reachable")),
+        "{lines:?}"
+    );
+}
+
 #[test]
 fn bad_settings_are_config_errors() {
     for (settings, says) in [

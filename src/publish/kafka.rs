@@ -25,13 +25,13 @@ use async_trait::async_trait;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::reserved::Reserved;
 use super::{Outcome, Sink, SinkKind};
-use crate::config::duration_str;
+use crate::config::{duration_str, Secret};
 use crate::event::OutboxEvent;
 use crate::route::Template;
 
@@ -57,9 +57,11 @@ pub struct KafkaConfig {
     #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
     /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
-    /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence.
+    /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence. Values
+    /// may hold credentials (`"sasl.password"`): each may be `{ env = "NAME" }` or
+    /// `{ file = "PATH" }`, and none is shown in messages.
     #[serde(default)]
-    pub properties: BTreeMap<String, String>,
+    pub properties: BTreeMap<String, Secret>,
 }
 
 /// Properties the sink's guarantees depend on.
@@ -105,7 +107,7 @@ impl KafkaSink {
                     "key `properties`: {k:?} is set by pgoutbox and cannot be overridden"
                 ));
             }
-            client_config.set(k, v);
+            client_config.set(k, v.expose());
         }
         client_config
             .set("bootstrap.servers", &cfg.brokers)
@@ -233,7 +235,25 @@ impl Sink for KafkaSink {
         }
         outcomes
     }
+
+    async fn healthcheck(&self) -> Result<(), String> {
+        let producer = self.producer()?.clone();
+        // librdkafka's metadata request blocks its thread until answered or timed out.
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, HEALTHCHECK_TIMEOUT)
+                .map(|_| ())
+                .map_err(|e| format!("Kafka is not reachable: {e}"))
+        })
+        .await
+        .map_err(|e| format!("the Kafka metadata request failed: {e}"))?
+    }
 }
+
+/// How long the readiness check waits for the brokers' metadata: under the relay's 2 s limit
+/// per check, so that librdkafka's own error, not "no answer", is what `/readyz` shows.
+const HEALTHCHECK_TIMEOUT: Duration = Duration::from_millis(1500);
 
 #[cfg(test)]
 mod tests {

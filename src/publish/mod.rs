@@ -17,6 +17,7 @@ pub mod rabbitmq;
 pub mod redis;
 mod reserved;
 mod stdout;
+pub mod tls;
 mod webhook;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -266,6 +267,9 @@ pub fn build(dest: &DestinationConfig) -> Result<Arc<dyn Sink>> {
         name: dest.name.clone(),
         message,
     };
+    // Client libraries that build their own rustls configuration (Redis, RabbitMQ) take the
+    // process's default crypto provider: ring, as everywhere else here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let kind = registry()
         .into_iter()
         .find(|k| k.name == dest.sink.kind)

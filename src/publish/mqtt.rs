@@ -31,11 +31,12 @@ use async_trait::async_trait;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
-use rumqttc::Outgoing;
+use rumqttc::{Outgoing, TlsConfiguration, Transport};
 use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
 use super::reserved::Reserved;
+use super::tls::{TlsConfig, TlsFiles};
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -58,9 +59,9 @@ pub const KIND: SinkKind = SinkKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MqttConfig {
-    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default; no TLS yet). User
-    /// and password are percent-decoded: write `%40` for `@`, `%3A` for `:` in the user name,
-    /// `%25` for `%`; a `+` is a `+`.
+    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default), or `mqtts://`
+    /// for TLS (port 8883 by default). User and password are percent-decoded: write `%40` for
+    /// `@`, `%3A` for `:` in the user name, `%25` for `%`; a `+` is a `+`.
     pub url: crate::config::Secret,
     /// Topic template; default `{topic}`.
     #[serde(default = "Template::topic")]
@@ -78,6 +79,9 @@ pub struct MqttConfig {
     /// MQTT's 256 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// CA bundle and client certificate for `mqtts://`.
+    #[serde(default)]
+    pub tls: TlsConfig,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -121,11 +125,18 @@ impl MqttSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: MqttConfig) -> Result<Self, String> {
         let url = url::Url::parse(&cfg.url.0).map_err(|e| format!("key `url`: not a URL: {e}"))?;
-        if url.scheme() != "mqtt" && url.scheme() != "tcp" {
-            return Err(format!(
-                "key `url`: scheme must be mqtt (TLS is not supported yet), not {:?}",
-                url.scheme()
-            ));
+        let secure = match url.scheme() {
+            "mqtt" | "tcp" => false,
+            "mqtts" | "ssl" => true,
+            other => {
+                return Err(format!(
+                    "key `url`: scheme must be mqtt, or mqtts for TLS, not {other:?}"
+                ))
+            }
+        };
+        let tls = cfg.tls.load()?;
+        if tls.is_some() && !secure {
+            return Err("key `tls`: set for a URL that is not mqtts://".into());
         }
         let host = url
             .host_str()
@@ -150,7 +161,14 @@ impl MqttSink {
             Some(id) => id.clone(),
             None => format!("pgoutbox-{}", uuid::Uuid::new_v4().simple()),
         };
-        let mut options = MqttOptions::new(client_id, host, url.port().unwrap_or(1883));
+        let port = url.port().unwrap_or(if secure { 8883 } else { 1883 });
+        let mut options = MqttOptions::new(client_id, host, port);
+        if secure {
+            let config = tls.unwrap_or_else(TlsFiles::system).client_config()?;
+            options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
+                Arc::new(config),
+            )));
+        }
         options
             .set_clean_start(true)
             .set_keep_alive(Duration::from_secs(30))

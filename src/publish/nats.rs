@@ -19,6 +19,7 @@
 //! dropped with a warning.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::reserved::Reserved;
+use super::tls::{TlsConfig, TlsFiles};
 use super::{Outcome, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
@@ -80,6 +82,15 @@ pub struct NatsConfig {
     /// JetStream duplicate window of the created stream; default the server's (2 minutes).
     #[serde(default, with = "opt_duration")]
     pub duplicate_window: Option<Duration>,
+    /// CA bundle and client certificate; setting it also requires TLS (as `tls://` URLs do).
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// NKey authentication: the user's seed (`SU…`), best given as `{ file = … }` or
+    /// `{ env = … }`.
+    pub nkey_seed: Option<Secret>,
+    /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
+    /// configuration loads.
+    pub credentials_file: Option<PathBuf>,
 }
 
 /// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.
@@ -103,9 +114,21 @@ pub struct NatsSink {
     servers: Vec<ServerAddr>,
     /// The credentials the URL carried.
     credentials: Option<Credentials>,
+    /// NKey or `.creds` authentication, read when the configuration loaded.
+    auth: Auth,
+    /// CA and client certificate, when configured.
+    tls: Option<TlsFiles>,
     reserved: Reserved,
     conn: OnceCell<Conn>,
     duplicates: AtomicU64,
+}
+
+/// Authentication other than the URL's user, password or token.
+#[derive(Debug, Clone)]
+enum Auth {
+    None,
+    Nkey(Secret),
+    Creds(Secret),
 }
 
 struct Conn {
@@ -155,6 +178,40 @@ impl NatsSink {
             }
             servers.push(ServerAddr::from_url(url).map_err(|e| format!("key `url`: {e}"))?);
         }
+        let tls = cfg.tls.load()?;
+        let mut auth = Auth::None;
+        if let Some(seed) = &cfg.nkey_seed {
+            // Checked here so that a typo is a configuration error, not an endless retry.
+            nkeys::KeyPair::from_seed(seed.expose())
+                .map_err(|e| format!("key `nkey_seed`: not an NKey seed: {e}"))?;
+            auth = Auth::Nkey(seed.clone());
+        }
+        if let Some(path) = &cfg.credentials_file {
+            if !matches!(auth, Auth::None) {
+                return Err("keys `nkey_seed` and `credentials_file`: give one, not both".into());
+            }
+            let creds = std::fs::read_to_string(path).map_err(|e| {
+                format!(
+                    "key `credentials_file`: cannot read {}: {e}",
+                    path.display()
+                )
+            })?;
+            async_nats::ConnectOptions::new()
+                .credentials(&creds)
+                .map_err(|e| {
+                    format!(
+                        "key `credentials_file`: {} is not a NATS credentials file: {e}",
+                        path.display()
+                    )
+                })?;
+            auth = Auth::Creds(Secret(creds));
+        }
+        if !matches!(auth, Auth::None) && credentials.is_some() {
+            return Err(
+                "key `url`: carries a user or token, and `nkey_seed` or `credentials_file` is set too; give one"
+                    .into(),
+            );
+        }
         if cfg.timeout.is_zero() {
             return Err("key `timeout`: must be more than zero".into());
         }
@@ -190,6 +247,8 @@ impl NatsSink {
             cfg,
             servers,
             credentials,
+            auth,
+            tls,
             reserved: Reserved::new("nats", [] as [&str; 0], RESERVED_PREFIXES),
             conn: OnceCell::new(),
             duplicates: AtomicU64::new(0),
@@ -229,6 +288,18 @@ impl NatsSink {
                     }) => options.token(user.clone()),
                     None => options,
                 };
+                options = match &self.auth {
+                    Auth::None => options,
+                    Auth::Nkey(seed) => options.nkey(seed.expose().to_owned()),
+                    Auth::Creds(creds) => options
+                        .credentials(creds.expose())
+                        .map_err(|e| format!("the NATS credentials file cannot be used: {e}"))?,
+                };
+                if let Some(files) = &self.tls {
+                    options = options
+                        .require_tls(true)
+                        .tls_client_config(files.client_config()?);
+                }
                 let client = options
                     .connect(self.servers.as_slice())
                     .await

@@ -19,12 +19,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
 use super::reserved::Reserved;
+use super::tls::TlsConfig;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -68,6 +70,9 @@ pub struct RabbitMqConfig {
     /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`, 128 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// CA bundle and client certificate for `amqps://`.
+    #[serde(default)]
+    pub tls: TlsConfig,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -77,6 +82,8 @@ fn default_max_message_bytes() -> usize {
 /// Publishes events to one RabbitMQ exchange.
 pub struct RabbitMqSink {
     cfg: RabbitMqConfig,
+    // Holds the client key: never `Debug`-printed (lapin's own `Debug` would show it).
+    tls: OwnedTLSConfig,
     reserved: Reserved,
     // One connection and confirm-mode channel, replaced when either breaks.
     link: Mutex<Option<Arc<Link>>>,
@@ -105,7 +112,8 @@ impl std::fmt::Debug for RabbitMqSink {
 impl RabbitMqSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: RabbitMqConfig) -> Result<Self, String> {
-        cfg.url
+        let uri = cfg
+            .url
             .0
             .parse::<lapin::uri::AMQPUri>()
             // The parser's error may quote the whole URI.
@@ -115,6 +123,23 @@ impl RabbitMqSink {
                     secrets::scrub(&e, &cfg.url.0)
                 )
             })?;
+        let tls = match cfg.tls.load()? {
+            None => OwnedTLSConfig::default(),
+            Some(files) => {
+                if uri.scheme != lapin::uri::AMQPScheme::AMQPS {
+                    return Err("key `tls`: set for a URL that is not amqps://".into());
+                }
+                OwnedTLSConfig {
+                    identity: files.identity.map(|id| OwnedIdentity::PKCS8 {
+                        pem: id.cert_pem,
+                        key: id.key_pem,
+                    }),
+                    cert_chain: files
+                        .ca_pem
+                        .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
+                }
+            }
+        };
         if cfg.exchange.len() > SHORT_STRING_MAX {
             return Err(format!(
                 "key `exchange`: longer than {SHORT_STRING_MAX} bytes"
@@ -128,6 +153,7 @@ impl RabbitMqSink {
         }
         Ok(Self {
             cfg,
+            tls,
             reserved: Reserved::new("rabbitmq", RESERVED_NAMES, RESERVED_PREFIXES),
             link: Mutex::new(None),
         })
@@ -148,10 +174,12 @@ impl RabbitMqSink {
             let _ = old.conn.close(0, "reconnecting".into()).await;
         }
         let connect = async {
-            let conn = Connection::connect(
+            let conn = Connection::connect_with_config(
                 &self.cfg.url.0,
                 ConnectionProperties::default()
                     .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
+                self.tls.clone(),
+                lapin::runtime::default_runtime()?,
             )
             .await?;
             let channel = conn.create_channel().await?;

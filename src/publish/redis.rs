@@ -22,6 +22,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::tls::TlsConfig;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::duration_str;
 use crate::event::OutboxEvent;
@@ -44,7 +45,8 @@ pub const KIND: SinkKind = SinkKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// Redis URL, e.g. `redis://127.0.0.1:6379/0` (`rediss://` for TLS is not built in).
+    /// Redis URL, e.g. `redis://127.0.0.1:6379/0`, `rediss://relay:password@redis:6380/0` for
+    /// TLS with an ACL user.
     pub url: crate::config::Secret,
     /// Stream name template; default `{topic}`.
     #[serde(default = "Template::topic")]
@@ -54,6 +56,9 @@ pub struct RedisConfig {
     /// How long to wait for a connection and for the pipeline's replies.
     #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
+    /// CA bundle and client certificate for `rediss://`.
+    #[serde(default)]
+    pub tls: TlsConfig,
 }
 
 /// Appends events to Redis streams.
@@ -75,13 +80,30 @@ impl std::fmt::Debug for RedisSink {
 impl RedisSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: RedisConfig) -> Result<Self, String> {
-        // `open` only parses the URL.
-        let client = redis::Client::open(cfg.url.0.as_str()).map_err(|e| {
+        // `open` and `build_with_tls` only parse the URL and the certificates.
+        let not_a_url = |e: redis::RedisError| {
             format!(
                 "key `url`: not a Redis URL: {}",
                 secrets::scrub(&e.to_string(), &cfg.url.0)
             )
-        })?;
+        };
+        let client = match cfg.tls.load()? {
+            None => redis::Client::open(cfg.url.0.as_str()).map_err(not_a_url)?,
+            Some(files) => {
+                if !cfg.url.0.starts_with("rediss://") {
+                    return Err("key `tls`: set for a URL that is not rediss://".into());
+                }
+                let certificates = redis::TlsCertificates {
+                    client_tls: files.identity.map(|id| redis::ClientTlsConfig {
+                        client_cert: id.cert_pem,
+                        client_key: id.key_pem,
+                    }),
+                    root_cert: files.ca_pem,
+                };
+                redis::Client::build_with_tls(cfg.url.0.as_str(), certificates)
+                    .map_err(not_a_url)?
+            }
+        };
         if cfg.timeout.is_zero() {
             return Err("key `timeout`: must be more than zero".into());
         }

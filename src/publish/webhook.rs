@@ -23,6 +23,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::reserved::Reserved;
+use super::tls::TlsConfig;
 use super::{Budget, Envelope, Latency, Outcome, Recorder, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
@@ -84,8 +85,9 @@ pub enum BodyMode {
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// Endpoint URL (http or https). Credentials and query values in it are never shown in
-    /// messages (`last_error`, logs, `/readyz`).
-    pub url: String,
+    /// messages (`last_error`, logs, `/readyz`). Like every secret, it may be read from
+    /// `{ env = "NAME" }` or `{ file = "PATH" }`.
+    pub url: Secret,
     /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
     pub secret: Option<Secret>,
     /// `envelope` (default) or `payload`.
@@ -100,25 +102,30 @@ pub struct WebhookConfig {
     /// Extra static headers sent with every request (e.g. `Authorization`). They win over the
     /// event's headers: an event header with the same name is dropped. They cannot set the
     /// headers the sink writes itself (`content-type`, `webhook-id`, `webhook-signature`, …).
+    /// Values are secrets: a value may be `{ env = "NAME" }` or `{ file = "PATH" }`.
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, Secret>,
     /// HTTP statuses that dead-letter the event at once (each 100 to 599, not 2xx); default
     /// `[400, 410, 413, 422]`, the ones a retry cannot fix. Every other non-2xx status is retried
     /// per `retry_schedule` (honouring `Retry-After`).
     #[serde(default = "default_permanent_statuses")]
     pub permanent_statuses: Vec<u16>,
+    /// Whom to trust and who we are over `https://`: a CA bundle, a client certificate (mTLS).
+    #[serde(default)]
+    pub tls: TlsConfig,
 }
 
 impl std::fmt::Debug for WebhookConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookConfig")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_url(self.url.expose()))
             .field("secret", &self.secret)
             .field("body", &self.body)
             .field("timeout", &self.timeout)
             .field("concurrency", &self.concurrency)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("permanent_statuses", &self.permanent_statuses)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -165,8 +172,8 @@ impl WebhookSink {
     /// Builds the sink; the HTTP client keeps connections alive across batches.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, String> {
         // The parser's error never quotes the URL.
-        let url =
-            reqwest::Url::parse(&cfg.url).map_err(|e| format!("key `url`: not a URL: {e}"))?;
+        let url = reqwest::Url::parse(cfg.url.expose())
+            .map_err(|e| format!("key `url`: not a URL: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!(
                 "key `url`: scheme must be http or https, not {:?}",
@@ -182,7 +189,7 @@ impl WebhookSink {
         let key = cfg
             .secret
             .as_ref()
-            .map(|s| crate::webhook::decode_secret(&s.0))
+            .map(|s| crate::webhook::decode_secret(s.expose()))
             .transpose()
             .map_err(|e| format!("key `secret`: {e}"))?;
         let mut static_headers = HeaderMap::new();
@@ -195,7 +202,7 @@ impl WebhookSink {
                 ));
             }
             // The value may be a credential: the error does not quote it.
-            let value = HeaderValue::try_from(v.as_str())
+            let value = HeaderValue::try_from(v.expose())
                 .map_err(|e| format!("key `headers`: the value of {k:?}: {e}"))?;
             static_headers.insert(name, value);
         }
@@ -222,7 +229,14 @@ impl WebhookSink {
                 .chain(static_headers.keys().map(HeaderName::as_str)),
             &[],
         );
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(files) = cfg.tls.load()? {
+            if url.scheme() != "https" {
+                return Err("key `tls`: set for a URL that is not https://".into());
+            }
+            builder = builder.use_preconfigured_tls(files.client_config()?);
+        }
+        let client = builder
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))

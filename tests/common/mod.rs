@@ -8,6 +8,7 @@ pub mod amqp;
 pub mod nats;
 pub mod private;
 pub mod sinks;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -1,0 +1,399 @@
+//! TLS and credentials for every transport, each against a real server that the test starts
+//! with TLS on and a throwaway PKI (rcgen): a webhook receiver, Redis, Mosquitto, NATS and
+//! PostgreSQL. Each sink is shown to deliver with the right CA, client certificate and
+//! credentials, and to fail — retried, never dead-lettered, with one clear error naming the
+//! destination — with a CA that did not sign the server's certificate, an expired server
+//! certificate and a wrong password.
+
+mod common;
+
+use std::time::Duration;
+
+use pgoutbox::relay::Relay;
+
+use common::private::Private;
+use common::sinks::sink_config;
+use common::tls::{HttpsReceiver, Pki};
+use common::*;
+
+/// One relay pass over one event for a `kind` destination named `broker` with `settings`:
+/// whether the event was delivered, and its `last_error`. Nothing may be dead-lettered.
+async fn one_pass(kind: &str, settings: &str) -> (bool, String) {
+    let db = TestDb::migrated().await;
+    db.insert_plain(1, "order.created").await;
+    let relay = Relay::new(
+        db.pool.clone(),
+        &parse_config(&sink_config(&db, kind, settings)),
+    )
+    .expect("relay");
+    let report = relay.run_once().await.expect("run");
+    let error: Option<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("row");
+    let error = error.unwrap_or_default();
+    assert_eq!(
+        db.count("dead_at IS NOT NULL").await,
+        0,
+        "a TLS or login failure is retried, never dead-lettered: {error}"
+    );
+    println!(
+        "{kind}: delivered {}, last_error {error:?}",
+        report.delivered
+    );
+    (report.delivered == 1, error)
+}
+
+/// Asserts a failed pass says what went wrong, and names the destination.
+fn assert_failed(case: &str, (delivered, error): (bool, String), says: &[&str]) {
+    assert!(!delivered, "{case}: must not be delivered");
+    assert!(
+        error.contains("to broker:"),
+        "{case}: the error names the destination: {error}"
+    );
+    let lower = error.to_lowercase();
+    assert!(
+        says.iter().any(|s| lower.contains(&s.to_lowercase())),
+        "{case}: expected one of {says:?} in: {error}"
+    );
+}
+
+const UNTRUSTED: &[&str] = &["unknownissuer", "unknown issuer", "unknown ca"];
+const EXPIRED: &[&str] = &["expired"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_over_mutual_tls() {
+    let pki = Pki::new();
+    let rx = HttpsReceiver::start(&pki, "server").await;
+    let settings = |ca: &str| {
+        format!(
+            "url = \"{}\"\ntimeout = \"3s\"\n{}",
+            rx.url,
+            pki.tls_line(ca)
+        )
+    };
+    let (delivered, error) = one_pass("webhook", &settings("ca.pem")).await;
+    assert!(delivered, "{error}");
+    assert_eq!(rx.count(), 1);
+
+    assert_failed(
+        "other CA",
+        one_pass("webhook", &settings("other-ca.pem")).await,
+        UNTRUSTED,
+    );
+    let expired = HttpsReceiver::start(&pki, "expired").await;
+    let settings_expired = format!(
+        "url = \"{}\"\ntimeout = \"3s\"\n{}",
+        expired.url,
+        pki.tls_line("ca.pem")
+    );
+    assert_failed(
+        "expired",
+        one_pass("webhook", &settings_expired).await,
+        EXPIRED,
+    );
+    // The receiver requires a client certificate: a CA alone is refused in the handshake.
+    let no_identity = format!(
+        "url = \"{}\"\ntimeout = \"3s\"\ntls = {{ ca_file = {:?} }}",
+        rx.url,
+        pki.path("ca.pem").display().to_string()
+    );
+    let (delivered, error) = one_pass("webhook", &no_identity).await;
+    assert!(!delivered && error.contains("to broker:"), "{error}");
+    assert_eq!(rx.count(), 1, "nothing got through without a certificate");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_an_acl_user() {
+    let pki = Pki::new();
+    let redis = Private::redis_tls(&pki, "server", "relay", "r3d1s-pw");
+    let settings = |port: u16, password: &str, ca: &str| {
+        format!(
+            "url = \"rediss://relay:{password}@127.0.0.1:{port}/0\"\ntimeout = \"3s\"\n{}",
+            pki.tls_line(ca)
+        )
+    };
+    let (delivered, error) = one_pass("redis", &settings(redis.port, "r3d1s-pw", "ca.pem")).await;
+    assert!(delivered, "{error}");
+    assert_failed(
+        "other CA",
+        one_pass("redis", &settings(redis.port, "r3d1s-pw", "other-ca.pem")).await,
+        UNTRUSTED,
+    );
+    assert_failed(
+        "wrong password",
+        one_pass("redis", &settings(redis.port, "wrong-pw", "ca.pem")).await,
+        &["WRONGPASS", "authentication failed"],
+    );
+    let expired = Private::redis_tls(&pki, "expired", "relay", "r3d1s-pw");
+    assert_failed(
+        "expired",
+        one_pass("redis", &settings(expired.port, "r3d1s-pw", "ca.pem")).await,
+        EXPIRED,
+    );
+}
+
+#[cfg(feature = "mqtt")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_over_tls_with_a_password() {
+    let pki = Pki::new();
+    // A `+` and an `@` in the password: percent-decoded, never form-decoded.
+    let password = "mq+tt@pw";
+    let mqtt = Private::mosquitto_tls(&pki, "server", "relay", password);
+    let settings = |port: u16, password: &str, ca: &str| {
+        format!(
+            "url = \"mqtts://relay:{}@127.0.0.1:{port}\"\ntimeout = \"3s\"\n{}",
+            password.replace('@', "%40"),
+            pki.tls_line(ca)
+        )
+    };
+    let (delivered, error) = one_pass("mqtt", &settings(mqtt.port, password, "ca.pem")).await;
+    assert!(delivered, "{error}");
+    assert_failed(
+        "other CA",
+        one_pass("mqtt", &settings(mqtt.port, password, "other-ca.pem")).await,
+        UNTRUSTED,
+    );
+    assert_failed(
+        "wrong password",
+        one_pass("mqtt", &settings(mqtt.port, "wrong", "ca.pem")).await,
+        &["not authorized", "notauthorized", "bad user", "badusername"],
+    );
+    let expired = Private::mosquitto_tls(&pki, "expired", "relay", password);
+    assert_failed(
+        "expired",
+        one_pass("mqtt", &settings(expired.port, password, "ca.pem")).await,
+        EXPIRED,
+    );
+}
+
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_with_password_token_and_nkey() {
+    let pki = Pki::new();
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().expect("seed");
+    let nats = Private::nats_tls(
+        &pki,
+        "server",
+        &format!(
+            "users = [ {{ user: relay, password: \"n4ts-pw\" }}, {{ nkey: {} }} ]",
+            user.public_key()
+        ),
+    );
+    let stream =
+        "create_stream = true\nstream = \"TLS\"\nsubjects = [\"order.>\"]\ntimeout = \"3s\"";
+    let with = |url: String, ca: &str, extra: &str| {
+        format!("url = \"{url}\"\n{stream}\n{}\n{extra}", pki.tls_line(ca))
+    };
+    let port = nats.port;
+    let (delivered, error) = one_pass(
+        "nats",
+        &with(
+            format!("tls://relay:n4ts-pw@127.0.0.1:{port}"),
+            "ca.pem",
+            "",
+        ),
+    )
+    .await;
+    assert!(delivered, "user and password: {error}");
+    // The seed from a file, as a Kubernetes secret or systemd credential would give it.
+    let seed_file = pki.dir().join("relay.nk");
+    std::fs::write(&seed_file, format!("{seed}\n")).expect("seed file");
+    let nkey = format!(
+        "nkey_seed = {{ file = {:?} }}",
+        seed_file.display().to_string()
+    );
+    let (delivered, error) = one_pass(
+        "nats",
+        &with(format!("tls://127.0.0.1:{port}"), "ca.pem", &nkey),
+    )
+    .await;
+    assert!(delivered, "nkey: {error}");
+    assert_failed(
+        "wrong password",
+        one_pass(
+            "nats",
+            &with(format!("tls://relay:wrong@127.0.0.1:{port}"), "ca.pem", ""),
+        )
+        .await,
+        &["authorization violation", "authorization"],
+    );
+    assert_failed(
+        "other CA",
+        one_pass(
+            "nats",
+            &with(
+                format!("tls://relay:n4ts-pw@127.0.0.1:{port}"),
+                "other-ca.pem",
+                "",
+            ),
+        )
+        .await,
+        UNTRUSTED,
+    );
+    let token = Private::nats_tls(&pki, "server", "token: \"t0ken-s3cret\"");
+    let (delivered, error) = one_pass(
+        "nats",
+        &with(
+            format!("tls://t0ken-s3cret@127.0.0.1:{}", token.port),
+            "ca.pem",
+            "",
+        ),
+    )
+    .await;
+    assert!(delivered, "token: {error}");
+    let expired = Private::nats_tls(&pki, "expired", "token: \"t0ken-s3cret\"");
+    assert_failed(
+        "expired",
+        one_pass(
+            "nats",
+            &with(
+                format!("tls://t0ken-s3cret@127.0.0.1:{}", expired.port),
+                "ca.pem",
+                "",
+            ),
+        )
+        .await,
+        EXPIRED,
+    );
+}
+
+#[cfg(feature = "rabbitmq")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_over_tls() {
+    let pki = Pki::new();
+    let rabbit = Private::rabbitmq_tls(&pki, "server", "relay", "rabb1t-pw");
+    let port = rabbit.port;
+    let settings = |password: &str, ca: &str| {
+        format!(
+            "url = \"amqps://relay:{password}@127.0.0.1:{}/%2f\"\ntimeout = \"5s\"\n{}",
+            port,
+            pki.tls_line(ca)
+        )
+    };
+    // The default exchange takes any routing key: a message no queue wants is still confirmed.
+    let (delivered, error) = one_pass("rabbitmq", &settings("rabb1t-pw", "ca.pem")).await;
+    assert!(delivered, "{error}");
+    assert_failed(
+        "other CA",
+        one_pass("rabbitmq", &settings("rabb1t-pw", "other-ca.pem")).await,
+        UNTRUSTED,
+    );
+    assert_failed(
+        "wrong password",
+        one_pass("rabbitmq", &settings("wrong", "ca.pem")).await,
+        &["access_refused", "access refused", "authentication"],
+    );
+    drop(rabbit);
+    let expired = Private::rabbitmq_tls(&pki, "expired", "relay", "rabb1t-pw");
+    let settings = format!(
+        "url = \"amqps://relay:rabb1t-pw@127.0.0.1:{}/%2f\"\ntimeout = \"5s\"\n{}",
+        expired.port,
+        pki.tls_line("ca.pem")
+    );
+    assert_failed("expired", one_pass("rabbitmq", &settings).await, EXPIRED);
+}
+
+/// The relay's own database connection with `sslmode=verify-full` and the test CA as
+/// `sslrootcert`: `migrate` and `relay --once` work; a CA that did not sign the server's
+/// certificate, or an expired one, stops them with one clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_with_verify_full_and_a_custom_root() {
+    let pki = Pki::new();
+    let pg = Private::postgres_tls(&pki, "server");
+    let expired = Private::postgres_tls(&pki, "expired");
+    let dir = scratch();
+    let config = |port: u16, ca: &str| {
+        let text = format!(
+            "database_url = \"postgres://postgres@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={}\"\n\
+             [[destinations]]\nname = \"out\"\ntype = \"null\"\n",
+            pki.path(ca).display()
+        );
+        let path = dir.path().join(format!("{port}-{ca}.toml"));
+        std::fs::write(&path, text).expect("config");
+        path.display().to_string()
+    };
+    let good = config(pg.port, "ca.pem");
+    let ready = wait_for(Duration::from_secs(30), || async {
+        run(&["migrate", "--config", &good]).0 == 0
+    })
+    .await;
+    assert!(
+        ready,
+        "migrate over verify-full: {:?}",
+        run(&["migrate", "--config", &good])
+    );
+    let (code, out, err) = run(&["relay", "--once", "--config", &good]);
+    assert_eq!(code, 0, "relay --once over verify-full: {out}{err}");
+
+    let (code, _, err) = run(&["migrate", "--config", &config(pg.port, "other-ca.pem")]);
+    println!("other CA: exit {code}: {err}");
+    assert_ne!(code, 0);
+    assert!(
+        UNTRUSTED.iter().any(|s| err.to_lowercase().contains(s)),
+        "other CA: {err}"
+    );
+    let (code, _, err) = run(&["migrate", "--config", &config(expired.port, "ca.pem")]);
+    println!("expired: exit {code}: {err}");
+    assert_ne!(code, 0);
+    assert!(err.to_lowercase().contains("expired"), "expired: {err}");
+}
+
+/// A destination whose server certificate is not trusted opens its breaker; the relay keeps
+/// running and another destination keeps delivering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_certificate_opens_the_breaker_and_the_relay_goes_on() {
+    let pki = Pki::new();
+    let db = TestDb::migrated().await;
+    let secure = HttpsReceiver::start(&pki, "server").await;
+    let plain = Receiver::start().await;
+    let config = format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n\
+         [[destinations]]\nname = \"untrusted\"\ntype = \"webhook\"\ntopics = [\"secure.*\"]\n\
+         url = \"{}\"\n{}\nbreaker = {{ failures = 3 }}\n\
+         [[destinations]]\nname = \"plain\"\ntype = \"webhook\"\ntopics = [\"plain.*\"]\nurl = \"{}\"\n",
+        db.url,
+        secure.url,
+        pki.tls_line("other-ca.pem"),
+        plain.url
+    );
+    db.insert_plain(10, "secure.x").await;
+    db.insert_plain(10, "plain.x").await;
+    let relay = Running::start(&db, &config);
+    let open = wait_for(Duration::from_secs(60), || async {
+        let state: Option<String> = sqlx::query_scalar(
+            "SELECT CASE WHEN count(*) > 0 THEN 'open' END FROM outbox \
+             WHERE topic = 'secure.x' AND next_attempt_at = 'infinity'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("held");
+        state.is_some()
+    })
+    .await;
+    // Events written after the breaker opened still reach the healthy destination.
+    db.insert_plain(10, "plain.x").await;
+    let delivered = wait_for(Duration::from_secs(60), || async {
+        db.count("topic = 'plain.x' AND published_at IS NOT NULL")
+            .await
+            == 20
+    })
+    .await;
+    relay.stop().await;
+    assert!(
+        open,
+        "the untrusted destination's events are held (breaker open)"
+    );
+    assert!(delivered, "the other destination got all 20");
+    assert_eq!(secure.count(), 0);
+    assert_eq!(db.count("dead_at IS NOT NULL").await, 0);
+    let error: String = sqlx::query_scalar(
+        "SELECT last_error FROM outbox WHERE topic = 'secure.x' AND last_error IS NOT NULL LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("an error");
+    assert!(error.contains("to untrusted:"), "{error}");
+}
