@@ -271,6 +271,8 @@ pub struct ObservabilityConfig {
     /// How often each relay refreshes the backlog gauges (one query on the pending index).
     #[serde(with = "duration_str")]
     pub gauge_interval: Duration,
+    /// `[observability.otlp]`: export of the relay's own spans.
+    pub otlp: crate::otlp::OtlpConfig,
 }
 
 impl Default for ObservabilityConfig {
@@ -278,6 +280,7 @@ impl Default for ObservabilityConfig {
         Self {
             listen: None,
             gauge_interval: Duration::from_secs(15),
+            otlp: crate::otlp::OtlpConfig::default(),
         }
     }
 }

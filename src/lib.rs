@@ -20,6 +20,7 @@ pub mod error;
 pub mod event;
 pub mod inbox;
 pub mod observe;
+pub mod otlp;
 pub mod publish;
 pub mod relay;
 pub mod retry;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use futures::FutureExt;
+use opentelemetry::KeyValue;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -490,6 +491,7 @@ impl Relay {
         detach: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> Result<(BatchReport, Vec<Uuid>)> {
         let claim_started = Instant::now();
+        let claim_wall = std::time::SystemTime::now();
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         let options = ClaimOptions {
             heads: self.heads.load(AtomicOrdering::Relaxed),
@@ -513,6 +515,13 @@ impl Relay {
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
+        crate::otlp::batch_span("claim", claim_wall, || {
+            vec![
+                KeyValue::new("pgoutbox.events", events.len() as i64),
+                KeyValue::new("pgoutbox.poison", poison.len() as i64),
+                KeyValue::new("pgoutbox.table", self.table.to_string()),
+            ]
+        });
         let items = match self.items(&events).await {
             Ok(items) => items,
             Err(e) => {
@@ -790,6 +799,7 @@ impl Relay {
         // up) and held-back rows go back as they were.
         untouched.extend(held_back);
         let settle_started = Instant::now();
+        let settle_wall = std::time::SystemTime::now();
         let hold = match (lease_rest, hold) {
             (None, hold) => hold,
             (Some((ids, token, length)), Hold::Transaction(mut tx)) => {
@@ -832,6 +842,15 @@ impl Relay {
             fenced: settled.fenced,
             released: untouched.len(),
         };
+        crate::otlp::batch_span("settle", settle_wall, || {
+            vec![
+                KeyValue::new("pgoutbox.delivered", report.delivered as i64),
+                KeyValue::new("pgoutbox.retried", report.retried as i64),
+                KeyValue::new("pgoutbox.dead", report.dead as i64),
+                KeyValue::new("pgoutbox.held", report.held as i64),
+                KeyValue::new("pgoutbox.fenced", report.fenced as i64),
+            ]
+        });
         debug!(
             claimed = report.claimed,
             delivered = report.delivered,
@@ -950,6 +969,7 @@ impl Relay {
                     let batch: Vec<&OutboxEvent> = members.iter().map(|&i| run.event(i)).collect();
                     let recorder = Recorder::new(&run.slots, &members);
                     let started = Instant::now();
+                    let wall = std::time::SystemTime::now();
                     let publish = dest
                         .sink
                         .publish_until(&batch, &run.budgets[d], &recorder);
@@ -962,6 +982,11 @@ impl Relay {
                     }
                     metrics::histogram!(observe::PUBLISH_SECONDS, "destination" => dest.name.clone())
                         .record(started.elapsed().as_secs_f64());
+                    if crate::otlp::enabled() {
+                        for &i in &members {
+                            crate::otlp::publish_span(run.event(i), &dest.name, run.slots[i].get(), wall);
+                        }
+                    }
                 })
             });
         join_all(publishes).await;

@@ -51,7 +51,29 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let relay = Arc::new(Relay::new(pool, &config).context("cannot set up the destinations")?);
+    let spans = pgoutbox::otlp::start(&config.observability.otlp, |k| std::env::var(k).ok())
+        .map_err(anyhow::Error::msg)
+        .context("cannot export spans over OTLP")?;
+    if spans.is_some() {
+        info!("exporting the relay's spans over OTLP");
+    }
+    let result = run_relay(args, &config, relay, metrics, workers, &pool_settings).await;
+    if let Some(spans) = spans {
+        // Sends what is buffered; the exporter blocks on its own thread.
+        let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+    }
+    result
+}
 
+/// Runs the relay once or until a signal, serving metrics and health meanwhile.
+async fn run_relay(
+    args: &Args,
+    config: &pgoutbox::config::Config,
+    relay: Arc<Relay>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    workers: usize,
+    pool_settings: &PoolSettings,
+) -> anyhow::Result<ExitCode> {
     if args.once {
         let report = relay.run_once().await?;
         eprintln!(
