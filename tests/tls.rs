@@ -260,6 +260,129 @@ async fn nats_over_tls_with_password_token_and_nkey() {
     );
 }
 
+/// A JWT as nats-server reads it: ed25519-nkey signed by `issuer`, with `nats` as its NATS
+/// claims (`type`, `version`, limits).
+#[cfg(feature = "nats")]
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = b64.encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": uuid::Uuid::new_v4().simple().to_string().to_uppercase(),
+        "iat": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs(),
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let signed = format!("{header}.{}", b64.encode(claims.to_string()));
+    let signature = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", b64.encode(signature))
+}
+
+/// Decentralized authentication: a server in operator mode, an account with JetStream, and the
+/// relay's user in a `.creds` file (`credentials_file`).
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_with_a_credentials_file() {
+    let pki = Pki::new();
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": true,
+        "conn": -1, "leaf": -1, "mem_storage": -1, "disk_storage": -1, "streams": -1,
+        "consumer": -1
+    });
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "pgt-operator",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let account_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "pgt-account",
+        serde_json::json!({"type": "account", "version": 2, "limits": unlimited}),
+    );
+    let user_jwt = nats_jwt(
+        &account,
+        &user.public_key(),
+        "relay",
+        serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {}, "subs": -1,
+                           "data": -1, "payload": -1}),
+    );
+    // JetStream needs a system account.
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = nats_jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let operator_file = pki.dir().join("operator.jwt");
+    std::fs::write(&operator_file, &operator_jwt).expect("operator jwt");
+    let nats = Private::nats_tls_with(
+        &pki,
+        "server",
+        &format!(
+            "operator: {:?}\nsystem_account: {}\nresolver: MEMORY\n\
+             resolver_preload: {{ {}: {:?}, {}: {:?} }}\n",
+            operator_file.display().to_string(),
+            system.public_key(),
+            account.public_key(),
+            account_jwt,
+            system.public_key(),
+            system_jwt
+        ),
+    );
+    let creds = pki.dir().join("relay.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().expect("seed")
+        ),
+    )
+    .expect("creds");
+    let settings = format!(
+        "url = \"tls://127.0.0.1:{}\"\ncreate_stream = true\nstream = \"CREDS\"\n\
+         subjects = [\"order.>\"]\ntimeout = \"5s\"\ncredentials_file = {:?}\n{}",
+        nats.port,
+        creds.display().to_string(),
+        pki.tls_line("ca.pem")
+    );
+    let (delivered, error) = one_pass("nats", &settings).await;
+    assert!(delivered, "creds: {error}");
+    // Another account's user, unknown to the server.
+    let stranger = nkeys::KeyPair::new_account();
+    let forged = nats_jwt(
+        &stranger,
+        &user.public_key(),
+        "relay",
+        serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {}}),
+    );
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{forged}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().expect("seed")
+        ),
+    )
+    .expect("creds");
+    assert_failed(
+        "unknown account",
+        one_pass("nats", &settings).await,
+        &["authorization violation", "authorization"],
+    );
+}
+
 #[cfg(feature = "rabbitmq")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_over_tls() {

@@ -166,6 +166,12 @@ impl Private {
     /// certificates verified) on a free port; `authorization` is the server's block, e.g.
     /// `users = [ { user: a, password: b }, { nkey: U… } ]` or `token: "…"`.
     pub fn nats_tls(pki: &super::tls::Pki, stem: &str, authorization: &str) -> Self {
+        Self::nats_tls_with(pki, stem, &format!("authorization {{ {authorization} }}\n"))
+    }
+
+    /// nats-server with JetStream requiring TLS as [`Private::nats_tls`], with `auth` as its
+    /// authentication lines (an `authorization` block, or `operator` and `resolver` lines).
+    pub fn nats_tls_with(pki: &super::tls::Pki, stem: &str, auth: &str) -> Self {
         let dir = super::scratch();
         let port = free_port();
         let conf = dir.path().join("nats.conf");
@@ -174,7 +180,7 @@ impl Private {
             format!(
                 "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?} }}\n\
                  tls {{ cert_file: {:?}, key_file: {:?}, ca_file: {:?}, verify: true }}\n\
-                 authorization {{ {authorization} }}\n",
+                 {auth}",
                 dir.path().join("js").display().to_string(),
                 pki.path(&format!("{stem}.pem")).display().to_string(),
                 pki.path(&format!("{stem}.key")).display().to_string(),
