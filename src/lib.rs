@@ -9,29 +9,46 @@
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
 //! (see [`webhook`] for the receiver side of webhook signatures).
+//!
+//! An application that only enqueues (or consumes) needs none of the relay: it depends on
+//! `pgoutbox-core`, which this crate re-exports whole (same paths). The relay itself runs as the
+//! `pgoutbox` binary, or in-process:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use pgoutbox::config::Config;
+//! use pgoutbox::relay::Relay;
+//!
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::load(std::path::Path::new("pgoutbox.toml"))?;
+//! let pool = sqlx::PgPool::connect(config.database_url()?).await?;
+//! let relay = Arc::new(Relay::new(pool, &config)?);
+//! let stop = tokio_util::sync::CancellationToken::new();
+//! let report = relay.run(stop).await?; // until `stop` is cancelled (SIGTERM, say)
+//! println!("delivered {}", report.delivered);
+//! # Ok(()) }
+//! ```
 
 pub mod claim;
 pub mod cleanup;
 pub mod config;
 pub mod dead;
 pub mod destination;
-pub mod enqueue;
-pub mod error;
 pub mod event;
-pub mod inbox;
 pub mod observe;
 pub mod otlp;
 pub mod publish;
 pub mod relay;
 pub mod retry;
 pub mod route;
-pub mod schema;
 pub mod secrets;
 pub mod settle;
 pub mod status;
-pub mod table;
-pub mod trace;
-pub mod webhook;
+
+// The application side lives in `pgoutbox-core` (what an application links); the relay uses it
+// through the same paths.
+pub use pgoutbox_core::{enqueue, error, inbox, schema, table, trace, webhook};
 
 pub use enqueue::{Event, Outbox, TypedEvent};
 pub use error::{error_chain, Error, Result};

@@ -96,7 +96,7 @@ pub fn init_logging(cli: &Cli) {
     let default = match cli.verbose {
         // The bench migrates a fresh table before each run: its step lines would bury the results.
         0 if matches!(cli.command, Command::Bench(_)) => {
-            "pgoutbox::schema=warn,pgoutbox=info,sqlx=error,warn"
+            "pgoutbox_core::schema=warn,pgoutbox=info,sqlx=error,warn"
         }
         // sqlx's own slow-statement warnings would drown the relay's logs (bulk work is slow by design).
         0 => "pgoutbox=info,sqlx=error,warn",

@@ -239,8 +239,8 @@ pub struct MigrateReport {
 /// documentation. The run takes one connection of `pool` for itself and closes it at the end.
 ///
 /// ```no_run
-/// # async fn f(pool: sqlx::PgPool) -> pgoutbox::Result<()> {
-/// let report = pgoutbox::schema::migrate(&pool, &pgoutbox::OutboxTable::default_table()).await?;
+/// # async fn f(pool: sqlx::PgPool) -> pgoutbox_core::Result<()> {
+/// let report = pgoutbox_core::schema::migrate(&pool, &pgoutbox_core::OutboxTable::default_table()).await?;
 /// println!("at version {}", report.version);
 /// # Ok(()) }
 /// ```

@@ -7,15 +7,15 @@
 //!
 //! ```no_run
 //! use axum::{routing::post, Extension, Router};
-//! use pgoutbox::webhook::axum::{VerifiedWebhook, WebhookVerifier};
+//! use pgoutbox_core::webhook::axum::{VerifiedWebhook, WebhookVerifier};
 //!
 //! async fn events(hook: VerifiedWebhook) -> &'static str {
-//!     // hook.id is the event id: dedupe on it (see pgoutbox::inbox).
+//!     // hook.id is the event id: dedupe on it (see pgoutbox_core::inbox).
 //!     let _envelope: serde_json::Value = serde_json::from_slice(&hook.body).unwrap_or_default();
 //!     "ok"
 //! }
 //!
-//! # fn f() -> Result<(), pgoutbox::webhook::WebhookError> {
+//! # fn f() -> Result<(), pgoutbox_core::webhook::WebhookError> {
 //! let verifier = WebhookVerifier::new(["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"])?;
 //! let app: Router = Router::new().route("/events", post(events)).layer(Extension(verifier));
 //! # Ok(()) }

@@ -13,8 +13,8 @@
 //!    effect itself. Either way the effect is applied once.
 //!
 //! ```no_run
-//! # async fn f(pool: sqlx::PgPool, event_id: uuid::Uuid) -> pgoutbox::Result<()> {
-//! let inbox = pgoutbox::inbox::Inbox::default(); // public.inbox
+//! # async fn f(pool: sqlx::PgPool, event_id: uuid::Uuid) -> pgoutbox_core::Result<()> {
+//! let inbox = pgoutbox_core::inbox::Inbox::default(); // public.inbox
 //! let mut tx = pool.begin().await?;
 //! if inbox.process_once(&mut tx, "billing", event_id).await? {
 //!     sqlx::query("UPDATE balances SET total = total + 10 WHERE customer = 'acme'")

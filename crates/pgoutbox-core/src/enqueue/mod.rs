@@ -16,7 +16,7 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use pgoutbox::{Event, Outbox};
+//! use pgoutbox_core::{Event, Outbox};
 //! let outbox = Outbox::default();
 //! let mut tx = pool.begin().await?;
 //! sqlx::query("INSERT INTO orders (id, total) VALUES (1, 42)").execute(&mut *tx).await?;
@@ -46,12 +46,12 @@ mod tokio_postgres;
 /// #[derive(serde::Serialize)]
 /// struct OrderCreated { order_id: i64, total: i64 }
 ///
-/// impl pgoutbox::TypedEvent for OrderCreated {
+/// impl pgoutbox_core::TypedEvent for OrderCreated {
 ///     const TOPIC: &'static str = "order.created";
 ///     fn key(&self) -> Option<String> { Some(format!("order-{}", self.order_id)) }
 /// }
 ///
-/// let event = pgoutbox::Event::typed(&OrderCreated { order_id: 1, total: 42 }).unwrap();
+/// let event = pgoutbox_core::Event::typed(&OrderCreated { order_id: 1, total: 42 }).unwrap();
 /// assert_eq!(event.topic(), "order.created");
 /// assert_eq!(event.key_str(), Some("order-1"));
 /// ```
