@@ -374,7 +374,7 @@ async fn configuration_errors_do_not_quote_secrets() {
         ),
         (
             "mqtt",
-            format!("url = \"mqtts://u:{MQTT_PASSWORD}@127.0.0.1\""),
+            format!("url = \"ws://u:{MQTT_PASSWORD}@127.0.0.1\""),
             "scheme must be mqtt",
         ),
         (

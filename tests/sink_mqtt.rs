@@ -138,7 +138,11 @@ async fn an_invalid_topic_is_rejected_and_others_still_delivered() {
 #[test]
 fn bad_settings_are_config_errors() {
     for (settings, says) in [
-        ("url = \"mqtts://h\"", "scheme"),
+        ("url = \"ws://h\"", "scheme"),
+        (
+            "url = \"mqtt://h\"\ntls = { ca_file = \"/nonexistent/ca.pem\" }",
+            "not mqtts://",
+        ),
         (
             "url = \"mqtt://h\"\ntopic = \"a/#\"",
             "not a valid MQTT topic",

@@ -134,10 +134,10 @@ impl MqttSink {
                 ))
             }
         };
-        let tls = cfg.tls.load()?;
-        if tls.is_some() && !secure {
+        if !cfg.tls.is_empty() && !secure {
             return Err("key `tls`: set for a URL that is not mqtts://".into());
         }
+        let tls = cfg.tls.load()?;
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())

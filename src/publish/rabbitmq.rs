@@ -123,22 +123,20 @@ impl RabbitMqSink {
                     secrets::scrub(&e, &cfg.url.0)
                 )
             })?;
+        if !cfg.tls.is_empty() && uri.scheme != lapin::uri::AMQPScheme::AMQPS {
+            return Err("key `tls`: set for a URL that is not amqps://".into());
+        }
         let tls = match cfg.tls.load()? {
             None => OwnedTLSConfig::default(),
-            Some(files) => {
-                if uri.scheme != lapin::uri::AMQPScheme::AMQPS {
-                    return Err("key `tls`: set for a URL that is not amqps://".into());
-                }
-                OwnedTLSConfig {
-                    identity: files.identity.map(|id| OwnedIdentity::PKCS8 {
-                        pem: id.cert_pem,
-                        key: id.key_pem,
-                    }),
-                    cert_chain: files
-                        .ca_pem
-                        .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
-                }
-            }
+            Some(files) => OwnedTLSConfig {
+                identity: files.identity.map(|id| OwnedIdentity::PKCS8 {
+                    pem: id.cert_pem,
+                    key: id.key_pem,
+                }),
+                cert_chain: files
+                    .ca_pem
+                    .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
+            },
         };
         if cfg.exchange.len() > SHORT_STRING_MAX {
             return Err(format!(

@@ -87,12 +87,12 @@ impl RedisSink {
                 secrets::scrub(&e.to_string(), &cfg.url.0)
             )
         };
+        if !cfg.tls.is_empty() && !cfg.url.0.starts_with("rediss://") {
+            return Err("key `tls`: set for a URL that is not rediss://".into());
+        }
         let client = match cfg.tls.load()? {
             None => redis::Client::open(cfg.url.0.as_str()).map_err(not_a_url)?,
             Some(files) => {
-                if !cfg.url.0.starts_with("rediss://") {
-                    return Err("key `tls`: set for a URL that is not rediss://".into());
-                }
                 let certificates = redis::TlsCertificates {
                     client_tls: files.identity.map(|id| redis::ClientTlsConfig {
                         client_cert: id.cert_pem,

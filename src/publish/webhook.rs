@@ -230,10 +230,10 @@ impl WebhookSink {
             &[],
         );
         let mut builder = reqwest::Client::builder();
+        if !cfg.tls.is_empty() && url.scheme() != "https" {
+            return Err("key `tls`: set for a URL that is not https://".into());
+        }
         if let Some(files) = cfg.tls.load()? {
-            if url.scheme() != "https" {
-                return Err("key `tls`: set for a URL that is not https://".into());
-            }
             builder = builder.use_preconfigured_tls(files.client_config()?);
         }
         let client = builder
