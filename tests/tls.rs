@@ -341,15 +341,18 @@ async fn nats_with_a_credentials_file() {
         ),
     );
     let creds = pki.dir().join("relay.creds");
-    std::fs::write(
-        &creds,
-        format!(
-            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
-             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
-            user.seed().expect("seed")
-        ),
-    )
-    .expect("creds");
+    let write_creds = |jwt: &str| {
+        std::fs::write(
+            &creds,
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+                user.seed().expect("seed")
+            ),
+        )
+        .expect("creds");
+    };
+    write_creds(&user_jwt);
     let settings = format!(
         "url = \"tls://127.0.0.1:{}\"\ncreate_stream = true\nstream = \"CREDS\"\n\
          subjects = [\"order.>\"]\ntimeout = \"5s\"\ncredentials_file = {:?}\n{}",
@@ -367,15 +370,7 @@ async fn nats_with_a_credentials_file() {
         "relay",
         serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {}}),
     );
-    std::fs::write(
-        &creds,
-        format!(
-            "-----BEGIN NATS USER JWT-----\n{forged}\n------END NATS USER JWT------\n\n\
-             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
-            user.seed().expect("seed")
-        ),
-    )
-    .expect("creds");
+    write_creds(&forged);
     assert_failed(
         "unknown account",
         one_pass("nats", &settings).await,

@@ -31,36 +31,7 @@ impl Private {
     /// Mosquitto (MQTT 5) on a free port that lets in only `user` with `password` (`user` must
     /// not contain `:`, the password file's separator).
     pub fn mosquitto(user: &str, password: &str) -> Self {
-        let dir = super::scratch();
-        let passwd = dir.path().join("passwd");
-        let status = Command::new("mosquitto_passwd")
-            .args(["-c", "-b"])
-            .arg(&passwd)
-            .args([user, password])
-            .stdout(Stdio::null())
-            .status()
-            .expect("run mosquitto_passwd");
-        assert!(status.success(), "mosquitto_passwd: {status:?}");
-        let port = free_port();
-        let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "user root\nlistener {port} 127.0.0.1\nallow_anonymous false\npassword_file {}\n\
-                 persistence false\nlog_dest stderr\n",
-                passwd.display()
-            ),
-        )
-        .expect("write mosquitto.conf");
-        let log = std::fs::File::create(dir.path().join("mosquitto.log")).expect("log");
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn mosquitto");
-        Self::started(port, child, dir, "mosquitto")
+        Self::mosquitto_with(user, password, "")
     }
 
     /// nats-server with JetStream on a free port that lets in only `user` with `password`.
@@ -126,6 +97,17 @@ impl Private {
     /// Mosquitto (MQTT 5) speaking only TLS (certificate `stem` of `pki`, client certificates
     /// required) on a free port, letting in only `user` with `password`.
     pub fn mosquitto_tls(pki: &super::tls::Pki, stem: &str, user: &str, password: &str) -> Self {
+        let tls = format!(
+            "cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+            pki.path("ca.pem").display(),
+            pki.path(&format!("{stem}.pem")).display(),
+            pki.path(&format!("{stem}.key")).display(),
+        );
+        Self::mosquitto_with(user, password, &tls)
+    }
+
+    /// Mosquitto with one user and `listener_lines` added to its listener.
+    fn mosquitto_with(user: &str, password: &str, listener_lines: &str) -> Self {
         let dir = super::scratch();
         let passwd = dir.path().join("passwd");
         let status = Command::new("mosquitto_passwd")
@@ -141,13 +123,9 @@ impl Private {
         std::fs::write(
             &conf,
             format!(
-                "user root\nlistener {port} 127.0.0.1\nallow_anonymous false\npassword_file {}\n\
-                 cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n\
-                 persistence false\nlog_dest stderr\n",
-                passwd.display(),
-                pki.path("ca.pem").display(),
-                pki.path(&format!("{stem}.pem")).display(),
-                pki.path(&format!("{stem}.key")).display(),
+                "user root\nlistener {port} 127.0.0.1\n{listener_lines}allow_anonymous false\n\
+                 password_file {}\npersistence false\nlog_dest stderr\n",
+                passwd.display()
             ),
         )
         .expect("write mosquitto.conf");
