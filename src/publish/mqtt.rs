@@ -119,6 +119,9 @@ struct Waiters {
     unsent: VecDeque<oneshot::Sender<Outcome>>,
     /// Sent publishes awaiting their PUBACK.
     inflight: HashMap<u16, oneshot::Sender<Outcome>>,
+    /// Why the session ended, once it has: a publish the client can no longer queue is given
+    /// this reason (a refused certificate, say), not the client's "channel closed".
+    ended: Option<String>,
 }
 
 impl MqttSink {
@@ -266,6 +269,7 @@ async fn drive(mut eventloop: EventLoop, waiters: Arc<StdMutex<Waiters>>, alive:
     alive.store(false, Ordering::Release);
     let mut guard = waiters.lock().unwrap_or_else(|p| p.into_inner());
     let w = &mut *guard;
+    w.ended = Some(reason.clone());
     for waiter in w.unsent.drain(..).chain(w.inflight.drain().map(|(_, v)| v)) {
         let _ = waiter.send(Outcome::retry(reason.clone()));
     }
@@ -335,13 +339,13 @@ impl Sink for MqttSink {
                 // A request that never entered the queue has no packet coming: its waiter (the
                 // last one pushed) must not be bound to the next packet id.
                 if let Err(e) = queued {
-                    session
-                        .waiters
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .unsent
-                        .pop_back();
-                    pending.push(Err(Outcome::retry(format!("MQTT client closed: {e}"))));
+                    let ended = {
+                        let mut w = session.waiters.lock().unwrap_or_else(|p| p.into_inner());
+                        w.unsent.pop_back();
+                        w.ended.clone()
+                    };
+                    let reason = ended.unwrap_or_else(|| format!("MQTT client closed: {e}"));
+                    pending.push(Err(Outcome::retry(reason)));
                     continue;
                 }
                 pending.push(Ok(rx));
