@@ -80,6 +80,9 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// What a secret may be written as, for the errors that reject another form.
+const SECRET_FORMS: &str = "a secret is a string, `{ env = \"NAME\" }` or `{ file = \"PATH\" }`";
+
 /// Where a secret is read from, as written in the file: `{ env = "NAME" }` or `{ file = "PATH" }`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -111,11 +114,7 @@ impl SecretSource {
                 }
                 text
             }
-            _ => {
-                return Err(
-                    "a secret is a string, `{ env = \"NAME\" }` or `{ file = \"PATH\" }`".into(),
-                )
-            }
+            _ => return Err(SECRET_FORMS.into()),
         };
         if value.is_empty() {
             return Err("the secret it points at is empty".into());
@@ -133,11 +132,7 @@ impl<'de> Deserialize<'de> for Secret {
             Source(SecretSource),
         }
         // Untagged errors say only "did not match any variant"; say what is accepted instead.
-        match Written::deserialize(d).map_err(|_| {
-            serde::de::Error::custom(
-                "a secret is a string, `{ env = \"NAME\" }` or `{ file = \"PATH\" }`",
-            )
-        })? {
+        match Written::deserialize(d).map_err(|_| serde::de::Error::custom(SECRET_FORMS))? {
             Written::Value(value) => Ok(Secret(value)),
             Written::Source(source) => source
                 .resolve()
@@ -829,11 +824,13 @@ max_attempts = 10
         );
         assert!(!format!("{c:?}{settings:?}").contains("from-a-file"));
 
-        let missing = dir.join("nope");
-        let e = error_of(&format!(
-            "database_url = {{ file = {:?} }}\n",
-            missing.display().to_string()
-        ));
+        let from_file = |path: &std::path::Path| {
+            error_of(&format!(
+                "database_url = {{ file = {:?} }}\n",
+                path.display().to_string()
+            ))
+        };
+        let e = from_file(&dir.join("nope"));
         assert!(
             e.contains("database_url")
                 && e.contains("cannot read the secret file")
@@ -852,10 +849,7 @@ max_attempts = 10
             assert!(e.contains("a secret is a string"), "{bad}: {e}");
         }
         std::fs::write(&file, "\n").expect("write");
-        let e = error_of(&format!(
-            "database_url = {{ file = {:?} }}\n",
-            file.display().to_string()
-        ));
+        let e = from_file(&file);
         assert!(e.contains("empty"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -137,10 +137,7 @@ impl MqttSink {
                 ))
             }
         };
-        if !cfg.tls.is_empty() && !secure {
-            return Err("key `tls`: set for a URL that is not mqtts://".into());
-        }
-        let tls = cfg.tls.load()?;
+        let tls = cfg.tls.load_for(secure, "mqtts")?;
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())

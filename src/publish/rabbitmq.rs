@@ -123,10 +123,10 @@ impl RabbitMqSink {
                     secrets::scrub(&e, &cfg.url.0)
                 )
             })?;
-        if !cfg.tls.is_empty() && uri.scheme != lapin::uri::AMQPScheme::AMQPS {
-            return Err("key `tls`: set for a URL that is not amqps://".into());
-        }
-        let tls = match cfg.tls.load()? {
+        let tls = match cfg
+            .tls
+            .load_for(uri.scheme == lapin::uri::AMQPScheme::AMQPS, "amqps")?
+        {
             None => OwnedTLSConfig::default(),
             Some(files) => OwnedTLSConfig {
                 identity: files.identity.map(|id| OwnedIdentity::PKCS8 {

@@ -39,7 +39,6 @@ pub struct TlsFiles {
     pub ca_pem: Option<Vec<u8>>,
     /// The client certificate chain and key (PEM), when given.
     pub identity: Option<Identity>,
-    ca: Vec<CertificateDer<'static>>,
 }
 
 /// A client certificate chain and its key, as PEM.
@@ -55,7 +54,7 @@ impl std::fmt::Debug for TlsFiles {
     // The key is a secret; the rest is noise in a log.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsFiles")
-            .field("ca_certificates", &self.ca.len())
+            .field("ca_file", &self.ca_pem.is_some())
             .field("client_certificate", &self.identity.is_some())
             .finish()
     }
@@ -72,13 +71,13 @@ impl TlsConfig {
         if self.is_empty() {
             return Ok(None);
         }
-        let (ca_pem, ca) = match &self.ca_file {
+        let ca_pem = match &self.ca_file {
             Some(path) => {
                 let pem = read("tls.ca_file", path)?;
-                let certs = certificates("tls.ca_file", path, &pem)?;
-                (Some(pem), certs)
+                certificates("tls.ca_file", path, &pem)?;
+                Some(pem)
             }
-            None => (None, Vec::new()),
+            None => None,
         };
         let identity = match (&self.cert_file, &self.key_file) {
             (Some(cert), Some(key)) => {
@@ -101,11 +100,16 @@ impl TlsConfig {
                 )
             }
         };
-        Ok(Some(TlsFiles {
-            ca_pem,
-            identity,
-            ca,
-        }))
+        Ok(Some(TlsFiles { ca_pem, identity }))
+    }
+
+    /// [`TlsConfig::load`] for a URL whose scheme is `encrypted` or not: a `tls` table on a URL
+    /// without TLS is refused (naming `scheme`, the one that has it) before any file is read.
+    pub fn load_for(&self, encrypted: bool, scheme: &str) -> Result<Option<TlsFiles>, String> {
+        if !self.is_empty() && !encrypted {
+            return Err(format!("key `tls`: set for a URL that is not {scheme}://"));
+        }
+        self.load()
     }
 }
 
@@ -115,7 +119,6 @@ impl TlsFiles {
         Self {
             ca_pem: None,
             identity: None,
-            ca: Vec::new(),
         }
     }
 
@@ -123,14 +126,18 @@ impl TlsFiles {
     /// the client certificate when there is one.
     pub fn client_config(&self) -> Result<rustls::ClientConfig, String> {
         let mut roots = rustls::RootCertStore::empty();
-        if self.ca.is_empty() {
-            let native = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(native.certs);
-        } else {
-            for cert in &self.ca {
-                roots
-                    .add(cert.clone())
-                    .map_err(|e| format!("key `tls.ca_file`: unusable certificate: {e}"))?;
+        match &self.ca_pem {
+            None => {
+                let native = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(native.certs);
+            }
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| format!("key `tls.ca_file`: {e}"))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| format!("key `tls.ca_file`: unusable certificate: {e}"))?;
+                }
             }
         }
         let builder = rustls::ClientConfig::builder_with_provider(Arc::new(

@@ -230,10 +230,7 @@ impl WebhookSink {
             &[],
         );
         let mut builder = reqwest::Client::builder();
-        if !cfg.tls.is_empty() && url.scheme() != "https" {
-            return Err("key `tls`: set for a URL that is not https://".into());
-        }
-        if let Some(files) = cfg.tls.load()? {
+        if let Some(files) = cfg.tls.load_for(url.scheme() == "https", "https")? {
             builder = builder.use_preconfigured_tls(files.client_config()?);
         }
         let client = builder
