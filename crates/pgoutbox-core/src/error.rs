@@ -18,7 +18,8 @@ pub enum Error {
     #[error("event topic must not be empty")]
     EmptyTopic,
 
-    /// A statement against PostgreSQL failed.
+    /// A statement against PostgreSQL failed (sqlx 0.8, the default adapter).
+    #[cfg(feature = "sqlx08")]
     #[error("database error")]
     Database(#[from] sqlx::Error),
 
@@ -34,6 +35,7 @@ pub enum Error {
 
     /// A schema migration failed. The failed step was rolled back; the steps done before it stay
     /// done, and the next `migrate` resumes from there.
+    #[cfg(feature = "sqlx08")]
     #[error("migration {version} ({description}) failed")]
     Migration {
         /// The migration's version number.

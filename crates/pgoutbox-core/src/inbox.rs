@@ -32,13 +32,17 @@
 //! The table is created by `pgoutbox migrate --inbox` ([`migrate`]), versioned in the schema's
 //! `pgoutbox_migrations` under `inbox:<table>`.
 
+#[cfg(feature = "sqlx08")]
 use std::time::Duration;
 
+#[cfg(feature = "sqlx08")]
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::schema::{MigrateReport, Migration};
+#[cfg(feature = "sqlx08")]
+use crate::schema::MigrateReport;
+use crate::schema::Migration;
 use crate::table::Ident;
 
 /// An inbox table (schema + name) and its statements, rendered once from validated identifiers.
@@ -140,11 +144,13 @@ WHERE i.consumer = expired.consumer AND i.event_id = expired.event_id";
 
 const INBOX_0001: &str = include_str!("schema/migrations/inbox_0001_create.sql");
 
+#[cfg_attr(not(feature = "sqlx08"), allow(dead_code))]
 const INBOX_MIGRATIONS: &[Migration] = &[Migration::sql(1, "create the inbox table", INBOX_0001)];
 
 /// The inbox schema version this build needs.
 pub const INBOX_VERSION: i32 = 1;
 
+#[cfg(feature = "sqlx08")]
 /// Creates or upgrades the inbox table (and its schema). Idempotent, each migration
 /// all-or-nothing, and serialized with every other `migrate` by the same advisory lock (held by a
 /// connection of `pool` taken for the run and closed at its end).
@@ -193,6 +199,7 @@ impl Inbox {
         &self.table
     }
 
+    #[cfg(feature = "sqlx08")]
     /// Records `event_id` as processed by `consumer` in the caller's transaction (`&mut *tx`):
     /// `true` the first time (apply the effect, then commit), `false` for a duplicate.
     ///
@@ -244,6 +251,7 @@ impl Inbox {
         Ok(done.rows_affected() == 1)
     }
 
+    #[cfg(feature = "sqlx08")]
     /// Deletes rows processed longer than `retention` ago, `batch` rows per statement (each its
     /// own short autocommit statement), until none is left.
     pub async fn cleanup(

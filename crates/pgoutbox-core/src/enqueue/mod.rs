@@ -34,6 +34,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::table::OutboxTable;
 
+#[cfg(feature = "sqlx08")]
 mod sqlx08;
 #[cfg(feature = "sqlx09")]
 mod sqlx09;

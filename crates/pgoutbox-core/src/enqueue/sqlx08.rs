@@ -1,4 +1,4 @@
-//! The sqlx 0.8 adapter: the driver the relay itself uses, so it is always compiled in.
+//! The sqlx 0.8 adapter (feature `sqlx08`, on by default): the driver the relay itself uses.
 //!
 //! Pass the caller's transaction as `&mut *tx` (or a plain connection for autocommit).
 

@@ -9,17 +9,24 @@
 //! version is recorded only once all its steps are done. Plain-SQL migrations run in one
 //! transaction as before: adding one is one `Migration::sql` line in `MIGRATIONS`.
 
+#[cfg(feature = "sqlx08")]
 mod runner;
+mod steps;
 
+#[cfg(feature = "sqlx08")]
 use sqlx::{PgConnection, PgPool};
 
-pub(crate) use runner::{run_migrations, Migration};
-use runner::{Action, Step};
+#[cfg(feature = "sqlx08")]
+pub(crate) use runner::run_migrations;
+pub(crate) use steps::Migration;
+use steps::{Action, Step};
 
+#[cfg(feature = "sqlx08")]
 use crate::error::{Error, Result};
+#[cfg(feature = "sqlx08")]
 use crate::table::OutboxTable;
 
-/// Migration 1: the article's minimal outbox table (a template for [`OutboxTable::render`]).
+/// Migration 1: the article's minimal outbox table (a template for [`OutboxTable::render`](crate::table::OutboxTable::render)).
 pub const MINIMAL_TABLE: &str = include_str!("migrations/0001_minimal_outbox.sql");
 
 /// The outbox table's migrations, in order.
@@ -214,10 +221,12 @@ const KEY_ORDER_INDEX: &[Step] = &[Step {
 }];
 
 /// Advisory lock key shared by every `migrate`, whatever the table.
+#[cfg(feature = "sqlx08")]
 pub(crate) const MIGRATE_LOCK_KEY: i64 = 0x7067_6f75_7462_6f78; // "pgoutbox"
 
 /// The registry of applied migrations, one per schema; shared with the inbox's migrations
 /// ([`crate::inbox::migrate`]), which record themselves under `inbox:<table>`.
+#[cfg(feature = "sqlx08")]
 pub(crate) const REGISTRY_DDL: &str = "CREATE TABLE IF NOT EXISTS {schema}.pgoutbox_migrations (
     table_name  text NOT NULL,
     version     int NOT NULL,
@@ -235,6 +244,7 @@ pub struct MigrateReport {
     pub version: i32,
 }
 
+#[cfg(feature = "sqlx08")]
 /// Brings `table` (and its schema) up to [`CURRENT_VERSION`], online: see the [module](self)
 /// documentation. The run takes one connection of `pool` for itself and closes it at the end.
 ///
@@ -256,6 +266,7 @@ pub async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport
     .await
 }
 
+#[cfg(feature = "sqlx08")]
 /// The version `table` is at: 0 when it was never migrated.
 pub async fn applied_version(conn: &mut PgConnection, table: &OutboxTable) -> Result<i32> {
     let registry = format!("{}.pgoutbox_migrations", table.schema().quoted());
@@ -275,6 +286,7 @@ pub async fn applied_version(conn: &mut PgConnection, table: &OutboxTable) -> Re
     Ok(version.unwrap_or(0))
 }
 
+#[cfg(feature = "sqlx08")]
 /// Fails with [`Error::SchemaOutdated`] unless `table` is at [`CURRENT_VERSION`] or later.
 pub async fn ensure_current(conn: &mut PgConnection, table: &OutboxTable) -> Result<()> {
     let found = applied_version(conn, table).await?;
@@ -291,6 +303,7 @@ pub async fn ensure_current(conn: &mut PgConnection, table: &OutboxTable) -> Res
 /// Privileges the relay's role needs on the outbox table (DELETE: retention 0 and cleanup).
 pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
+#[cfg(feature = "sqlx08")]
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
 /// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT, INSERT,
 /// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT
@@ -315,6 +328,7 @@ pub async fn grant_relay(
     Ok(())
 }
 
+#[cfg(feature = "sqlx08")]
 /// Grants `role` what a producer needs: USAGE on the schema, INSERT on the outbox table and
 /// EXECUTE on the enqueue function.
 pub async fn grant_producer(
@@ -332,6 +346,7 @@ pub async fn grant_producer(
     Ok(())
 }
 
+#[cfg(feature = "sqlx08")]
 /// The relay privileges the current role lacks on `table` (empty when all are there).
 pub async fn missing_relay_privileges(
     conn: &mut PgConnection,
