@@ -181,6 +181,18 @@ fn bad_settings_are_config_errors() {
             "cannot be overridden",
         ),
         ("brokers = \"\"", "brokers"),
+        (
+            "brokers = \"h:1\"\ntls = { ca_file = \"/etc/ssl/certs/ca-certificates.crt\" }",
+            "is not \"ssl\" or \"sasl_ssl\"",
+        ),
+        (
+            "brokers = \"h:1\"\nproperties = { \"security.protocol\" = \"ssl\", \"ssl.ca.location\" = \"/x\" }",
+            "through the `tls` table",
+        ),
+        (
+            "brokers = \"h:1\"\nproperties = { \"security.protocol\" = \"ssl\" }\ntls = { ca_file = \"/nonexistent/ca.pem\" }",
+            "tls.ca_file",
+        ),
     ] {
         let text = format!("[[destinations]]\nname = \"k\"\ntype = \"kafka\"\n{settings}\n");
         let e = pgoutbox::config::Config::parse(&text, |_| None)

@@ -16,12 +16,20 @@
 //! outside the topic's allowed range) are rejected.
 //!
 //! Event headers cannot set the `id` and `topic` headers; such a header is dropped with a warning.
+//!
+//! TLS: `security.protocol = "ssl"` (or `"sasl_ssl"`) in `properties` switches it on, and the
+//! shared `tls` table says whom to trust and which client certificate to present (handed to
+//! librdkafka as PEM, `ssl.ca.pem` / `ssl.certificate.pem` / `ssl.key.pem`). librdkafka reports a
+//! failed handshake or login only to its error callback, while the record itself just times out;
+//! the sink keeps the last such error and adds it to the timeout, so that `last_error` says
+//! "certificate verify failed" rather than "Message timed out".
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -30,6 +38,7 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::reserved::Reserved;
+use super::tls::TlsConfig;
 use super::{Outcome, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::event::OutboxEvent;
@@ -62,6 +71,53 @@ pub struct KafkaConfig {
     /// `{ file = "PATH" }`, and none is shown in messages.
     #[serde(default)]
     pub properties: BTreeMap<String, Secret>,
+    /// CA bundle and client certificate for `security.protocol = "ssl"` or `"sasl_ssl"`.
+    #[serde(default)]
+    pub tls: TlsConfig,
+}
+
+/// librdkafka properties the `tls` table sets; set them through `tls`, not `properties`.
+const TLS_PROPERTIES: &[&str] = &[
+    "ssl.ca.location",
+    "ssl.ca.pem",
+    "ssl.certificate.location",
+    "ssl.certificate.pem",
+    "ssl.key.location",
+    "ssl.key.pem",
+];
+
+/// Keeps the last error librdkafka reported outside any record (a refused TLS handshake, a
+/// failed SASL login, a broker that went away), so that a record's timeout can say why.
+#[derive(Clone, Default)]
+pub struct BrokerErrors {
+    last: Arc<Mutex<Option<String>>>,
+}
+
+impl BrokerErrors {
+    fn last(&self) -> Option<String> {
+        self.last.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// Forgets the last error once a record got through: it no longer explains anything.
+    fn clear(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            last.take();
+        }
+    }
+}
+
+impl ClientContext for BrokerErrors {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, "librdkafka reported an error");
+        if let Ok(mut last) = self.last.lock() {
+            // "All brokers are down" follows the failure that brought them down: keep the cause.
+            if last.is_none()
+                || error.rdkafka_error_code() != Some(RDKafkaErrorCode::AllBrokersDown)
+            {
+                *last = Some(reason.to_owned());
+            }
+        }
+    }
 }
 
 /// Properties the sink's guarantees depend on.
@@ -72,7 +128,8 @@ pub struct KafkaSink {
     cfg: KafkaConfig,
     reserved: Reserved,
     client_config: ClientConfig,
-    producer: OnceCell<FutureProducer>,
+    producer: OnceCell<FutureProducer<BrokerErrors>>,
+    errors: BrokerErrors,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -107,7 +164,33 @@ impl KafkaSink {
                     "key `properties`: {k:?} is set by pgoutbox and cannot be overridden"
                 ));
             }
+            if TLS_PROPERTIES.contains(&k.as_str()) {
+                return Err(format!(
+                    "key `properties`: set {k:?} through the `tls` table (ca_file, cert_file, key_file)"
+                ));
+            }
             client_config.set(k, v.expose());
+        }
+        let protocol = client_config
+            .get("security.protocol")
+            .unwrap_or("plaintext")
+            .to_ascii_lowercase();
+        let encrypted = matches!(protocol.as_str(), "ssl" | "sasl_ssl");
+        if !cfg.tls.is_empty() && !encrypted {
+            return Err(
+                "key `tls`: set, but `properties.\"security.protocol\"` is not \"ssl\" or \"sasl_ssl\""
+                    .into(),
+            );
+        }
+        if let Some(files) = cfg.tls.load()? {
+            if let Some(ca) = &files.ca_pem {
+                client_config.set("ssl.ca.pem", String::from_utf8_lossy(ca));
+            }
+            if let Some(id) = &files.identity {
+                client_config
+                    .set("ssl.certificate.pem", String::from_utf8_lossy(&id.cert_pem))
+                    .set("ssl.key.pem", String::from_utf8_lossy(&id.key_pem));
+            }
         }
         client_config
             .set("bootstrap.servers", &cfg.brokers)
@@ -121,16 +204,17 @@ impl KafkaSink {
             reserved: Reserved::new("kafka", ["id", "topic"], &[]),
             client_config,
             producer: OnceCell::new(),
+            errors: BrokerErrors::default(),
         })
     }
 
-    fn producer(&self) -> Result<&FutureProducer, String> {
+    fn producer(&self) -> Result<&FutureProducer<BrokerErrors>, String> {
         if let Some(p) = self.producer.get() {
             return Ok(p);
         }
-        let p: FutureProducer = self
+        let p = self
             .client_config
-            .create()
+            .create_with_context(self.errors.clone())
             .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
         // Another batch may have raced us here; either producer works, keep the first.
         let _ = self.producer.set(p);
@@ -149,6 +233,23 @@ fn valid_topic(topic: &str) -> bool {
         && topic
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// `classify`, with the last broker error added to a record that timed out or never reached a
+/// broker: librdkafka gives the cause (a refused certificate, a failed login) only there.
+fn classify_with(e: &KafkaError, errors: &BrokerErrors) -> Outcome {
+    let outcome = classify(e);
+    match (outcome, errors.last()) {
+        (Outcome::Retry { reason, .. }, Some(cause))
+            if matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::AllBrokersDown)
+            ) =>
+        {
+            Outcome::retry(format!("{reason} (last broker error: {cause})"))
+        }
+        (outcome, _) => outcome,
+    }
 }
 
 fn classify(e: &KafkaError) -> Outcome {
@@ -227,8 +328,11 @@ impl Sink for KafkaSink {
             outcomes.push(match p {
                 Err(outcome) => outcome,
                 Ok(report) => match report.await {
-                    Ok(Ok(_)) => Outcome::Delivered,
-                    Ok(Err((e, _))) => classify(&e),
+                    Ok(Ok(_)) => {
+                        self.errors.clear();
+                        Outcome::Delivered
+                    }
+                    Ok(Err((e, _))) => classify_with(&e, &self.errors),
                     Err(_) => Outcome::retry("the Kafka producer went away before the report"),
                 },
             });
@@ -238,13 +342,19 @@ impl Sink for KafkaSink {
 
     async fn healthcheck(&self) -> Result<(), String> {
         let producer = self.producer()?.clone();
+        let errors = self.errors.clone();
         // librdkafka's metadata request blocks its thread until answered or timed out.
         tokio::task::spawn_blocking(move || {
             producer
                 .client()
                 .fetch_metadata(None, HEALTHCHECK_TIMEOUT)
                 .map(|_| ())
-                .map_err(|e| format!("Kafka is not reachable: {e}"))
+                .map_err(|e| match errors.last() {
+                    Some(cause) => {
+                        format!("Kafka is not reachable: {e} (last broker error: {cause})")
+                    }
+                    None => format!("Kafka is not reachable: {e}"),
+                })
         })
         .await
         .map_err(|e| format!("the Kafka metadata request failed: {e}"))?

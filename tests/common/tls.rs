@@ -186,3 +186,47 @@ impl HttpsReceiver {
         self.requests.load(Ordering::SeqCst)
     }
 }
+
+/// A TLS front for a plaintext server (Tansu, which has no TLS listener of its own): accepts TLS
+/// with the certificate `stem` of `pki`, requires a client certificate from the CA, and relays
+/// the decrypted bytes to `127.0.0.1:backend`.
+pub struct TlsFront {
+    /// The port the front listens on.
+    pub port: u16,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl TlsFront {
+    /// Binds a free port now (so a server can advertise it before it starts); relays to
+    /// `backend` once connections come.
+    pub async fn start(pki: &Pki, stem: &str, backend: u16) -> Self {
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_config(stem)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut plain) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        Self {
+            port,
+            _server: server,
+        }
+    }
+}
