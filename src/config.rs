@@ -162,6 +162,8 @@ pub struct Config {
     pub relay: RelayConfig,
     /// Metrics and health endpoints.
     pub observability: ObservabilityConfig,
+    /// Who may use the operator console (served on the observability listener).
+    pub admin: crate::admin::AdminConfig,
     /// Where events go; an event goes to every destination whose topics (and filter) match.
     pub destinations: Vec<DestinationConfig>,
 }
@@ -416,6 +418,8 @@ struct RawConfig {
     #[serde(default)]
     observability: ObservabilityConfig,
     #[serde(default)]
+    admin: crate::admin::AdminConfig,
+    #[serde(default)]
     destinations: Vec<toml::Table>,
 }
 
@@ -578,6 +582,7 @@ impl Config {
             cleanup_interval,
             relay: raw.relay,
             observability: raw.observability,
+            admin: raw.admin,
             destinations,
         })
     }

@@ -30,12 +30,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 pub mod claim;
 pub mod cleanup;
 pub mod config;
 pub mod dead;
 pub mod destination;
 pub mod event;
+pub mod inspect;
 pub mod observe;
 pub mod otlp;
 pub mod publish;

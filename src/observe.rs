@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -176,13 +176,17 @@ const BACKLOG: &str = "
 SELECT destination, topic,
   count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
   count(*) FILTER (WHERE next_attempt_at > now()) AS backoff,
+  count(*) FILTER (WHERE next_attempt_at = 'infinity') AS held,
+  count(*) FILTER (WHERE lease_token IS NOT NULL AND next_attempt_at > now()
+                   AND next_attempt_at <> 'infinity') AS in_flight,
+  count(*) FILTER (WHERE attempts > 0) AS failing,
   0::bigint AS dead,
   coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
 FROM {outbox}
 WHERE published_at IS NULL AND dead_at IS NULL
 GROUP BY destination, topic
 UNION ALL
-SELECT destination, topic, 0, 0, count(*), 0
+SELECT destination, topic, 0, 0, 0, 0, 0, count(*), 0
 FROM {outbox}
 WHERE dead_at IS NOT NULL AND published_at IS NULL
 GROUP BY destination, topic
@@ -190,72 +194,174 @@ UNION ALL
 SELECT destination, topic,
   count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()),
   count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
+  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at = 'infinity'),
+  count(*) FILTER (WHERE dead_at IS NULL AND lease_token IS NOT NULL AND next_attempt_at > now()
+                   AND next_attempt_at <> 'infinity'),
+  count(*) FILTER (WHERE dead_at IS NULL AND attempts > 0),
   count(*) FILTER (WHERE dead_at IS NOT NULL),
   coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)), 0)::float8
 FROM {qname:deliveries}
 GROUP BY destination, topic
 UNION ALL
-SELECT b.destination, t.topic, 0, sum(t.n::bigint)::bigint, 0,
+SELECT b.destination, t.topic, 0, sum(t.n::bigint)::bigint, sum(t.n::bigint)::bigint, 0, 0, 0,
   coalesce(extract(epoch FROM now() - min(b.oldest)), 0)::float8
 FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
 GROUP BY b.destination, t.topic";
 
-/// Refreshes the backlog gauges every `interval` until `stop`.
+/// One (destination, topic)'s backlog, as the gauges and the console show it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Pending events due now.
+    pub due: i64,
+    /// Pending events not due yet (retry backoff, leased, or held for their destination).
+    pub backoff: i64,
+    /// Of those, held: their destination is paused or down, or a dead event of their key blocks.
+    pub held: i64,
+    /// Of those, leased by a relay right now (lease mode).
+    pub in_flight: i64,
+    /// Pending events that failed at least once.
+    pub failing: i64,
+    /// Dead-lettered events.
+    pub dead: i64,
+    /// Age of the oldest pending event, in seconds (0 when none).
+    pub lag: f64,
+}
+
+/// Reads the backlog per (destination, topic) with [`BACKLOG`]; rows not yet routed count for
+/// each destination whose topics match (`(unrouted)` when none does).
+pub async fn backlog(
+    pool: &PgPool,
+    table: &OutboxTable,
+    router: &Router,
+    names: &[String],
+) -> Result<std::collections::HashMap<(String, String), Backlog>, sqlx::Error> {
+    type Row = (Option<String>, String, i64, i64, i64, i64, i64, i64, f64);
+    let rows = sqlx::query_as::<_, Row>(&table.render(BACKLOG))
+        .fetch_all(pool)
+        .await?;
+    let mut merged: std::collections::HashMap<(String, String), Backlog> = Default::default();
+    for (destination, topic, due, backoff, held, in_flight, failing, dead, lag) in rows {
+        let destinations = match destination {
+            Some(d) => vec![d],
+            None => {
+                let routed: Vec<String> = router
+                    .by_topic(&topic)
+                    .into_iter()
+                    .filter_map(|i| names.get(i).cloned())
+                    .collect();
+                if routed.is_empty() {
+                    vec!["(unrouted)".into()]
+                } else {
+                    routed
+                }
+            }
+        };
+        for destination in destinations {
+            let e = merged.entry((destination, topic.clone())).or_default();
+            e.due += due;
+            e.backoff += backoff;
+            e.held += held;
+            e.in_flight += in_flight;
+            e.failing += failing;
+            e.dead += dead;
+            e.lag = e.lag.max(lag);
+        }
+    }
+    Ok(merged)
+}
+
+/// Events this process delivered since it started (every destination): the console's
+/// throughput samples are its differences.
+pub static DELIVERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One point of the console's chart.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sample {
+    /// When it was taken.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// The oldest pending event's age, over every destination.
+    pub lag_seconds: f64,
+    /// Pending events (due and waiting), over every destination.
+    pub pending: i64,
+    /// Events this relay delivered per second since the previous sample.
+    pub published_per_second: f64,
+}
+
+/// The last hour of [`Sample`]s, taken by [`refresh_gauges`] at each refresh.
+#[derive(Debug, Default)]
+pub struct Samples {
+    kept: std::sync::Mutex<std::collections::VecDeque<Sample>>,
+}
+
+impl Samples {
+    /// How far back samples are kept.
+    pub const SPAN: Duration = Duration::from_secs(3600);
+
+    /// Adds a sample and forgets those older than [`Samples::SPAN`].
+    pub fn push(&self, sample: Sample) {
+        if let Ok(mut kept) = self.kept.lock() {
+            let horizon = sample.at - chrono::Duration::from_std(Self::SPAN).unwrap_or_default();
+            while kept.front().is_some_and(|s| s.at < horizon) {
+                kept.pop_front();
+            }
+            kept.push_back(sample);
+        }
+    }
+
+    /// The samples kept, oldest first.
+    pub fn all(&self) -> Vec<Sample> {
+        self.kept
+            .lock()
+            .map(|k| k.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Refreshes the backlog gauges every `interval` until `stop`, and adds a [`Sample`] to `samples`
+/// each time.
 pub async fn refresh_gauges(
     pool: PgPool,
     table: OutboxTable,
     router: Router,
     names: Vec<String>,
     interval: Duration,
+    samples: Arc<Samples>,
     stop: CancellationToken,
 ) {
-    let sql = table.render(BACKLOG);
     let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    let mut last = (
+        Instant::now(),
+        DELIVERED.load(std::sync::atomic::Ordering::Relaxed),
+    );
     loop {
-        match sqlx::query_as::<_, (Option<String>, String, i64, i64, i64, f64)>(&sql)
-            .fetch_all(&pool)
-            .await
-        {
-            Ok(rows) => {
-                let mut merged: std::collections::HashMap<(String, String), (i64, i64, i64, f64)> =
-                    Default::default();
-                for (destination, topic, due, backoff, dead, lag) in rows {
-                    let destinations = match destination {
-                        Some(d) => vec![d],
-                        None => {
-                            let routed: Vec<String> = router
-                                .by_topic(&topic)
-                                .into_iter()
-                                .filter_map(|i| names.get(i).cloned())
-                                .collect();
-                            if routed.is_empty() {
-                                vec!["(unrouted)".into()]
-                            } else {
-                                routed
-                            }
-                        }
-                    };
-                    for destination in destinations {
-                        let e = merged.entry((destination, topic.clone())).or_default();
-                        e.0 += due;
-                        e.1 += backoff;
-                        e.2 += dead;
-                        e.3 = e.3.max(lag);
-                    }
-                }
+        match backlog(&pool, &table, &router, &names).await {
+            Ok(mut merged) => {
+                let delivered = DELIVERED.load(std::sync::atomic::Ordering::Relaxed);
+                let elapsed = last.0.elapsed().as_secs_f64();
+                samples.push(Sample {
+                    at: chrono::Utc::now(),
+                    lag_seconds: merged.values().map(|b| b.lag).fold(0.0, f64::max),
+                    pending: merged.values().map(|b| b.due + b.backoff).sum(),
+                    published_per_second: if elapsed > 0.0 {
+                        delivered.saturating_sub(last.1) as f64 / elapsed
+                    } else {
+                        0.0
+                    },
+                });
+                last = (Instant::now(), delivered);
                 // Series that emptied go back to zero rather than keep their last value.
                 for key in known.iter() {
                     merged.entry(key.clone()).or_default();
                 }
-                for ((destination, topic), (due, backoff, dead, lag)) in &merged {
+                for ((destination, topic), b) in &merged {
                     let labels = [
                         ("destination", destination.clone()),
                         ("topic", topic.clone()),
                     ];
-                    metrics::gauge!(PENDING_DUE, &labels).set(*due as f64);
-                    metrics::gauge!(PENDING_BACKOFF, &labels).set(*backoff as f64);
-                    metrics::gauge!(DEAD, &labels).set(*dead as f64);
-                    metrics::gauge!(OLDEST_PENDING_AGE_SECONDS, &labels).set(*lag);
+                    metrics::gauge!(PENDING_DUE, &labels).set(b.due as f64);
+                    metrics::gauge!(PENDING_BACKOFF, &labels).set(b.backoff as f64);
+                    metrics::gauge!(DEAD, &labels).set(b.dead as f64);
+                    metrics::gauge!(OLDEST_PENDING_AGE_SECONDS, &labels).set(b.lag);
                 }
                 known.extend(merged.into_keys());
             }
@@ -277,11 +383,13 @@ struct ServerState {
     relay: Arc<Relay>,
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `stop`.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `stop`, and the operator console
+/// (its page and `/api/…`, see [`crate::admin`]) when given one.
 pub async fn serve(
     addr: SocketAddr,
     handle: PrometheusHandle,
     relay: Arc<Relay>,
+    console: Option<crate::admin::Console>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let app = axum::Router::new()
@@ -296,6 +404,10 @@ pub async fn serve(
             axum::routing::get(readyz_destination),
         )
         .with_state(ServerState { handle, relay });
+    let app = match console {
+        Some(console) => app.merge(crate::admin::router(console)),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })

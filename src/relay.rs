@@ -286,6 +286,16 @@ impl Relay {
         &self.pool
     }
 
+    /// The configuration the relay was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The routing of topics to destinations.
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
     /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each) and no
     /// breaker is open. One line per check; `Err` when any failed.
     pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
@@ -1875,6 +1885,7 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
                 );
             }
         }
+        observe::DELIVERED.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
         for (topic, n) in per_topic {
             metrics::counter!(observe::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
                 .increment(n);

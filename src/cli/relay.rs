@@ -99,25 +99,32 @@ async fn run_relay(
     tokio::spawn(watch_signals(shutdown.clone()));
     if let (Some(addr), Some(handle)) = (config.observability.listen, metrics) {
         let names = config.destinations.iter().map(|d| d.name.clone()).collect();
+        let samples = Arc::new(pgoutbox::observe::Samples::default());
         tokio::spawn(pgoutbox::observe::refresh_gauges(
             relay.pool().clone(),
             config.table.clone(),
             pgoutbox::route::Router::new(&config.destinations),
             names,
             config.observability.gauge_interval,
+            samples.clone(),
             shutdown.clone(),
         ));
+        let console = pgoutbox::admin::Console::new(Arc::clone(&relay), samples, &config.admin);
+        if !addr.ip().is_loopback() && config.admin.read_token.is_none() {
+            warn!(%addr, "the console and its API are readable by anyone who reaches this address: bind observability.listen to 127.0.0.1 or set admin.read_token");
+        }
         // Bind before relaying, so a taken port is an error at start rather than a silent loss.
         let listener_check = std::net::TcpListener::bind(addr)
             .with_context(|| format!("cannot listen on {addr} for metrics and health"))?;
         drop(listener_check);
         let (relay, stop) = (Arc::clone(&relay), shutdown.clone());
         tokio::spawn(async move {
-            if let Err(e) = pgoutbox::observe::serve(addr, handle, relay, stop).await {
+            if let Err(e) = pgoutbox::observe::serve(addr, handle, relay, Some(console), stop).await
+            {
                 warn!(error = %e, "metrics and health endpoint stopped");
             }
         });
-        info!(%addr, "serving /metrics, /healthz and /readyz");
+        info!(%addr, "serving /metrics, /healthz, /readyz and the console (http://{addr}/)");
     }
     let total = relay.run(shutdown).await?;
     info!(

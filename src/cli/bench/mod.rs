@@ -6,6 +6,7 @@
 //! move the numbers, and the cores.
 
 mod baseline;
+mod console;
 mod drain;
 mod history;
 mod migrate;
@@ -58,6 +59,9 @@ enum Scenario {
     /// running, then in delete mode: every minute the claim p99, commit→publish p99, table and
     /// index sizes and dead tuples, to see whether anything grows or slows down over time.
     Soak(soak::Args),
+    /// The operator console's page and API over a large outbox (1,000,000 rows): p50/p99/max per
+    /// call and the indexes each used, before and after VACUUM ANALYZE.
+    Console(console::Args),
     /// drain (null sink, both settle modes, with sql-limit and baseline), steady and history at
     /// reduced sizes: a quick tour.
     Quick,
@@ -88,6 +92,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
         Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
         Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
+        Scenario::Console(a) => console::run(&scratch, &out, a).await,
         Scenario::Quick => quick(&scratch, &out).await,
         Scenario::Produce(_) => Ok(()),
     };

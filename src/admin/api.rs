@@ -1,0 +1,369 @@
+//! The console's JSON handlers: each checks the token, calls the library function the CLI uses,
+//! and answers JSON. Mutations are logged (who cannot be known; what and how many can).
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{redacted_target, ApiError, Console};
+use crate::dead::DeadFilter;
+use crate::inspect::{EventQuery, EventState};
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// One destination's line of the overview.
+#[derive(Debug, Default, Serialize)]
+pub struct DestinationView {
+    name: String,
+    kind: String,
+    target: Option<String>,
+    breaker: String,
+    paused: bool,
+    problem: Option<String>,
+    #[serde(flatten)]
+    counts: Counts,
+}
+
+/// Backlog counts as the console shows them: `backoff` is only the events waiting for a retry
+/// (held and leased ones have their own columns).
+#[derive(Debug, Default, Serialize)]
+struct Counts {
+    due: i64,
+    backoff: i64,
+    held: i64,
+    in_flight: i64,
+    failing: i64,
+    dead: i64,
+    lag_seconds: Option<f64>,
+}
+
+impl Counts {
+    fn add(&mut self, b: &crate::observe::Backlog) {
+        self.due += b.due;
+        self.backoff += (b.backoff - b.held - b.in_flight).max(0);
+        self.held += b.held;
+        self.in_flight += b.in_flight;
+        self.failing += b.failing;
+        self.dead += b.dead;
+        self.lag_seconds = lag(self.lag_seconds.unwrap_or(0.0).max(b.lag));
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Overview {
+    table: String,
+    generated_at: DateTime<Utc>,
+    admin: AdminView,
+    totals: Counts,
+    destinations: Vec<DestinationView>,
+}
+
+#[derive(Debug, Serialize)]
+struct AdminView {
+    mutations_enabled: bool,
+    read_token_required: bool,
+}
+
+fn lag(seconds: f64) -> Option<f64> {
+    (seconds > 0.0).then_some(seconds)
+}
+
+/// `GET /api/v1/overview`: per destination, its breaker and pause state and its backlog (the
+/// same query as the gauges: the pending and dead indexes, not the whole table).
+pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> ApiResult<Overview> {
+    c.authorize(&headers, false)?;
+    let config = c.relay.config();
+    let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
+    let pool = c.relay.pool();
+    let backlog = crate::observe::backlog(pool, &config.table, c.relay.router(), &names)
+        .await
+        .map_err(crate::Error::from)?;
+    let states = crate::destination::read(pool, &config.table).await?;
+    let mut totals = Counts::default();
+    for b in backlog.values() {
+        totals.add(b);
+    }
+    let destinations = config
+        .destinations
+        .iter()
+        .map(|d| {
+            let mut view = DestinationView {
+                name: d.name.clone(),
+                kind: d.sink.kind.clone(),
+                target: redacted_target(&d.sink.settings),
+                breaker: "closed".into(),
+                ..DestinationView::default()
+            };
+            for ((name, _), b) in &backlog {
+                if name == &d.name {
+                    view.counts.add(b);
+                }
+            }
+            if let Some(s) = states.iter().find(|s| s.name == d.name) {
+                view.paused = s.paused_at.is_some();
+                view.breaker = s.breaker.clone();
+                if s.breaker != "closed" {
+                    view.problem = s.last_error.clone();
+                }
+            }
+            view
+        })
+        .collect();
+    Ok(Json(Overview {
+        table: config.table.to_string(),
+        generated_at: Utc::now(),
+        admin: AdminView {
+            mutations_enabled: c.mutations_enabled(),
+            read_token_required: c.read_token.is_some(),
+        },
+        totals,
+        destinations,
+    }))
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct SamplesView {
+    interval_seconds: f64,
+    samples: Vec<crate::observe::Sample>,
+}
+
+/// `GET /api/v1/samples`: this relay's last hour of lag, backlog and throughput samples.
+pub(super) async fn samples(
+    State(c): State<Console>,
+    headers: HeaderMap,
+) -> ApiResult<SamplesView> {
+    c.authorize(&headers, false)?;
+    Ok(Json(SamplesView {
+        interval_seconds: c.relay.config().observability.gauge_interval.as_secs_f64(),
+        samples: c.samples.all(),
+    }))
+}
+
+/// The query string of `GET /api/v1/events`.
+#[derive(Debug, Deserialize)]
+pub(super) struct EventsParams {
+    id: Option<String>,
+    state: Option<EventState>,
+    topic: Option<String>,
+    key: Option<String>,
+    destination: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+fn non_empty(s: Option<String>) -> Option<String> {
+    s.filter(|s| !s.trim().is_empty())
+}
+
+fn timestamp(name: &str, s: Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    non_empty(s)
+        .map(|s| {
+            DateTime::parse_from_rfc3339(s.trim())
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| ApiError::bad_request(format!("{name}: not an RFC 3339 time: {e}")))
+        })
+        .transpose()
+}
+
+fn event_id(s: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(s.trim())
+        .map_err(|_| ApiError::bad_request(format!("{s:?} is not an event id")))
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct EventsPage {
+    events: Vec<crate::inspect::EventRow>,
+    next_cursor: Option<String>,
+}
+
+/// `GET /api/v1/events`: search, newest first, `limit` per page (default 50), `cursor` from the
+/// previous page.
+pub(super) async fn events(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Query(p): Query<EventsParams>,
+) -> ApiResult<EventsPage> {
+    c.authorize(&headers, false)?;
+    let query = EventQuery {
+        id: non_empty(p.id).map(|s| event_id(&s)).transpose()?,
+        state: p.state.unwrap_or_default(),
+        topic: non_empty(p.topic),
+        key: non_empty(p.key),
+        destination: non_empty(p.destination),
+        since: timestamp("since", p.since)?,
+        until: timestamp("until", p.until)?,
+        after: non_empty(p.cursor)
+            .map(|s| {
+                crate::inspect::Cursor::parse(&s)
+                    .ok_or_else(|| ApiError::bad_request("cursor: use the next_cursor of a page"))
+            })
+            .transpose()?,
+        limit: p.limit.unwrap_or(50),
+    };
+    if query.state == EventState::All && query.id.is_none() {
+        return Err(ApiError::bad_request(
+            "state=all is for a lookup by id: search dead, pending or published (each has its index; every state at once would read the whole table)",
+        ));
+    }
+    let page = crate::inspect::search(c.relay.pool(), &c.relay.config().table, &query).await?;
+    Ok(Json(EventsPage {
+        events: page.events,
+        next_cursor: page.next_cursor.map(|s| s.to_string()),
+    }))
+}
+
+/// `GET /api/v1/events/{id}`: the event whole, with its state at each destination.
+pub(super) async fn event(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<crate::inspect::EventDetail> {
+    c.authorize(&headers, false)?;
+    let id = event_id(&id)?;
+    match crate::inspect::show(c.relay.pool(), &c.relay.config().table, id).await? {
+        Some(detail) => Ok(Json(detail)),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no event {id} in the outbox (never written, or delivered and cleaned up)"),
+        )),
+    }
+}
+
+/// The body of the dead-letter calls: which dead events, and whether only to count them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeadBody {
+    #[serde(default)]
+    ids: Option<Vec<Uuid>>,
+    #[serde(default)]
+    topic: Option<String>,
+    #[serde(default)]
+    destination: Option<String>,
+    #[serde(default)]
+    since_seconds: Option<f64>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+impl DeadBody {
+    fn filter(&self) -> Result<DeadFilter, ApiError> {
+        let since = self
+            .since_seconds
+            .map(|s| {
+                std::time::Duration::try_from_secs_f64(s)
+                    .map_err(|_| ApiError::bad_request("since_seconds: a positive number"))
+            })
+            .transpose()?;
+        Ok(DeadFilter {
+            ids: self.ids.clone(),
+            topic: non_empty(self.topic.clone()),
+            destination: non_empty(self.destination.clone()),
+            since,
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Matched {
+    matched: u64,
+    dry_run: bool,
+}
+
+/// `POST /api/v1/dead/retry`: dead events matching the body are due again (or, with `dry_run`,
+/// counted).
+pub(super) async fn dead_retry(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Json(body): Json<DeadBody>,
+) -> ApiResult<Matched> {
+    c.authorize(&headers, true)?;
+    let filter = body.filter()?;
+    let config = c.relay.config();
+    let matched = crate::dead::retry(c.relay.pool(), &config.table, &filter, body.dry_run).await?;
+    if !body.dry_run {
+        tracing::info!(matched, ?filter, "console: dead events retried");
+    }
+    Ok(Json(Matched {
+        matched,
+        dry_run: body.dry_run,
+    }))
+}
+
+/// `POST /api/v1/dead/discard`: dead events matching the body are deleted (or counted).
+pub(super) async fn dead_discard(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Json(body): Json<DeadBody>,
+) -> ApiResult<Matched> {
+    c.authorize(&headers, true)?;
+    let filter = body.filter()?;
+    let config = c.relay.config();
+    let matched =
+        crate::dead::discard(c.relay.pool(), &config.table, &filter, body.dry_run).await?;
+    if !body.dry_run {
+        tracing::info!(matched, ?filter, "console: dead events discarded");
+    }
+    Ok(Json(Matched {
+        matched,
+        dry_run: body.dry_run,
+    }))
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Paused {
+    name: String,
+    paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<u64>,
+}
+
+fn known(c: &Console, name: &str) -> Result<(), ApiError> {
+    if c.relay.has_destination(name) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no destination is named {name:?}"),
+        ))
+    }
+}
+
+/// `POST /api/v1/destinations/{name}/pause`: every relay holds the destination's events.
+pub(super) async fn pause(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Paused> {
+    c.authorize(&headers, true)?;
+    known(&c, &name)?;
+    crate::destination::pause(c.relay.pool(), &c.relay.config().table, &name).await?;
+    tracing::info!(destination = %name, "console: destination paused");
+    Ok(Json(Paused {
+        name,
+        paused: true,
+        released: None,
+    }))
+}
+
+/// `POST /api/v1/destinations/{name}/resume`: the held events are due again.
+pub(super) async fn resume(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Paused> {
+    c.authorize(&headers, true)?;
+    known(&c, &name)?;
+    let released =
+        crate::destination::resume(c.relay.pool(), &c.relay.config().table, &name).await?;
+    tracing::info!(destination = %name, ?released, "console: destination resumed");
+    Ok(Json(Paused {
+        name,
+        paused: false,
+        released: Some(released.unwrap_or(0)),
+    }))
+}

@@ -1,0 +1,223 @@
+//! `bench console`: how fast the console's page and API answer over a large outbox (1,000,000
+//! rows by default: published history, pending and dead events over several topics, keys and
+//! destinations). Each call is made `--requests` times over HTTP against the console served in
+//! this process; p50, p99 and max per call, and which indexes each call used (from
+//! `pg_stat_user_indexes`, read before and after it; "seq scan" when a table was read whole).
+//!
+//! Run twice: right after the load with no statistics (what a server with autovacuum off shows
+//! until someone runs ANALYZE), then after `VACUUM ANALYZE` (what autovacuum, on by default and
+//! tuned on the outbox by its migration, keeps it at).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Output, Row, Scratch};
+
+/// Arguments of `bench console`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Rows in the outbox: 99 % published, 0.5 % pending, 0.5 % dead.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Requests per call measured.
+    #[arg(long, default_value_t = 200)]
+    requests: usize,
+}
+
+const DESTINATIONS: [&str; 3] = ["billing", "crm", "audit"];
+
+pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
+    scratch.fresh_outbox().await?;
+    let dead = (args.rows / 200).max(1);
+    let pending = (args.rows / 200).max(1);
+    let published = args.rows.saturating_sub(dead + pending);
+    // Topics t0..t19, keys k0..k9999, destinations by topic: what a shop's outbox looks like.
+    scratch
+        .generate(
+            "INSERT INTO outbox (topic, key, payload, created_at, published_at, destination, attempts)
+             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g, 'total', g % 997),
+                    now() - interval '1 hour' + g * interval '1 millisecond',
+                    now() - interval '59 minutes' + g * interval '1 millisecond',
+                    (ARRAY['billing','crm','audit'])[1 + g % 3], 1
+             FROM generate_series(1, $1) g",
+            published,
+            200_000,
+            "published",
+            out,
+        )
+        .await?;
+    scratch
+        .generate(
+            "INSERT INTO outbox (topic, key, payload, destination, attempts, last_error, dead_at)
+             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g),
+                    (ARRAY['billing','crm','audit'])[1 + g % 3], 8,
+                    'attempt 8 to billing: HTTP 500 Internal Server Error', now() - (g || ' seconds')::interval
+             FROM generate_series(1, $1) g",
+            dead,
+            200_000,
+            "dead",
+            out,
+        )
+        .await?;
+    scratch
+        .generate(
+            "INSERT INTO outbox (topic, key, payload, next_attempt_at)
+             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g),
+                    now() + interval '1 hour'
+             FROM generate_series(1, $1) g",
+            pending,
+            200_000,
+            "pending",
+            out,
+        )
+        .await?;
+
+    let mut text = String::from("database_url = \"unused\"\n");
+    for d in DESTINATIONS {
+        text.push_str(&format!(
+            "[[destinations]]\nname = \"{d}\"\ntype = \"null\"\ntopics = [\"order.*\"]\n"
+        ));
+    }
+    let config = pgoutbox::config::Config::parse(&text, |_| None)?;
+    // The console gets one connection of its own: its statistics are flushed on demand (below),
+    // so each call's index use is read exactly.
+    let console_pool = crate::cli::connect(&scratch.url, 1).await?;
+    let relay = Arc::new(pgoutbox::relay::Relay::new(console_pool.clone(), &config)?);
+    let admin: pgoutbox::admin::AdminConfig = toml::from_str("token = \"bench\"")?;
+    let console = pgoutbox::admin::Console::new(
+        relay,
+        Arc::new(pgoutbox::observe::Samples::default()),
+        &admin,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
+    });
+
+    let some_dead: String =
+        sqlx::query_scalar("SELECT id::text FROM outbox WHERE dead_at IS NOT NULL LIMIT 1")
+            .fetch_one(&scratch.pool)
+            .await?;
+    let client = reqwest::Client::new();
+    // Keyset pages cost the same at any depth: the second page stands for all of them.
+    let next = |url: String| {
+        let client = client.clone();
+        async move {
+            let page: serde_json::Value = client.get(&url).send().await?.json().await?;
+            let cursor = page["next_cursor"].as_str().unwrap_or_default().to_owned();
+            anyhow::Ok(format!("{url}&cursor={cursor}"))
+        }
+    };
+    let dead_page_2 = next(format!("{base}/api/v1/events?state=dead")).await?;
+    let published_page_2 = next(format!("{base}/api/v1/events?state=published")).await?;
+    let calls: Vec<(&str, String, Option<serde_json::Value>)> = vec![
+        ("page /", format!("{base}/"), None),
+        ("overview", format!("{base}/api/v1/overview"), None),
+        (
+            "dead, first page",
+            format!("{base}/api/v1/events?state=dead"),
+            None,
+        ),
+        (
+            "dead, one topic",
+            format!("{base}/api/v1/events?state=dead&topic=order.t7"),
+            None,
+        ),
+        ("dead, next page", dead_page_2, None),
+        ("published, next page", published_page_2, None),
+        (
+            "published, one topic",
+            format!("{base}/api/v1/events?state=published&topic=order.t3"),
+            None,
+        ),
+        (
+            "pending, one destination",
+            format!("{base}/api/v1/events?state=pending&destination=crm"),
+            None,
+        ),
+        (
+            "one event",
+            format!("{base}/api/v1/events/{some_dead}"),
+            None,
+        ),
+        (
+            "dead retry, dry run by topic",
+            format!("{base}/api/v1/dead/retry"),
+            Some(serde_json::json!({ "topic": "order.t7", "dry_run": true })),
+        ),
+    ];
+    for phase in ["no statistics", "after VACUUM ANALYZE"] {
+        if phase != "no statistics" {
+            sqlx::query("VACUUM ANALYZE outbox")
+                .execute(&scratch.pool)
+                .await?;
+        }
+        for (name, url, body) in &calls {
+            let before = index_use(scratch, &console_pool).await?;
+            let mut times = Vec::with_capacity(args.requests);
+            for _ in 0..args.requests {
+                let started = Instant::now();
+                let req = match body {
+                    Some(b) => client.post(url).bearer_auth("bench").json(b),
+                    None => client.get(url),
+                };
+                let resp = req.send().await?;
+                let status = resp.status();
+                resp.bytes().await?;
+                anyhow::ensure!(status.is_success(), "{name}: HTTP {status}");
+                times.push(started.elapsed());
+            }
+            let after = index_use(scratch, &console_pool).await?;
+            let used: Vec<String> = after
+                .iter()
+                .filter(|(k, v)| before.get(*k).is_some_and(|b| *v > b))
+                .map(|(k, _)| k.clone())
+                .collect();
+            times.sort();
+            let pct = |p: f64| times[((times.len() as f64 * p) as usize).min(times.len() - 1)];
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            out.row(Row {
+                scenario: "console".into(),
+                variant: format!("{name} ({phase})"),
+                value: ms(pct(0.99)),
+                unit: "ms p99",
+                detail: format!(
+                    "p50 {:.1} ms, max {:.1} ms over {} requests, {} rows; used: {}",
+                    ms(pct(0.5)),
+                    ms(times[times.len() - 1]),
+                    times.len(),
+                    args.rows,
+                    if used.is_empty() {
+                        "no table".into()
+                    } else {
+                        used.join(", ")
+                    }
+                ),
+            });
+        }
+    }
+    server.abort();
+    Ok(())
+}
+
+/// Index scans per index and sequential scans per table of the outbox's tables, as counted by
+/// PostgreSQL (`idx_scan`, `seq_scan`), once the console's connection has flushed its counters.
+async fn index_use(
+    scratch: &Scratch,
+    console: &sqlx::PgPool,
+) -> anyhow::Result<std::collections::BTreeMap<String, i64>> {
+    // A backend publishes its counters when idle, at most once a second, unless asked.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(console)
+        .await?;
+    sqlx::query("SELECT 1").execute(console).await?;
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT indexrelname::text, idx_scan FROM pg_stat_user_indexes WHERE relname LIKE 'outbox%'
+         UNION ALL
+         SELECT 'seq scan of ' || relname, seq_scan FROM pg_stat_user_tables WHERE relname LIKE 'outbox%'",
+    )
+    .fetch_all(&scratch.pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}

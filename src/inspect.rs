@@ -1,0 +1,329 @@
+//! Finding events: search the outbox (and the per-destination pairs of split events) by id, topic,
+//! key, destination, state and time, newest first with a cursor; and one event whole, with its
+//! payload, headers and where it stands at each destination. The operator console and its API use
+//! these; the CLI's `dead` commands are the dead-letter subset (see [`crate::dead`]).
+//!
+//! Statements are built from fixed fragments, one per filter given, with the values bound: a
+//! lookup by id uses the primary key, a dead search `{name:dead_idx}`, and the newest-first walk
+//! `{name:seq_idx}` backwards from the cursor, so a page costs its own rows, not the table.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgPool};
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::table::OutboxTable;
+
+/// Where an event stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventState {
+    /// Not yet delivered, not dead.
+    Pending,
+    /// Dead-lettered.
+    #[default]
+    Dead,
+    /// Delivered (kept until retention removes it).
+    Published,
+    /// Any of the above.
+    All,
+}
+
+/// A search. Every field left `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    /// One event.
+    pub id: Option<Uuid>,
+    /// Which state.
+    pub state: EventState,
+    /// Exact topic.
+    pub topic: Option<String>,
+    /// Exact key.
+    pub key: Option<String>,
+    /// Exact destination.
+    pub destination: Option<String>,
+    /// Written at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Written before.
+    pub until: Option<DateTime<Utc>>,
+    /// Where the previous page ended (its `next_cursor`).
+    pub after: Option<Cursor>,
+    /// Page size (1 to 500).
+    pub limit: i64,
+}
+
+/// One event (or one destination's pair of a split event) in a search result.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct EventRow {
+    /// Event id.
+    pub id: Uuid,
+    /// Insert order; pages are cut by it.
+    pub seq: i64,
+    /// Topic.
+    pub topic: String,
+    /// Key.
+    pub key: Option<String>,
+    /// The destination, once routed.
+    pub destination: Option<String>,
+    /// `pending`, `held`, `dead`, `published`, or `split` (the event row of a fanned-out event).
+    pub state: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+    /// When it was delivered.
+    pub published_at: Option<DateTime<Utc>>,
+    /// When it was dead-lettered.
+    pub dead_at: Option<DateTime<Utc>>,
+    /// When it is tried next (pending only).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// A page of results and the cursor of the next one (`None`: this was the last).
+#[derive(Debug, Clone)]
+pub struct EventPage {
+    /// Newest first.
+    pub events: Vec<EventRow>,
+    /// Pass as [`EventQuery::after`] for the next page.
+    pub next_cursor: Option<Cursor>,
+}
+
+/// One event whole: payload, headers and its state at each destination.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventDetail {
+    /// Event id.
+    pub id: Uuid,
+    /// Insert order.
+    pub seq: i64,
+    /// Topic.
+    pub topic: String,
+    /// Key.
+    pub key: Option<String>,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+    /// The payload, as stored.
+    pub payload: serde_json::Value,
+    /// The headers, as stored.
+    pub headers: Option<serde_json::Value>,
+    /// Its row and each pair: attempts, last error, next attempt, per destination.
+    pub deliveries: Vec<EventRow>,
+}
+
+/// State and columns of an outbox row, as [`EventRow`] reads them.
+/// A row with `published_at` and no destination was split into per-destination pairs (fan-out):
+/// `split`, its destinations' states are in the pairs (a pair delivered at once leaves none). A
+/// pending row waiting at 'infinity' is `held` (its destination is paused or down, or a dead
+/// event of its key blocks it); its next attempt is then unknown (NULL).
+const ROW_COLUMNS: &str = "id, seq, topic, key, destination,
+  CASE WHEN dead_at IS NOT NULL THEN 'dead'
+       WHEN published_at IS NOT NULL AND destination IS NULL THEN 'split'
+       WHEN published_at IS NOT NULL THEN 'published'
+       WHEN next_attempt_at = 'infinity' THEN 'held'
+       ELSE 'pending' END AS state,
+  attempts, last_error, created_at, published_at, dead_at,
+  CASE WHEN published_at IS NULL AND dead_at IS NULL AND next_attempt_at <> 'infinity'
+       THEN next_attempt_at END AS next_attempt_at";
+
+/// The same for a pair (the deliveries table has no published pairs: a delivered pair is deleted).
+const PAIR_COLUMNS: &str = "event_id AS id, seq, topic, key, destination,
+  CASE WHEN dead_at IS NOT NULL THEN 'dead' WHEN next_attempt_at = 'infinity' THEN 'held'
+       ELSE 'pending' END AS state,
+  attempts, last_error, created_at, NULL::timestamptz AS published_at, dead_at,
+  CASE WHEN dead_at IS NULL AND next_attempt_at <> 'infinity' THEN next_attempt_at END
+    AS next_attempt_at";
+
+/// Where a page ends: the sort column's value (as PostgreSQL writes it, 'infinity' included) and
+/// the `seq` that breaks ties. Opaque to clients (base64url).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    at: String,
+    seq: i64,
+}
+
+impl Cursor {
+    /// Reads a cursor given out by [`search`]; `None` when it is not one.
+    pub fn parse(text: &str) -> Option<Self> {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text.trim())
+            .ok()?;
+        let raw = String::from_utf8(raw).ok()?;
+        let (at, seq) = raw.rsplit_once('|')?;
+        Some(Self {
+            at: at.to_owned(),
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use base64::Engine as _;
+        f.write_str(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(format!("{}|{}", self.at, self.seq)),
+        )
+    }
+}
+
+/// The order of a state's results, chosen so that an index serves each page without a sort of
+/// the table: dead newest first by `dead_at` (`{name:dead_idx}`), published newest first by
+/// `published_at` (`{name:published_idx}`), pending in the order they are due (`{name:pending_idx}`,
+/// `{name:deliveries_due_idx}`). There is no index on `seq` or `created_at` (each would cost every
+/// insert): "all states" is only for a lookup by id.
+fn order(state: EventState) -> (&'static str, bool) {
+    match state {
+        EventState::Dead => ("dead_at", true),
+        EventState::Published => ("published_at", true),
+        EventState::Pending => ("next_attempt_at", false),
+        EventState::All => ("created_at", true),
+    }
+}
+
+/// EventSearch: one page in the state's order (see [`order`]), at most `limit` (plus one, to know
+/// whether a next page exists).
+pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Result<EventPage> {
+    let limit = q.limit.clamp(1, 500);
+    let (column, descending) = order(q.state);
+    let mut args = PgArguments::default();
+    // (outbox condition, deliveries condition), each with its bound value's placeholder.
+    let mut common: Vec<(String, String)> = Vec::new();
+    let mut n = 0;
+    macro_rules! filter {
+        ($value:expr, $row:expr, $pair:expr) => {
+            if let Some(v) = $value {
+                n += 1;
+                args.add(v).map_err(sqlx::Error::Encode)?;
+                common.push((format!("{} ${n}", $row), format!("{} ${n}", $pair)));
+            }
+        };
+    }
+    filter!(q.id, "id =", "event_id =");
+    filter!(q.topic.as_deref(), "topic =", "topic =");
+    filter!(q.key.as_deref(), "key =", "key =");
+    filter!(q.destination.as_deref(), "destination =", "destination =");
+    filter!(q.since, "created_at >=", "created_at >=");
+    filter!(q.until, "created_at <", "created_at <");
+    if let Some(after) = &q.after {
+        args.add(after.at.as_str()).map_err(sqlx::Error::Encode)?;
+        args.add(after.seq).map_err(sqlx::Error::Encode)?;
+        let (at, seq) = (n + 1, n + 2);
+        n += 2;
+        let (cmp, strict) = if descending { ("<=", "<") } else { (">=", ">") };
+        let past = format!(
+            "{column} {cmp} ${at}::timestamptz AND ({column} {strict} ${at}::timestamptz OR seq {strict} ${seq})"
+        );
+        common.push((past.clone(), past));
+    }
+    n += 1;
+    args.add(limit + 1).map_err(sqlx::Error::Encode)?;
+    let (row_state, pair_state) = match q.state {
+        EventState::Dead => ("dead_at IS NOT NULL", Some("dead_at IS NOT NULL")),
+        EventState::Pending => (
+            "published_at IS NULL AND dead_at IS NULL",
+            Some("dead_at IS NULL"),
+        ),
+        EventState::Published => ("published_at IS NOT NULL AND dead_at IS NULL", None),
+        EventState::All => ("true", Some("true")),
+    };
+    let direction = if descending { "DESC" } else { "ASC" };
+    let sort = format!("{column} AS sort_ts, {column}::text AS sort_at");
+    let rows_where: Vec<&str> = std::iter::once(row_state)
+        .chain(common.iter().map(|(r, _)| r.as_str()))
+        .collect();
+    let mut sql = format!(
+        "(SELECT {ROW_COLUMNS}, {sort} FROM {{outbox}} WHERE {}
+          ORDER BY {column} {direction}, seq {direction} LIMIT ${n})",
+        rows_where.join(" AND ")
+    );
+    // One part is ordered and limited already; two are merged (a UNION takes one ORDER BY).
+    if let Some(pair_state) = pair_state {
+        let pairs_where: Vec<&str> = std::iter::once(pair_state)
+            .chain(common.iter().map(|(_, p)| p.as_str()))
+            .collect();
+        sql.push_str(&format!(
+            "\nUNION ALL\n(SELECT {PAIR_COLUMNS}, {sort} FROM {{qname:deliveries}} WHERE {}
+              ORDER BY {column} {direction}, seq {direction} LIMIT ${n})
+             ORDER BY sort_ts {direction}, seq {direction} LIMIT ${n}",
+            pairs_where.join(" AND ")
+        ));
+    }
+    let mut rows: Vec<(EventRow, String)> = sqlx::query_as_with(&table.render(&sql), args)
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|row: SortedRow| (row.event, row.sort_at))
+        .collect();
+    let next_cursor = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|(e, at)| Cursor {
+            at: at.clone(),
+            seq: e.seq,
+        })
+    } else {
+        None
+    };
+    Ok(EventPage {
+        events: rows.into_iter().map(|(e, _)| e).collect(),
+        next_cursor,
+    })
+}
+
+/// A search result with its sort value, for the cursor.
+#[derive(sqlx::FromRow)]
+struct SortedRow {
+    #[sqlx(flatten)]
+    event: EventRow,
+    sort_at: String,
+}
+
+/// EventShow: the event `id` whole, or `None` when no row has it (delivered and cleaned up, or
+/// never written).
+pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option<EventDetail>> {
+    // Primary key on the outbox; a split event in delete mode has only its pairs left (each holds
+    // a copy of the payload), found by the deliveries' (event_id, destination) key.
+    type Head = (
+        i64,
+        String,
+        Option<String>,
+        DateTime<Utc>,
+        serde_json::Value,
+        Option<serde_json::Value>,
+    );
+    let head: Option<Head> = sqlx::query_as(&table.render(
+        "SELECT seq, topic, key, created_at, payload, headers FROM {outbox} WHERE id = $1
+         UNION ALL
+         (SELECT seq, topic, key, created_at, payload, headers FROM {qname:deliveries}
+          WHERE event_id = $1 LIMIT 1)
+         LIMIT 1",
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let Some((seq, topic, key, created_at, payload, headers)) = head else {
+        return Ok(None);
+    };
+    let deliveries: Vec<EventRow> = sqlx::query_as(&table.render(&format!(
+        "SELECT {ROW_COLUMNS} FROM {{outbox}} WHERE id = $1
+         UNION ALL
+         SELECT {PAIR_COLUMNS} FROM {{qname:deliveries}} WHERE event_id = $1
+         ORDER BY destination NULLS FIRST"
+    )))
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some(EventDetail {
+        id,
+        seq,
+        topic,
+        key,
+        created_at,
+        payload,
+        headers,
+        deliveries,
+    }))
+}

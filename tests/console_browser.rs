@@ -1,0 +1,277 @@
+//! The console in a real browser: headless Chromium driven over WebDriver (chromedriver, which
+//! `.ci/run` installs with Chromium). Load the page, see a dead event, open it, see its markup
+//! payload as text, press retry, confirm, and see it published. With `PGOUTBOX_SCREENSHOTS=1` the
+//! overview and the dead-letter view are saved under `docs/img/` for the README.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use pgoutbox::admin::Console;
+use pgoutbox::observe::Samples;
+use pgoutbox::relay::Relay;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use common::*;
+
+const ADMIN: &str = "br0wser-t0ken";
+
+/// chromedriver on a free port, killed when dropped.
+struct Driver {
+    url: String,
+    child: Child,
+}
+
+impl Driver {
+    fn start() -> Self {
+        let port = common::private::free_port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (apt-get install chromium chromium-driver; .ci/run does)");
+        assert!(
+            common::sinks::wait_port(port, true, Duration::from_secs(30)),
+            "chromedriver did not listen on {port}"
+        );
+        Self {
+            url: format!("http://127.0.0.1:{port}"),
+            child,
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn screenshot(name: &str, png: &[u8]) {
+    let dir = match std::env::var_os("PGOUTBOX_SCREENSHOTS") {
+        Some(_) => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/img"),
+        None => std::env::temp_dir(),
+    };
+    std::fs::write(dir.join(name), png).expect("write screenshot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_a_dead_event_from_the_page() {
+    let db = TestDb::migrated().await;
+    let accept = Arc::new(AtomicBool::new(false));
+    let flag = accept.clone();
+    let rx = Receiver::with(move |_| {
+        if flag.load(Ordering::SeqCst) {
+            Reply::ok()
+        } else {
+            Reply::status(422).body("unknown customer 42")
+        }
+    })
+    .await;
+    let config = format!(
+        "{}\n[[destinations]]\nname = \"audit\"\ntype = \"null\"\ntopics = [\"audit.*\"]\n",
+        webhook_config(
+            &db,
+            &rx.url,
+            "topics = [\"order.*\", \"page.*\"]\nmax_attempts = 1"
+        )
+    );
+    let config = parse_config(&config);
+    let relay = Arc::new(Relay::new(db.pool.clone(), &config).expect("relay"));
+    let stop = CancellationToken::new();
+    let samples = Arc::new(Samples::default());
+    tokio::spawn(pgoutbox::observe::refresh_gauges(
+        db.pool.clone(),
+        config.table.clone(),
+        pgoutbox::route::Router::new(&config.destinations),
+        config.destinations.iter().map(|d| d.name.clone()).collect(),
+        Duration::from_millis(500),
+        samples.clone(),
+        stop.clone(),
+    ));
+    let running = tokio::spawn(relay.clone().run(stop.clone()));
+    let admin: pgoutbox::admin::AdminConfig =
+        toml::from_str(&format!("token = \"{ADMIN}\"")).expect("admin");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let console = Console::new(relay.clone(), samples, &admin);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
+    });
+
+    db.insert_plain(3, "order.created").await;
+    db.insert_plain(40, "audit.logged").await;
+    let marked: String = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, payload, key) VALUES ('page.viewed', $1, 'visitor-7') RETURNING id::text",
+    )
+    .bind(json!({ "html": "<script>alert(1)</script><b>bold?</b>", "path": "/checkout" }))
+    .fetch_one(&db.pool)
+    .await
+    .expect("insert");
+    let dead = wait_for(Duration::from_secs(30), || async {
+        db.count("dead_at IS NOT NULL").await == 4
+    })
+    .await;
+    assert!(dead, "four events dead-lettered");
+    pgoutbox::destination::pause(&db.pool, &config.table, "audit")
+        .await
+        .expect("pause audit");
+    // A few samples for the chart.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let driver = Driver::start();
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,860"]
+        }),
+    );
+    let browser = ClientBuilder::rustls()
+        .expect("rustls")
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .expect("a WebDriver session with headless Chromium");
+    fn wait(b: &fantoccini::Client) -> fantoccini::wait::Wait<'_> {
+        b.wait().at_most(Duration::from_secs(20))
+    }
+
+    // The token lives in the tab's sessionStorage, as the page's token box keeps it.
+    browser.goto(&format!("{base}/")).await.expect("page");
+    browser
+        .execute(
+            "sessionStorage.setItem('pgoutbox-token', arguments[0])",
+            vec![json!(ADMIN)],
+        )
+        .await
+        .expect("token");
+    browser
+        .goto(&format!("{base}/#overview"))
+        .await
+        .expect("page");
+    let row = wait(&browser)
+        .for_element(Locator::Css("#destinations tr[data-destination='hooks']"))
+        .await
+        .expect("the hooks destination in the overview");
+    let text = row.text().await.expect("row text");
+    assert!(text.contains("webhook"), "{text}");
+    let paused = wait(&browser)
+        .for_element(Locator::Css(
+            "#destinations tr[data-destination='audit'] button.resume",
+        ))
+        .await
+        .expect("audit shows as paused, with a resume button");
+    drop(paused);
+    wait(&browser)
+        .for_element(Locator::Css("#chart svg"))
+        .await
+        .expect("the chart");
+    screenshot(
+        "console-overview.png",
+        &browser.screenshot().await.expect("screenshot"),
+    );
+
+    // Dead letters: the event is listed; opened, its payload is text, not markup.
+    browser
+        .find(Locator::Css("#nav-dead"))
+        .await
+        .expect("nav")
+        .click()
+        .await
+        .expect("click");
+    let listed = wait(&browser)
+        .for_element(Locator::Css(&format!("#dead-list tr[data-id='{marked}']")))
+        .await
+        .expect("the dead event is listed");
+    listed.click().await.expect("open it");
+    let payload = wait(&browser)
+        .for_element(Locator::Css("#event-payload"))
+        .await
+        .expect("payload");
+    let shown = wait_for(Duration::from_secs(20), || async {
+        payload
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("<script>alert(1)</script>")
+    })
+    .await;
+    assert!(shown, "the payload's markup is shown as text");
+    let html = payload.html(true).await.expect("inner html");
+    assert!(
+        html.contains("&lt;script&gt;") && !html.contains("<script>"),
+        "escaped, never markup: {html}"
+    );
+    let bolds = browser
+        .find_all(Locator::Css("#event-payload b, #event-payload script"))
+        .await
+        .expect("find");
+    assert!(bolds.is_empty(), "no element came from the payload");
+    let state = browser
+        .find(Locator::Css("#event-state"))
+        .await
+        .expect("state");
+    assert!(state.text().await.expect("state").contains("dead"));
+    screenshot(
+        "console-dead.png",
+        &browser.screenshot().await.expect("screenshot"),
+    );
+
+    // Retry, confirm, and it is delivered.
+    accept.store(true, Ordering::SeqCst);
+    browser
+        .find(Locator::Css("#event-retry"))
+        .await
+        .expect("retry button")
+        .click()
+        .await
+        .expect("click retry");
+    let question = browser.get_alert_text().await.expect("a confirmation");
+    assert!(question.contains(&marked), "{question}");
+    browser.accept_alert().await.expect("confirm");
+    let said = wait_for(Duration::from_secs(20), || async {
+        match browser.find(Locator::Css("#status")).await {
+            Ok(e) => e
+                .text()
+                .await
+                .unwrap_or_default()
+                .contains("retried 1 event"),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(said, "the page says it retried the event");
+    let published = wait_for(Duration::from_secs(30), || async {
+        rx.delivered_ids().contains(&marked)
+    })
+    .await;
+    assert!(published, "the retried event reached the receiver");
+    browser
+        .goto(&format!("{base}/#dead?state=all&id={marked}"))
+        .await
+        .expect("open by id");
+    browser.refresh().await.expect("reload");
+    let published_shown = wait_for(Duration::from_secs(20), || async {
+        match browser.find(Locator::Css("#event-state")).await {
+            Ok(e) => e.text().await.unwrap_or_default().contains("published"),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(published_shown, "the page shows the event published");
+    browser.close().await.expect("close");
+    stop.cancel();
+    let _ = running.await;
+}
