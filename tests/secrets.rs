@@ -25,6 +25,7 @@ const REDIS_PASSWORD: &str = "rpass-2f3a4b5c";
 const MQTT_PASSWORD: &str = "mpass-6d7e8f9a";
 const MQTT_GOOD_PASSWORD: &str = "mgood-0a1b2c3d";
 const KAFKA_PASSWORD: &str = "kpass-1e2f3a4b";
+const ADMIN_TOKEN: &str = "admtok-5a6b7c8d";
 
 /// Every spelling of every secret a leak could take: as written, as a Rust byte list (a
 /// `Debug`-printed buffer, e.g. an AMQP `start-ok` frame) and base64 (a basic-auth header).
@@ -43,6 +44,7 @@ fn forbidden() -> Vec<(String, String)> {
         MQTT_PASSWORD,
         MQTT_GOOD_PASSWORD,
         KAFKA_PASSWORD,
+        ADMIN_TOKEN,
     ]
     .map(str::to_owned)
     .to_vec();
@@ -237,8 +239,14 @@ async fn secrets_reach_no_log_last_error_readyz_or_status() {
     let dir = scratch();
     let text = format!(
         "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\npublish_timeout = \"10s\"\n\
-         [observability]\nlisten = \"127.0.0.1:{listen}\"\n{}",
+         [observability]\nlisten = \"127.0.0.1:{listen}\"\n\
+         [admin]\ntoken = {{ file = {:?} }}\n{}",
         db.url,
+        {
+            let path = dir.path().join("admin-token");
+            std::fs::write(&path, format!("{ADMIN_TOKEN}\n")).expect("token file");
+            path.display().to_string()
+        },
         destinations(dir.path(), &rx.url, closed, mosquitto.port)
     );
     let config = write_config(dir.path(), &text);
@@ -276,6 +284,30 @@ async fn secrets_reach_no_log_last_error_readyz_or_status() {
         config.to_str().expect("utf-8"),
     ]);
     let watched = watch_status(&config).await;
+    // The console: what it shows, and a change made with the token (logged at info).
+    let console = format!("http://127.0.0.1:{listen}");
+    let mut shown = String::new();
+    for path in [
+        "/",
+        "/api/v1/overview",
+        "/api/v1/events?state=pending",
+        "/api/v1/samples",
+    ] {
+        let body = reqwest::get(format!("{console}{path}"))
+            .await
+            .expect("console")
+            .text()
+            .await
+            .expect("console body");
+        shown.push_str(&body);
+    }
+    let paused = reqwest::Client::new()
+        .post(format!("{console}/api/v1/destinations/hook-closed/pause"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("pause")
+        .status();
     signal(&relay, libc::SIGTERM);
     let exit = exit_status(&mut relay, Duration::from_secs(30)).await;
     let relay_log = std::fs::read_to_string(&log_path).expect("read relay log");
@@ -300,6 +332,12 @@ async fn secrets_reach_no_log_last_error_readyz_or_status() {
         &format!("{} {}", status_json.1, status_json.2),
     );
     assert_clean("status --watch", &watched);
+    assert_clean("the console", &shown);
+    assert_eq!(paused, 200, "a change with the admin token from a file");
+    assert!(
+        shown.contains("hook-closed"),
+        "the console answered: {shown}"
+    );
     assert_clean("the relay's output", &relay_log);
 
     // And the test saw what it means to: real failures, each retried (a refused login is
