@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,16 +67,7 @@ async fn dead_events(db: &TestDb, relay: &Relay, n: usize, topic: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_with_tokens_filters_pages_and_dry_runs() {
     let db = TestDb::migrated().await;
-    let accept = Arc::new(AtomicBool::new(false));
-    let flag = accept.clone();
-    let rx = Receiver::with(move |_| {
-        if flag.load(Ordering::SeqCst) {
-            Reply::ok()
-        } else {
-            Reply::status(400).body("no such customer")
-        }
-    })
-    .await;
+    let (rx, accept) = Receiver::refusing(400, "no such customer").await;
     let config = webhook_config(
         &db,
         &rx.url,

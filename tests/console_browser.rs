@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,16 +65,7 @@ fn screenshot(name: &str, png: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_a_dead_event_from_the_page() {
     let db = TestDb::migrated().await;
-    let accept = Arc::new(AtomicBool::new(false));
-    let flag = accept.clone();
-    let rx = Receiver::with(move |_| {
-        if flag.load(Ordering::SeqCst) {
-            Reply::ok()
-        } else {
-            Reply::status(422).body("unknown customer 42")
-        }
-    })
-    .await;
+    let (rx, accept) = Receiver::refusing(422, "unknown customer 42").await;
     let config = format!(
         "{}\n[[destinations]]\nname = \"audit\"\ntype = \"null\"\ntopics = [\"audit.*\"]\n",
         webhook_config(

@@ -274,6 +274,36 @@ pub(super) struct Matched {
     dry_run: bool,
 }
 
+/// What a dead-letter call does to the events it matches.
+#[derive(Debug, Clone, Copy)]
+enum DeadAction {
+    Retry,
+    Discard,
+}
+
+/// Authorizes, runs `action` on the dead events `body` matches (or counts them), logs a real run.
+async fn dead_action(
+    c: &Console,
+    headers: &HeaderMap,
+    body: &DeadBody,
+    action: DeadAction,
+) -> ApiResult<Matched> {
+    c.authorize(headers, true)?;
+    let filter = body.filter()?;
+    let (pool, table) = (c.relay.pool(), &c.relay.config().table);
+    let matched = match action {
+        DeadAction::Retry => crate::dead::retry(pool, table, &filter, body.dry_run).await?,
+        DeadAction::Discard => crate::dead::discard(pool, table, &filter, body.dry_run).await?,
+    };
+    if !body.dry_run {
+        tracing::info!(matched, ?filter, ?action, "console: dead events changed");
+    }
+    Ok(Json(Matched {
+        matched,
+        dry_run: body.dry_run,
+    }))
+}
+
 /// `POST /api/v1/dead/retry`: dead events matching the body are due again (or, with `dry_run`,
 /// counted).
 pub(super) async fn dead_retry(
@@ -281,17 +311,7 @@ pub(super) async fn dead_retry(
     headers: HeaderMap,
     Json(body): Json<DeadBody>,
 ) -> ApiResult<Matched> {
-    c.authorize(&headers, true)?;
-    let filter = body.filter()?;
-    let config = c.relay.config();
-    let matched = crate::dead::retry(c.relay.pool(), &config.table, &filter, body.dry_run).await?;
-    if !body.dry_run {
-        tracing::info!(matched, ?filter, "console: dead events retried");
-    }
-    Ok(Json(Matched {
-        matched,
-        dry_run: body.dry_run,
-    }))
+    dead_action(&c, &headers, &body, DeadAction::Retry).await
 }
 
 /// `POST /api/v1/dead/discard`: dead events matching the body are deleted (or counted).
@@ -300,18 +320,7 @@ pub(super) async fn dead_discard(
     headers: HeaderMap,
     Json(body): Json<DeadBody>,
 ) -> ApiResult<Matched> {
-    c.authorize(&headers, true)?;
-    let filter = body.filter()?;
-    let config = c.relay.config();
-    let matched =
-        crate::dead::discard(c.relay.pool(), &config.table, &filter, body.dry_run).await?;
-    if !body.dry_run {
-        tracing::info!(matched, ?filter, "console: dead events discarded");
-    }
-    Ok(Json(Matched {
-        matched,
-        dry_run: body.dry_run,
-    }))
+    dead_action(&c, &headers, &body, DeadAction::Discard).await
 }
 
 #[derive(Debug, Serialize)]
@@ -333,21 +342,42 @@ fn known(c: &Console, name: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Pauses (`pause = true`) or resumes a destination for every relay; a resume reports how many
+/// held events are due again.
+async fn set_paused(
+    c: &Console,
+    headers: &HeaderMap,
+    name: String,
+    pause: bool,
+) -> ApiResult<Paused> {
+    c.authorize(headers, true)?;
+    known(c, &name)?;
+    let (pool, table) = (c.relay.pool(), &c.relay.config().table);
+    let released = if pause {
+        crate::destination::pause(pool, table, &name).await?;
+        None
+    } else {
+        Some(
+            crate::destination::resume(pool, table, &name)
+                .await?
+                .unwrap_or(0),
+        )
+    };
+    tracing::info!(destination = %name, pause, ?released, "console: destination paused or resumed");
+    Ok(Json(Paused {
+        name,
+        paused: pause,
+        released,
+    }))
+}
+
 /// `POST /api/v1/destinations/{name}/pause`: every relay holds the destination's events.
 pub(super) async fn pause(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<Paused> {
-    c.authorize(&headers, true)?;
-    known(&c, &name)?;
-    crate::destination::pause(c.relay.pool(), &c.relay.config().table, &name).await?;
-    tracing::info!(destination = %name, "console: destination paused");
-    Ok(Json(Paused {
-        name,
-        paused: true,
-        released: None,
-    }))
+    set_paused(&c, &headers, name, true).await
 }
 
 /// `POST /api/v1/destinations/{name}/resume`: the held events are due again.
@@ -356,14 +386,5 @@ pub(super) async fn resume(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<Paused> {
-    c.authorize(&headers, true)?;
-    known(&c, &name)?;
-    let released =
-        crate::destination::resume(c.relay.pool(), &c.relay.config().table, &name).await?;
-    tracing::info!(destination = %name, ?released, "console: destination resumed");
-    Ok(Json(Paused {
-        name,
-        paused: false,
-        released: Some(released.unwrap_or(0)),
-    }))
+    set_paused(&c, &headers, name, false).await
 }

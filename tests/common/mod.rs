@@ -244,6 +244,25 @@ impl Receiver {
         Self::with(|_| Reply::ok()).await
     }
 
+    /// A receiver that refuses every request with `status` and `body` until the returned switch is
+    /// set, then answers 200.
+    pub async fn refusing(
+        status: u16,
+        body: &'static str,
+    ) -> (Self, Arc<std::sync::atomic::AtomicBool>) {
+        let accept = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = accept.clone();
+        let rx = Self::with(move |_| {
+            if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                Reply::ok()
+            } else {
+                Reply::status(status).body(body)
+            }
+        })
+        .await;
+        (rx, accept)
+    }
+
     /// A receiver answering per `behaviour`.
     pub async fn with(behaviour: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> Self {
         Self::on("127.0.0.1:0", behaviour).await
