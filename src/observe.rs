@@ -270,9 +270,26 @@ pub async fn backlog(
     Ok(merged)
 }
 
-/// Events this process delivered since it started (every destination): the console's
-/// throughput samples are its differences.
-pub static DELIVERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Events this process delivered since it started, per destination: the console's throughput
+/// samples are its differences. Counted once per settled batch and destination.
+static DELIVERED: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Counts `n` events delivered to `destination` (see [`DELIVERED`]).
+pub fn count_delivered(destination: &str, n: u64) {
+    if let Ok(mut counts) = DELIVERED.lock() {
+        match counts.get_mut(destination) {
+            Some(c) => *c += n,
+            None => {
+                counts.insert(destination.to_owned(), n);
+            }
+        }
+    }
+}
+
+fn delivered_so_far() -> std::collections::BTreeMap<String, u64> {
+    DELIVERED.lock().map(|c| c.clone()).unwrap_or_default()
+}
 
 /// One point of the console's chart.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -285,6 +302,8 @@ pub struct Sample {
     pub pending: i64,
     /// Events this relay delivered per second since the previous sample.
     pub published_per_second: f64,
+    /// The same per destination.
+    pub per_destination: std::collections::BTreeMap<String, f64>,
 }
 
 /// The last hour of [`Sample`]s, taken by [`refresh_gauges`] at each refresh.
@@ -308,6 +327,11 @@ impl Samples {
         }
     }
 
+    /// The newest sample.
+    pub fn last(&self) -> Option<Sample> {
+        self.kept.lock().ok().and_then(|k| k.back().cloned())
+    }
+
     /// The samples kept, oldest first.
     pub fn all(&self) -> Vec<Sample> {
         self.kept
@@ -329,24 +353,25 @@ pub async fn refresh_gauges(
     stop: CancellationToken,
 ) {
     let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
-    let mut last = (
-        Instant::now(),
-        DELIVERED.load(std::sync::atomic::Ordering::Relaxed),
-    );
+    let mut last = (Instant::now(), delivered_so_far());
     loop {
         match backlog(&pool, &table, &router, &names).await {
             Ok(mut merged) => {
-                let delivered = DELIVERED.load(std::sync::atomic::Ordering::Relaxed);
-                let elapsed = last.0.elapsed().as_secs_f64();
+                let delivered = delivered_so_far();
+                let elapsed = last.0.elapsed().as_secs_f64().max(1e-3);
+                let per_destination: std::collections::BTreeMap<String, f64> = delivered
+                    .iter()
+                    .map(|(d, n)| {
+                        let before = last.1.get(d).copied().unwrap_or(0);
+                        (d.clone(), n.saturating_sub(before) as f64 / elapsed)
+                    })
+                    .collect();
                 samples.push(Sample {
                     at: chrono::Utc::now(),
                     lag_seconds: merged.values().map(|b| b.lag).fold(0.0, f64::max),
                     pending: merged.values().map(|b| b.due + b.backoff).sum(),
-                    published_per_second: if elapsed > 0.0 {
-                        delivered.saturating_sub(last.1) as f64 / elapsed
-                    } else {
-                        0.0
-                    },
+                    published_per_second: per_destination.values().sum(),
+                    per_destination,
                 });
                 last = (Instant::now(), delivered);
                 // Series that emptied go back to zero rather than keep their last value.

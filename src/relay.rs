@@ -1885,7 +1885,7 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
                 );
             }
         }
-        observe::DELIVERED.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        observe::count_delivered(destination, ids.len() as u64);
         for (topic, n) in per_topic {
             metrics::counter!(observe::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
                 .increment(n);

@@ -25,6 +25,8 @@ pub struct DestinationView {
     problem: Option<String>,
     #[serde(flatten)]
     counts: Counts,
+    /// Events per second this relay delivered to it, at the last sample (`None` before one).
+    rate_per_second: Option<f64>,
 }
 
 /// Backlog counts as the console shows them: `backoff` is only the events waiting for a retry
@@ -82,6 +84,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
         .await
         .map_err(crate::Error::from)?;
     let states = crate::destination::read(pool, &config.table).await?;
+    let last = c.samples.last();
     let mut totals = Counts::default();
     for b in backlog.values() {
         totals.add(b);
@@ -95,6 +98,9 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
                 kind: d.sink.kind.clone(),
                 target: redacted_target(&d.sink.settings),
                 breaker: "closed".into(),
+                rate_per_second: last
+                    .as_ref()
+                    .map(|s| s.per_destination.get(&d.name).copied().unwrap_or(0.0)),
                 ..DestinationView::default()
             };
             for ((name, _), b) in &backlog {

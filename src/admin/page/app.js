@@ -178,6 +178,7 @@ const DEST_CELLS = [
   { cls: 'num', value: (d) => d.failing },
   { cls: 'num', value: (d) => [d.name, d.dead], render: ([n, c]) => el('a', { href: deadHref(n) }, String(c)) },
   { cls: 'num', value: (d) => d.lag_seconds, render: fmtLag },
+  { cls: 'num', value: (d) => d.rate_per_second, render: (v) => (v == null ? '–' : `${fmtRate(v)}/s`) },
   { cls: 'problem', value: (d) => d.problem, render: clip },
 ];
 
