@@ -28,6 +28,8 @@ pub struct CleanupOptions {
     pub retention: Duration,
     /// Dead rows older than this are deleted; `None` keeps them.
     pub dead_retention: Option<Duration>,
+    /// Failed-attempt history older than this is deleted.
+    pub attempts_retention: Duration,
     /// Rows looked at per chunk (each chunk is one short statement).
     pub chunk_rows: i64,
     /// Count instead of deleting.
@@ -40,6 +42,7 @@ impl CleanupOptions {
         Self {
             retention: config.retention,
             dead_retention: config.dead_retention,
+            attempts_retention: config.attempts_retention,
             chunk_rows: 5_000,
             dry_run: false,
         }
@@ -53,6 +56,8 @@ pub struct CleanupReport {
     pub deleted_published: u64,
     /// Dead rows deleted.
     pub deleted_dead: u64,
+    /// Failed-attempt history rows deleted (not counted in [`CleanupReport::deleted`]).
+    pub deleted_attempts: u64,
     /// Chunks (statements) run.
     pub batches: u64,
     /// The longest chunk: the longest any cleanup transaction lasted.
@@ -199,8 +204,36 @@ pub async fn run(
             progress(&report);
         }
     }
+    if !options.dry_run {
+        // The attempt history: small rows, chunk after chunk by age (`{name:attempts_at_idx}`).
+        let statement = table.render(DELETE_OLD_ATTEMPTS);
+        loop {
+            let (deleted,): (i64,) = sqlx::query_as(&statement)
+                .bind(options.attempts_retention.as_secs_f64())
+                .bind(options.chunk_rows)
+                .fetch_one(pool)
+                .await?;
+            report.deleted_attempts += deleted as u64;
+            report.batches += 1;
+            if deleted < options.chunk_rows {
+                break;
+            }
+        }
+    }
     Ok(report)
 }
+
+/// CleanupAttempts. One chunk of failed-attempt history older than `$1` seconds, oldest first
+/// (`{name:attempts_at_idx}`); returns how many rows went.
+const DELETE_OLD_ATTEMPTS: &str = "
+WITH gone AS (
+    DELETE FROM {qname:attempts}
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM {qname:attempts}
+        WHERE at < now() - make_interval(secs => $1)
+        ORDER BY at LIMIT $2))
+    RETURNING 1)
+SELECT count(*) FROM gone";
 
 /// Runs OutboxDeleteExpired for `stamp` chunk after chunk, each one short autocommit statement,
 /// until a chunk comes back short: nothing older than the cutoff is left.

@@ -156,6 +156,8 @@ pub struct Config {
     pub retention: Duration,
     /// How long dead rows are kept; `None` keeps them until discarded.
     pub dead_retention: Option<Duration>,
+    /// How long the history of failed attempts is kept (the console's per-event history).
+    pub attempts_retention: Duration,
     /// How often the relay runs cleanup.
     pub cleanup_interval: Duration,
     /// Relay tuning.
@@ -412,6 +414,7 @@ struct RawConfig {
     table: Option<String>,
     retention: Option<String>,
     dead_retention: Option<String>,
+    attempts_retention: Option<String>,
     cleanup_interval: Option<String>,
     #[serde(default)]
     relay: RelayConfig,
@@ -530,6 +533,10 @@ impl Config {
             .filter(|v| *v != "keep")
             .map(|v| parse_duration_key("dead_retention", v))
             .transpose()?;
+        let attempts_retention = parse_duration_key(
+            "attempts_retention",
+            raw.attempts_retention.as_deref().unwrap_or("7d"),
+        )?;
         let cleanup_interval = parse_duration_key(
             "cleanup_interval",
             raw.cleanup_interval.as_deref().unwrap_or("1m"),
@@ -579,6 +586,7 @@ impl Config {
             table: OutboxTable::new(schema, table),
             retention,
             dead_retention,
+            attempts_retention,
             cleanup_interval,
             relay: raw.relay,
             observability: raw.observability,

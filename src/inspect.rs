@@ -111,6 +111,22 @@ pub struct EventDetail {
     pub headers: Option<serde_json::Value>,
     /// Its row and each pair: attempts, last error, next attempt, per destination.
     pub deliveries: Vec<EventRow>,
+    /// Its failed attempts, oldest first, as far back as `attempts_retention` (a delivery
+    /// records none).
+    pub attempts: Vec<Attempt>,
+}
+
+/// One failed attempt of an event at a destination.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Attempt {
+    /// The destination tried.
+    pub destination: Option<String>,
+    /// When the attempt was settled.
+    pub at: DateTime<Utc>,
+    /// What went wrong.
+    pub error: String,
+    /// Whether this attempt dead-lettered the event there.
+    pub dead: bool,
 }
 
 /// State and columns of an outbox row, as [`EventRow`] reads them.
@@ -316,6 +332,14 @@ pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option
     .bind(id)
     .fetch_all(pool)
     .await?;
+    // `{name:attempts_event_idx}`: this event's history, in order.
+    let attempts: Vec<Attempt> = sqlx::query_as(&table.render(
+        "SELECT destination, at, error, dead FROM {qname:attempts} WHERE event_id = $1
+         ORDER BY at, destination LIMIT 1000",
+    ))
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
     Ok(Some(EventDetail {
         id,
         seq,
@@ -325,5 +349,6 @@ pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option
         payload,
         headers,
         deliveries,
+        attempts,
     }))
 }

@@ -502,6 +502,33 @@ pub async fn unbundle(
     }
 }
 
+/// AttemptsLog: records failed attempts (event id, destination, error, dead) for the history, in
+/// the settle's transaction. Nothing is written when nothing failed.
+async fn log_attempts<'a>(
+    table: &OutboxTable,
+    conn: &mut sqlx::PgConnection,
+    failed: impl Iterator<Item = (Uuid, Option<&'a str>, &'a str, bool)>,
+) -> Result<()> {
+    let (mut ids, mut destinations, mut errors, mut dead) = (vec![], vec![], vec![], vec![]);
+    for (id, destination, error, is_dead) in failed {
+        ids.push(id);
+        destinations.push(destination);
+        errors.push(error);
+        dead.push(is_dead);
+    }
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(&table.sql.attempts_log)
+        .bind(ids)
+        .bind(destinations)
+        .bind(errors)
+        .bind(dead)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// One pair's new state in DeliveriesSettle: (event id, destination, kind, error, delay, dead).
 type PairUpdate<'a> = (Uuid, &'a str, &'static str, Option<&'a str>, f64, bool);
 
@@ -565,6 +592,14 @@ pub async fn apply_deliveries(
             .await?
             .rows_affected();
     }
+    log_attempts(
+        table,
+        &mut conn,
+        plan.failed
+            .iter()
+            .map(|f| (f.id, f.destination.as_deref(), f.error.as_str(), f.dead)),
+    )
+    .await?;
     let expected = (ids.len() + settle.len()) as u64;
     Ok(SettleReport {
         rows,
@@ -613,6 +648,13 @@ async fn write(
             .execute(&mut *conn)
             .await?;
         rows += done.rows_affected();
+        log_attempts(
+            table,
+            conn,
+            f.iter()
+                .map(|r| (r.id, r.destination.as_deref(), r.error.as_str(), r.dead)),
+        )
+        .await?;
     }
     if !plan.fanned.is_empty() {
         let p = &plan.pairs;
@@ -640,6 +682,18 @@ async fn write(
             .fetch_one(&mut *conn)
             .await?;
         rows += settled as u64;
+        // Pairs whose first attempt failed (held ones were not tried).
+        log_attempts(
+            table,
+            conn,
+            p.iter()
+                .filter(|r| !r.held && r.attempts > 0)
+                .filter_map(|r| {
+                    let error = r.error.as_deref()?;
+                    Some((r.event_id, Some(r.destination.as_str()), error, r.dead))
+                }),
+        )
+        .await?;
     }
     if !plan.held.is_empty() {
         let h = &plan.held;

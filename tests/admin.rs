@@ -206,6 +206,14 @@ async fn every_endpoint_with_tokens_filters_pages_and_dry_runs() {
     assert_eq!(status, 200, "{event}");
     assert_eq!(event["payload"]["html"], "<script>alert(1)</script>");
     assert_eq!(event["deliveries"][0]["state"], "dead");
+    let history = event["attempts"].as_array().expect("attempt history");
+    assert_eq!(history.len(), 1, "{event}");
+    assert_eq!(history[0]["dead"], true);
+    assert_eq!(history[0]["destination"], "hooks");
+    assert!(history[0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("no such customer"));
     assert!(event["deliveries"][0]["last_error"]
         .as_str()
         .unwrap_or_default()

@@ -259,9 +259,13 @@ async fn dead_letters_can_be_listed_retried_and_discarded() {
         .contains("410"));
     let id = listed[0]["id"].as_str().expect("id").to_owned();
 
-    let (code, out, _) = run(&["dead", "show", &id, "--config", config]);
+    let (code, out, err) = run(&["dead", "show", &id, "--config", config]);
     assert_eq!(code, 0);
     assert!(out.contains("\"payload\"") && out.contains(&id), "{out}");
+    assert!(
+        err.contains("failed attempts (") && err.contains("410") && err.contains("(dead-lettered)"),
+        "the attempt history: {err}"
+    );
 
     // Dry runs change nothing.
     let (_, out, _) = run(&["dead", "retry", "--all", "--dry-run", "--config", config]);

@@ -432,6 +432,7 @@ async fn a_cleanup_waits(db: &TestDb) -> bool {
 /// The cleanup settings of the leader tests: an hour of retention, small chunks.
 fn hour_retention_in_chunks_of_five() -> pgoutbox::cleanup::CleanupOptions {
     pgoutbox::cleanup::CleanupOptions {
+        attempts_retention: Duration::from_secs(7 * 86_400),
         retention: Duration::from_secs(3600),
         dead_retention: None,
         chunk_rows: 5,

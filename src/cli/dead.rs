@@ -26,7 +26,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show one dead event with its payload, headers and last error.
+    /// Show one dead event with its payload, headers and last error (JSON on stdout), and its
+    /// failed attempts (on stderr).
     Show {
         /// Event id.
         id: Uuid,
@@ -125,6 +126,19 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
             // One document per destination that gave up on the event (several after a fan-out).
             for e in &dead {
                 println!("{}", serde_json::to_string_pretty(e)?);
+            }
+            // Its failed attempts, as the console shows them.
+            if let Some(detail) = pgoutbox::inspect::show(&pool, table, *id).await? {
+                eprintln!("failed attempts ({}):", detail.attempts.len());
+                for a in &detail.attempts {
+                    eprintln!(
+                        "  {}  {}  {}{}",
+                        a.at.format("%Y-%m-%d %H:%M:%S%.3f"),
+                        a.destination.as_deref().unwrap_or("-"),
+                        a.error,
+                        if a.dead { "  (dead-lettered)" } else { "" }
+                    );
+                }
             }
         }
         Command::Retry(sel) => {

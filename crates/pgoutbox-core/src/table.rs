@@ -228,6 +228,8 @@ pub struct Queries {
     pub deliveries_expire_held: String,
     /// DeliveriesUnbundle.
     pub deliveries_unbundle: String,
+    /// `AttemptsLog`: failed attempts, for the history.
+    pub attempts_log: String,
     /// `OutboxInsert`: one event.
     pub insert_one: String,
     /// `OutboxInsertMany`: many events in one statement.
@@ -271,11 +273,18 @@ impl Queries {
             deliveries_claim_probe: r(&format!("{DELIVERIES_CLAIM_PROBE}{DELIVERIES_LEASE}")),
             deliveries_expire_held: r(DELIVERIES_EXPIRE_HELD),
             deliveries_unbundle: r(DELIVERIES_UNBUNDLE),
+            attempts_log: r(ATTEMPTS_LOG),
             insert_one: r(INSERT_ONE),
             insert_many: r(INSERT_MANY),
         }
     }
 }
+
+/// AttemptsLog. Appends one row per failed attempt (`$1..$4`: event id, destination, error, dead)
+/// in the settle's transaction: no index is read, two small ones are written.
+const ATTEMPTS_LOG: &str = "
+INSERT INTO {qname:attempts} (event_id, destination, error, dead)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[])";
 
 /// OutboxClaimDue. Range scan of the partial index `{name:pending_idx}` on (next_attempt_at, seq):
 /// published, dead and backing-off rows are not in that range, so the cost does not grow with

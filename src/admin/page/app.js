@@ -209,7 +209,7 @@ function renderOverview(ov) {
   });
   for (const tr of [...tbody.rows]) if (!keep.has(tr)) tr.remove();
   if (!ov.destinations.length) {
-    tbody.append(el('tr', { class: 'empty' }, el('td', { colspan: 16 }, 'no destinations configured')));
+    tbody.append(el('tr', { class: 'empty' }, el('td', { colspan: 15 }, 'no destinations configured')));
   }
 
   for (const td of document.querySelectorAll('#totals td[data-k]')) {
@@ -429,6 +429,12 @@ function renderEvent(ev) {
     el('td', { class: 'num' }, String(d.attempts ?? '')),
     el('td', { class: 'error-full' }, d.last_error || ''),
     deliveryWhen(d))));
+  const attempts = ev.attempts || [];
+  $('#event-attempts').replaceChildren(...(attempts.length ? attempts.map((a) => el('tr', {},
+    el('td', { title: a.at }, fmtTime(a.at)),
+    el('td', {}, a.destination ?? ''),
+    el('td', { class: 'error-full' }, a.dead ? `${a.error} (dead-lettered)` : a.error))) :
+    [el('tr', {}, el('td', { colspan: 3 }, 'none recorded'))]));
   $('#event-headers').textContent = ev.headers == null ? '(none)' : JSON.stringify(ev.headers, null, 2);
   $('#event-payload').textContent = JSON.stringify(ev.payload, null, 2) ?? 'null';
   const dead = states.includes('dead');

@@ -165,7 +165,7 @@ impl Scratch {
     /// Drops and re-creates the outbox table (default name) with pgoutbox's schema.
     pub async fn fresh_outbox(&self) -> anyhow::Result<()> {
         sqlx::raw_sql(
-            "DROP TABLE IF EXISTS outbox, outbox_deliveries, outbox_held_batches, outbox_destinations, pgoutbox_migrations;",
+            "DROP TABLE IF EXISTS outbox, outbox_deliveries, outbox_held_batches, outbox_destinations, outbox_attempts, pgoutbox_migrations;",
         )
             .execute(&self.pool)
             .await?;

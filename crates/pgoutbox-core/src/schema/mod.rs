@@ -58,6 +58,11 @@ const MIGRATIONS: &[Migration] = &[
         "cheaper inserts: cleanup index on published rows only, no seq index, autovacuum settings",
         WRITE_PATH,
     ),
+    Migration::sql(
+        8,
+        "add the attempt history table (failed attempts only)",
+        include_str!("migrations/0008_attempts.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -320,6 +325,7 @@ pub async fn grant_relay(
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:deliveries}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:held_batches}} TO {role};
          GRANT USAGE ON SEQUENCE {{qname:held_batches_id_seq}} TO {role};
+         GRANT SELECT, INSERT, DELETE ON {{qname:attempts}} TO {role};
          GRANT SELECT ON {{schema}}.pgoutbox_migrations TO {role};",
         role = role.quoted(),
         privileges = RELAY_TABLE_PRIVILEGES.join(", ")
