@@ -1,11 +1,12 @@
 //! Finding events: search the outbox (and the per-destination pairs of split events) by id, topic,
-//! key, destination, state and time, newest first with a cursor; and one event whole, with its
-//! payload, headers and where it stands at each destination. The operator console and its API use
-//! these; the CLI's `dead` commands are the dead-letter subset (see [`crate::dead`]).
+//! key, destination, state and time, a page at a time with a cursor; and one event whole, with
+//! its payload, headers, where it stands at each destination and its failed attempts. The
+//! operator console and its API use these; the CLI's `dead` commands are the dead-letter subset
+//! (see [`crate::dead`]).
 //!
-//! Statements are built from fixed fragments, one per filter given, with the values bound: a
-//! lookup by id uses the primary key, a dead search `{name:dead_idx}`, and the newest-first walk
-//! `{name:seq_idx}` backwards from the cursor, so a page costs its own rows, not the table.
+//! Statements are built from fixed fragments, one per filter given, with the values bound. Each
+//! state is walked in the order of its partial index (see [`order`]) from the cursor on, so a page
+//! costs its own rows, not the table; a lookup by id uses the primary key.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -155,8 +155,9 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         }
         for (name, url, body) in &calls {
             let before = index_use(scratch, &console_pool).await?;
-            let mut times = Vec::with_capacity(args.requests);
-            for _ in 0..args.requests {
+            let requests = args.requests.max(1);
+            let mut times = Vec::with_capacity(requests);
+            for _ in 0..requests {
                 let started = Instant::now();
                 let req = match body {
                     Some(b) => client.post(url).bearer_auth("bench").json(b),
