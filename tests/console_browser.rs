@@ -47,6 +47,27 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// A WebDriver session with headless Chromium at 1280×860.
+    async fn session(&self) -> fantoccini::Client {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--window-size=1280,860"]
+            }),
+        );
+        ClientBuilder::rustls()
+            .expect("rustls")
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a WebDriver session with headless Chromium")
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -120,21 +141,7 @@ async fn retry_a_dead_event_from_the_page() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let driver = Driver::start();
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        json!({
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,860"]
-        }),
-    );
-    let browser = ClientBuilder::rustls()
-        .expect("rustls")
-        .capabilities(caps)
-        .connect(&driver.url)
-        .await
-        .expect("a WebDriver session with headless Chromium");
+    let browser = driver.session().await;
     fn wait(b: &fantoccini::Client) -> fantoccini::wait::Wait<'_> {
         b.wait().at_most(Duration::from_secs(20))
     }
@@ -265,4 +272,48 @@ async fn retry_a_dead_event_from_the_page() {
     browser.close().await.expect("close");
     stop.cancel();
     let _ = running.await;
+}
+
+/// With no admin token configured the page says changes are off, and its change buttons are
+/// disabled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_admin_token_the_page_says_changes_are_off() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let config = parse_config(&webhook_config(&db, &rx.url, ""));
+    let relay = Arc::new(Relay::new(db.pool.clone(), &config).expect("relay"));
+    let console = Console::new(
+        relay,
+        Arc::new(Samples::default()),
+        &pgoutbox::admin::AdminConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
+    });
+    let driver = Driver::start();
+    let browser = driver.session().await;
+    browser.goto(&format!("{base}/")).await.expect("page");
+    let notice = browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#mutations-off"))
+        .await
+        .expect("the changes-off notice");
+    let text = notice.text().await.expect("text");
+    assert!(text.contains("admin.token"), "{text}");
+    let pause = browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css(
+            "#destinations tr[data-destination='hooks'] button.pause",
+        ))
+        .await
+        .expect("the pause button");
+    let disabled = pause.prop("disabled").await.expect("disabled property");
+    assert_eq!(disabled.as_deref(), Some("true"), "pause is disabled");
+    browser.close().await.expect("close");
 }
