@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgoutbox::admin::Console;
 use pgoutbox::observe::Samples;
 use pgoutbox::relay::Relay;
 use serde_json::{json, Value};
@@ -20,16 +19,7 @@ const READER: &str = "r3ad-t0ken";
 
 /// Serves the console of an in-process relay on a free port; returns its base URL.
 async fn serve(relay: Arc<Relay>, admin: &str) -> String {
-    let config: pgoutbox::admin::AdminConfig = toml::from_str(admin).expect("admin config");
-    let console = Console::new(relay, Arc::new(Samples::default()), &config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
-    });
-    base
+    serve_console(relay, Arc::new(Samples::default()), admin).await
 }
 
 /// A call: (status, JSON body or Null).

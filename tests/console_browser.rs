@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
-use pgoutbox::admin::Console;
 use pgoutbox::observe::Samples;
 use pgoutbox::relay::Relay;
 use serde_json::json;
@@ -109,16 +108,7 @@ async fn retry_a_dead_event_from_the_page() {
         stop.clone(),
     ));
     let running = tokio::spawn(relay.clone().run(stop.clone()));
-    let admin: pgoutbox::admin::AdminConfig =
-        toml::from_str(&format!("token = \"{ADMIN}\"")).expect("admin");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let console = Console::new(relay.clone(), samples, &admin);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
-    });
+    let base = serve_console(relay.clone(), samples, &format!("token = \"{ADMIN}\"")).await;
 
     db.insert_plain(3, "order.created").await;
     db.insert_plain(40, "audit.logged").await;
@@ -282,18 +272,7 @@ async fn without_an_admin_token_the_page_says_changes_are_off() {
     let rx = Receiver::start().await;
     let config = parse_config(&webhook_config(&db, &rx.url, ""));
     let relay = Arc::new(Relay::new(db.pool.clone(), &config).expect("relay"));
-    let console = Console::new(
-        relay,
-        Arc::new(Samples::default()),
-        &pgoutbox::admin::AdminConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
-    });
+    let base = serve_console(relay, Arc::new(Samples::default()), "").await;
     let driver = Driver::start();
     let browser = driver.session().await;
     browser.goto(&format!("{base}/")).await.expect("page");

@@ -517,3 +517,22 @@ pub fn signal(child: &Child, sig: i32) {
         libc::kill(child.id() as i32, sig);
     }
 }
+
+/// Serves the console of an in-process relay on a free port, charting `samples`, with `admin`
+/// (the `[admin]` table as TOML); returns its base URL.
+pub async fn serve_console(
+    relay: Arc<Relay>,
+    samples: Arc<pgoutbox::observe::Samples>,
+    admin: &str,
+) -> String {
+    let config: pgoutbox::admin::AdminConfig = toml::from_str(admin).expect("admin config");
+    let console = pgoutbox::admin::Console::new(relay, samples, &config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
+    });
+    base
+}
