@@ -1533,15 +1533,27 @@ impl Relay {
     async fn deliveries_loop(&self, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
         let mut pacing = Pacing::new(&self.settings);
+        // Whichever loop meets the outage first says so, and says when it is over.
+        let mut db_down = false;
+        let reachable = |db_down: &mut bool| {
+            if std::mem::take(db_down) {
+                info!("database reachable again, relaying deliveries");
+            }
+        };
         while !shutdown.is_cancelled() {
             let pause = match self.run_deliveries_batch().await {
                 Ok(report) if report.claimed > 0 => {
+                    reachable(&mut db_down);
                     total += report;
                     pacing.busy();
                     continue;
                 }
-                Ok(_) => pacing.idle(),
+                Ok(_) => {
+                    reachable(&mut db_down);
+                    pacing.idle()
+                }
                 Err(e) => {
+                    db_down = true;
                     metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
                     let pause = pacing.failed();
                     warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "deliveries claim or settle failed; retrying");
