@@ -176,13 +176,10 @@ impl KafkaSink {
             .unwrap_or("plaintext")
             .to_ascii_lowercase();
         let encrypted = matches!(protocol.as_str(), "ssl" | "sasl_ssl");
-        if !cfg.tls.is_empty() && !encrypted {
-            return Err(
-                "key `tls`: set, but `properties.\"security.protocol\"` is not \"ssl\" or \"sasl_ssl\""
-                    .into(),
-            );
-        }
-        if let Some(files) = cfg.tls.load()? {
+        if let Some(files) = cfg.tls.load_for(
+            encrypted,
+            "a `properties.\"security.protocol\"` that is not \"ssl\" or \"sasl_ssl\"",
+        )? {
             if let Some(ca) = &files.ca_pem {
                 client_config.set("ssl.ca.pem", String::from_utf8_lossy(ca));
             }

@@ -137,7 +137,7 @@ impl MqttSink {
                 ))
             }
         };
-        let tls = cfg.tls.load_for(secure, "mqtts")?;
+        let tls = cfg.tls.load_for(secure, "a URL that is not mqtts://")?;
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())

@@ -123,10 +123,10 @@ impl RabbitMqSink {
                     secrets::scrub(&e, &cfg.url.0)
                 )
             })?;
-        let tls = match cfg
-            .tls
-            .load_for(uri.scheme == lapin::uri::AMQPScheme::AMQPS, "amqps")?
-        {
+        let tls = match cfg.tls.load_for(
+            uri.scheme == lapin::uri::AMQPScheme::AMQPS,
+            "a URL that is not amqps://",
+        )? {
             None => OwnedTLSConfig::default(),
             Some(files) => OwnedTLSConfig {
                 identity: files.identity.map(|id| OwnedIdentity::PKCS8 {

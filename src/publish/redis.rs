@@ -87,10 +87,10 @@ impl RedisSink {
                 secrets::scrub(&e.to_string(), &cfg.url.0)
             )
         };
-        let client = match cfg
-            .tls
-            .load_for(cfg.url.0.starts_with("rediss://"), "rediss")?
-        {
+        let client = match cfg.tls.load_for(
+            cfg.url.0.starts_with("rediss://"),
+            "a URL that is not rediss://",
+        )? {
             None => redis::Client::open(cfg.url.0.as_str()).map_err(not_a_url)?,
             Some(files) => {
                 let certificates = redis::TlsCertificates {

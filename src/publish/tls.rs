@@ -103,11 +103,12 @@ impl TlsConfig {
         Ok(Some(TlsFiles { ca_pem, identity }))
     }
 
-    /// [`TlsConfig::load`] for a URL whose scheme is `encrypted` or not: a `tls` table on a URL
-    /// without TLS is refused (naming `scheme`, the one that has it) before any file is read.
-    pub fn load_for(&self, encrypted: bool, scheme: &str) -> Result<Option<TlsFiles>, String> {
+    /// [`TlsConfig::load`] for a connection that is `encrypted` or not: a `tls` table where TLS
+    /// is off is refused before any file is read, the error naming what turns it off (`plain`:
+    /// "a URL that is not mqtts://", say).
+    pub fn load_for(&self, encrypted: bool, plain: &str) -> Result<Option<TlsFiles>, String> {
         if !self.is_empty() && !encrypted {
-            return Err(format!("key `tls`: set for a URL that is not {scheme}://"));
+            return Err(format!("key `tls`: set for {plain}"));
         }
         self.load()
     }

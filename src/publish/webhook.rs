@@ -230,7 +230,10 @@ impl WebhookSink {
             &[],
         );
         let mut builder = reqwest::Client::builder();
-        if let Some(files) = cfg.tls.load_for(url.scheme() == "https", "https")? {
+        if let Some(files) = cfg
+            .tls
+            .load_for(url.scheme() == "https", "a URL that is not https://")?
+        {
             builder = builder.use_preconfigured_tls(files.client_config()?);
         }
         let client = builder
