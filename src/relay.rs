@@ -108,10 +108,14 @@ impl Pacing {
     }
 }
 
-/// A claim loop's statement succeeded: if the database was down, say it is back.
-fn db_reachable(worker: usize, db_down: &mut bool) {
+/// A loop's statement succeeded: if the database was down, say it is back. `worker` is the claim
+/// worker, `None` for the deliveries loop (whichever loop met the outage says when it is over).
+fn db_reachable(worker: Option<usize>, db_down: &mut bool) {
     if std::mem::take(db_down) {
-        info!(worker, "database reachable again, relaying");
+        match worker {
+            Some(worker) => info!(worker, "database reachable again, relaying"),
+            None => info!("database reachable again, relaying deliveries"),
+        }
     }
 }
 
@@ -1103,7 +1107,7 @@ impl Relay {
                 let pause = match self.any_due().await {
                     Ok(true) => None,
                     Ok(false) => {
-                        db_reachable(worker, &mut db_down);
+                        db_reachable(Some(worker), &mut db_down);
                         Some(pacing.idle())
                     }
                     Err(e) => Some(self.db_failed(worker, &mut pacing, &mut db_down, &e)),
@@ -1131,7 +1135,7 @@ impl Relay {
             };
             let pause = match result {
                 Ok((report, _)) => {
-                    db_reachable(worker, &mut db_down);
+                    db_reachable(Some(worker), &mut db_down);
                     if report.claimed > 0 {
                         total += report;
                         pacing.busy();
@@ -1533,23 +1537,17 @@ impl Relay {
     async fn deliveries_loop(&self, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
         let mut pacing = Pacing::new(&self.settings);
-        // Whichever loop meets the outage first says so, and says when it is over.
         let mut db_down = false;
-        let reachable = |db_down: &mut bool| {
-            if std::mem::take(db_down) {
-                info!("database reachable again, relaying deliveries");
-            }
-        };
         while !shutdown.is_cancelled() {
             let pause = match self.run_deliveries_batch().await {
                 Ok(report) if report.claimed > 0 => {
-                    reachable(&mut db_down);
+                    db_reachable(None, &mut db_down);
                     total += report;
                     pacing.busy();
                     continue;
                 }
                 Ok(_) => {
-                    reachable(&mut db_down);
+                    db_reachable(None, &mut db_down);
                     pacing.idle()
                 }
                 Err(e) => {
