@@ -13,13 +13,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::relay::Relay;
-use crate::route::Router;
-use crate::table::OutboxTable;
 
 /// Events delivered and settled, by destination and topic.
 pub const PUBLISHED_TOTAL: &str = "pgoutbox_events_published_total";
@@ -230,24 +227,23 @@ pub struct Backlog {
 /// Reads the backlog per (destination, topic) with [`BACKLOG`]; rows not yet routed count for
 /// each destination whose topics match (`(unrouted)` when none does).
 pub async fn backlog(
-    pool: &PgPool,
-    table: &OutboxTable,
-    router: &Router,
-    names: &[String],
+    relay: &Relay,
 ) -> Result<std::collections::HashMap<(String, String), Backlog>, sqlx::Error> {
     type Row = (Option<String>, String, i64, i64, i64, i64, i64, i64, f64);
-    let rows = sqlx::query_as::<_, Row>(&table.render(BACKLOG))
-        .fetch_all(pool)
+    let config = relay.config();
+    let rows = sqlx::query_as::<_, Row>(&config.table.render(BACKLOG))
+        .fetch_all(relay.pool())
         .await?;
     let mut merged: std::collections::HashMap<(String, String), Backlog> = Default::default();
     for (destination, topic, due, backoff, held, in_flight, failing, dead, lag) in rows {
         let destinations = match destination {
             Some(d) => vec![d],
             None => {
-                let routed: Vec<String> = router
+                let routed: Vec<String> = relay
+                    .router()
                     .by_topic(&topic)
                     .into_iter()
-                    .filter_map(|i| names.get(i).cloned())
+                    .filter_map(|i| config.destinations.get(i).map(|d| d.name.clone()))
                     .collect();
                 if routed.is_empty() {
                     vec!["(unrouted)".into()]
@@ -341,13 +337,10 @@ impl Samples {
     }
 }
 
-/// Refreshes the backlog gauges every `interval` until `stop`, and adds a [`Sample`] to `samples`
-/// each time.
+/// Refreshes `relay`'s backlog gauges every `interval` until `stop`, and adds a [`Sample`] to
+/// `samples` each time.
 pub async fn refresh_gauges(
-    pool: PgPool,
-    table: OutboxTable,
-    router: Router,
-    names: Vec<String>,
+    relay: Arc<Relay>,
     interval: Duration,
     samples: Arc<Samples>,
     stop: CancellationToken,
@@ -355,7 +348,7 @@ pub async fn refresh_gauges(
     let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
     let mut last = (Instant::now(), delivered_so_far());
     loop {
-        match backlog(&pool, &table, &router, &names).await {
+        match backlog(&relay).await {
             Ok(mut merged) => {
                 let delivered = delivered_so_far();
                 let elapsed = last.0.elapsed().as_secs_f64().max(1e-3);

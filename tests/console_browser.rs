@@ -99,10 +99,7 @@ async fn retry_a_dead_event_from_the_page() {
     let stop = CancellationToken::new();
     let samples = Arc::new(Samples::default());
     tokio::spawn(pgoutbox::observe::refresh_gauges(
-        db.pool.clone(),
-        config.table.clone(),
-        pgoutbox::route::Router::new(&config.destinations),
-        config.destinations.iter().map(|d| d.name.clone()).collect(),
+        relay.clone(),
         Duration::from_millis(500),
         samples.clone(),
         stop.clone(),

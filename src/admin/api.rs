@@ -78,12 +78,10 @@ fn lag(seconds: f64) -> Option<f64> {
 pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> ApiResult<Overview> {
     c.authorize(&headers, false)?;
     let config = c.relay.config();
-    let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
-    let pool = c.relay.pool();
-    let backlog = crate::observe::backlog(pool, &config.table, c.relay.router(), &names)
+    let backlog = crate::observe::backlog(&c.relay)
         .await
         .map_err(crate::Error::from)?;
-    let states = crate::destination::read(pool, &config.table).await?;
+    let states = crate::destination::read(c.relay.pool(), &config.table).await?;
     let last = c.samples.last();
     let mut totals = Counts::default();
     for b in backlog.values() {

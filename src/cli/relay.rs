@@ -98,13 +98,9 @@ async fn run_relay(
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
     if let (Some(addr), Some(handle)) = (config.observability.listen, metrics) {
-        let names = config.destinations.iter().map(|d| d.name.clone()).collect();
         let samples = Arc::new(pgoutbox::observe::Samples::default());
         tokio::spawn(pgoutbox::observe::refresh_gauges(
-            relay.pool().clone(),
-            config.table.clone(),
-            pgoutbox::route::Router::new(&config.destinations),
-            names,
+            Arc::clone(&relay),
             config.observability.gauge_interval,
             samples.clone(),
             shutdown.clone(),
