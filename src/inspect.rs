@@ -60,7 +60,7 @@ pub struct EventQuery {
 pub struct EventRow {
     /// Event id.
     pub id: Uuid,
-    /// Insert order; pages are cut by it.
+    /// Insert order; breaks ties between equal sort times in a page's order.
     pub seq: i64,
     /// Topic.
     pub topic: String,
@@ -87,7 +87,7 @@ pub struct EventRow {
 /// A page of results and the cursor of the next one (`None`: this was the last).
 #[derive(Debug, Clone)]
 pub struct EventPage {
-    /// Newest first.
+    /// In the state's order (see [`order`]).
     pub events: Vec<EventRow>,
     /// Pass as [`EventQuery::after`] for the next page.
     pub next_cursor: Option<Cursor>,
@@ -192,20 +192,55 @@ impl std::fmt::Display for Cursor {
 /// `published_at` (`{name:published_idx}`), pending in the order they are due (`{name:pending_idx}`,
 /// `{name:deliveries_due_idx}`). There is no index on `seq` or `created_at` (each would cost every
 /// insert): "all states" is only for a lookup by id.
-fn order(state: EventState) -> (&'static str, bool) {
-    match state {
-        EventState::Dead => ("dead_at", true),
-        EventState::Published => ("published_at", true),
-        EventState::Pending => ("next_attempt_at", false),
-        EventState::All => ("created_at", true),
+fn order(state: EventState) -> Order {
+    let (column, descending, rows, pairs) = match state {
+        EventState::Dead => (
+            "dead_at",
+            true,
+            "dead_at IS NOT NULL",
+            Some("dead_at IS NOT NULL"),
+        ),
+        EventState::Published => (
+            "published_at",
+            true,
+            "published_at IS NOT NULL AND dead_at IS NULL",
+            None,
+        ),
+        EventState::Pending => (
+            "next_attempt_at",
+            false,
+            "published_at IS NULL AND dead_at IS NULL",
+            Some("dead_at IS NULL"),
+        ),
+        EventState::All => ("created_at", true, "true", Some("true")),
+    };
+    Order {
+        column,
+        descending,
+        rows,
+        pairs,
     }
+}
+
+/// A state's search: its sort column and direction, and its condition on the outbox rows and on
+/// the pairs (`None`: pairs are never in that state).
+struct Order {
+    column: &'static str,
+    descending: bool,
+    rows: &'static str,
+    pairs: Option<&'static str>,
 }
 
 /// EventSearch: one page in the state's order (see [`order`]), at most `limit` (plus one, to know
 /// whether a next page exists).
 pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Result<EventPage> {
     let limit = q.limit.clamp(1, 500);
-    let (column, descending) = order(q.state);
+    let Order {
+        column,
+        descending,
+        rows: row_state,
+        pairs: pair_state,
+    } = order(q.state);
     let mut args = PgArguments::default();
     // (outbox condition, deliveries condition), each with its bound value's placeholder.
     let mut common: Vec<(String, String)> = Vec::new();
@@ -238,15 +273,6 @@ pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Resul
     }
     n += 1;
     args.add(limit + 1).map_err(sqlx::Error::Encode)?;
-    let (row_state, pair_state) = match q.state {
-        EventState::Dead => ("dead_at IS NOT NULL", Some("dead_at IS NOT NULL")),
-        EventState::Pending => (
-            "published_at IS NULL AND dead_at IS NULL",
-            Some("dead_at IS NULL"),
-        ),
-        EventState::Published => ("published_at IS NOT NULL AND dead_at IS NULL", None),
-        EventState::All => ("true", Some("true")),
-    };
     let direction = if descending { "DESC" } else { "ASC" };
     let sort = format!("{column} AS sort_ts, {column}::text AS sort_at");
     let rows_where: Vec<&str> = std::iter::once(row_state)
