@@ -74,6 +74,17 @@ impl Drop for Driver {
     }
 }
 
+/// Whether the element at `css` comes to show `text` (the page updates it asynchronously).
+async fn shows(browser: &fantoccini::Client, css: &str, text: &str) -> bool {
+    wait_for(Duration::from_secs(20), || async {
+        match browser.find(Locator::Css(css)).await {
+            Ok(e) => e.text().await.unwrap_or_default().contains(text),
+            Err(_) => false,
+        }
+    })
+    .await
+}
+
 fn screenshot(name: &str, png: &[u8]) {
     let dir = match std::env::var_os("PGOUTBOX_SCREENSHOTS") {
         Some(_) => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/img"),
@@ -226,17 +237,7 @@ async fn retry_a_dead_event_from_the_page() {
     let question = browser.get_alert_text().await.expect("a confirmation");
     assert!(question.contains(&marked), "{question}");
     browser.accept_alert().await.expect("confirm");
-    let said = wait_for(Duration::from_secs(20), || async {
-        match browser.find(Locator::Css("#status")).await {
-            Ok(e) => e
-                .text()
-                .await
-                .unwrap_or_default()
-                .contains("retried 1 event"),
-            Err(_) => false,
-        }
-    })
-    .await;
+    let said = shows(&browser, "#status", "retried 1 event").await;
     assert!(said, "the page says it retried the event");
     let published = wait_for(Duration::from_secs(30), || async {
         rx.delivered_ids().contains(&marked)
@@ -248,13 +249,7 @@ async fn retry_a_dead_event_from_the_page() {
         .await
         .expect("open by id");
     browser.refresh().await.expect("reload");
-    let published_shown = wait_for(Duration::from_secs(20), || async {
-        match browser.find(Locator::Css("#event-state")).await {
-            Ok(e) => e.text().await.unwrap_or_default().contains("published"),
-            Err(_) => false,
-        }
-    })
-    .await;
+    let published_shown = shows(&browser, "#event-state", "published").await;
     assert!(published_shown, "the page shows the event published");
     browser.close().await.expect("close");
     stop.cancel();
