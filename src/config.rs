@@ -250,7 +250,7 @@ impl Default for RelayConfig {
         Self {
             batch_size: 500,
             workers: 2,
-            poll_interval: Duration::from_millis(100),
+            poll_interval: Duration::from_millis(25),
             min_poll_interval: Duration::from_millis(1),
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,

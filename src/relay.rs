@@ -61,6 +61,11 @@ const STRAGGLER_PATIENCE: Duration = Duration::from_millis(200);
 /// Longest pause between retries while the database is unreachable.
 const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The deliveries loop's longest idle wait (or `poll_interval` if longer). Its rows are retries
+/// and held pairs, due after a backoff of seconds, so it need not poll as often as the claim loops
+/// that carry fresh events.
+const DELIVERIES_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
 /// How long a claim loop waits before its next claim.
 ///
 /// Busy: at once. The claim is an index range scan that finds nothing quickly, so this costs little
@@ -191,6 +196,12 @@ pub struct Relay {
     unroutable: Outcome,
     /// Names of the destinations with `ordering = "key"`.
     ordered: Vec<String>,
+    /// Held by the one quiet claim worker that polls for due rows; the other quiet workers wait
+    /// on `wake`, so an idle relay costs one poll per `poll_interval` whatever `workers` is.
+    idle_poller: tokio::sync::Mutex<()>,
+    /// Wakes quiet claim workers: the poller found due rows, or a claim found some (more may
+    /// follow, so every worker should claim).
+    wake: tokio::sync::Notify,
 }
 
 impl Relay {
@@ -277,6 +288,8 @@ impl Relay {
                 .filter(|d| d.ordering == Ordering::Key)
                 .map(|d| d.name.clone())
                 .collect(),
+            idle_poller: tokio::sync::Mutex::new(()),
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -1103,7 +1116,22 @@ impl Relay {
         while !shutdown.is_cancelled() {
             // After an empty claim, poll with one cheap statement and claim only once there is
             // something: an idle relay's cost is a few index probes per second, not transactions.
+            // One quiet worker polls; the others wait until it (or a busy worker) wakes them.
             if quiet {
+                let woken = self.wake.notified();
+                let Ok(_poller) = self.idle_poller.try_lock() else {
+                    // Another worker polls. The timeout only matters if it stopped polling
+                    // without waking anyone (it went back to claiming): take its place.
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = woken => {
+                            quiet = false;
+                            pacing.busy();
+                        }
+                        _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                    }
+                    continue;
+                };
                 let pause = match self.any_due().await {
                     Ok(true) => None,
                     Ok(false) => {
@@ -1112,12 +1140,20 @@ impl Relay {
                     }
                     Err(e) => Some(self.db_failed(worker, &mut pacing, &mut db_down, &e)),
                 };
-                if let Some(pause) = pause {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(pause) => {}
+                match pause {
+                    Some(pause) => {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                        continue;
                     }
-                    continue;
+                    None => {
+                        // Rows are due: if another worker's claim takes them first, this
+                        // worker's next wait must still start short, not where the quiet left it.
+                        pacing.busy();
+                        self.wake.notify_waiters();
+                    }
                 }
             }
             let (signal, detached) = tokio::sync::oneshot::channel();
@@ -1140,6 +1176,7 @@ impl Relay {
                         total += report;
                         pacing.busy();
                         quiet = false;
+                        self.wake.notify_waiters();
                         continue;
                     }
                     quiet = true;
@@ -1533,10 +1570,14 @@ impl Relay {
     }
 
     /// Claims due deliveries until shutdown: at once again while there are some, backing off to
-    /// `poll_interval` while there are none, and on database errors.
+    /// [`DELIVERIES_POLL_INTERVAL`] (or `poll_interval`) while there are none, and on database
+    /// errors.
     async fn deliveries_loop(&self, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
-        let mut pacing = Pacing::new(&self.settings);
+        let mut pacing = Pacing {
+            max: self.settings.poll_interval.max(DELIVERIES_POLL_INTERVAL),
+            ..Pacing::new(&self.settings)
+        };
         let mut db_down = false;
         while !shutdown.is_cancelled() {
             let pause = match self.run_deliveries_batch().await {
