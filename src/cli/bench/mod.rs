@@ -83,21 +83,44 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let scratch = Scratch::create(&url).await?;
     let out = Output { json: args.json };
     out.header(&scratch.pool).await?;
-    let result = match &args.scenario {
-        Scenario::Drain(a) => drain::run(&scratch, &out, a, true).await,
-        Scenario::SqlLimit(a) => drain::sql_limit_only(&scratch, &out, a).await,
-        Scenario::Baseline(a) => baseline::run(&scratch, &out, a).await,
-        Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
-        Scenario::History(a) => history::run(&scratch, &out, a).await,
-        Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
-        Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
-        Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
-        Scenario::Console(a) => console::run(&scratch, &out, a).await,
-        Scenario::Quick => quick(&scratch, &out).await,
-        Scenario::Produce(_) => Ok(()),
+    let scenario = async {
+        match &args.scenario {
+            Scenario::Drain(a) => drain::run(&scratch, &out, a, true).await,
+            Scenario::SqlLimit(a) => drain::sql_limit_only(&scratch, &out, a).await,
+            Scenario::Baseline(a) => baseline::run(&scratch, &out, a).await,
+            Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
+            Scenario::History(a) => history::run(&scratch, &out, a).await,
+            Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
+            Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
+            Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
+            Scenario::Console(a) => console::run(&scratch, &out, a).await,
+            Scenario::Quick => quick(&scratch, &out).await,
+            Scenario::Produce(_) => Ok(()),
+        }
+    };
+    // An interrupted bench still stops its relay and producer processes (dropping the scenario
+    // kills them) and drops its scratch database.
+    let result = tokio::select! {
+        result = scenario => result,
+        signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}; the scratch database is dropped")),
     };
     scratch.drop_database().await;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// Resolves on the first SIGINT or SIGTERM with its name (never, if the handlers cannot be set).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 async fn quick(scratch: &Scratch, out: &Output) -> anyhow::Result<()> {

@@ -105,11 +105,16 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         }));
     }
     drop(lines);
+    let orphaned = stop.clone();
     let writer = tokio::task::spawn_blocking(move || {
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         while let Some((id, at)) = rx.blocking_recv() {
-            let _ = writeln!(out, "{id} {at}");
+            // A write fails once the parent is gone (a killed bench): stop producing.
+            if writeln!(out, "{id} {at}").is_err() {
+                orphaned.store(true, Ordering::Relaxed);
+                break;
+            }
         }
         let _ = out.flush();
     });
