@@ -5,16 +5,9 @@
 #
 #   docs/bench/idle-cost.sh            # the default poll_interval
 #   docs/bench/idle-cost.sh 100ms
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-BIN=${BIN:-target/release/pgoutbox}
-PGURL=${PGURL:-postgres://postgres@127.0.0.1}
 DB=pgoutbox_idle
-DIR=$(mktemp -d)
-trap 'rm -rf "$DIR"; psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" 2>/dev/null' EXIT
-psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" 2>/dev/null
-psql -q "$PGURL/postgres" -c "CREATE DATABASE $DB"
-"$BIN" migrate --database-url "$PGURL/$DB" >/dev/null 2>&1
+source "$(dirname "$0")/common.sh"
+fresh_database pgoutbox
 {
   printf 'database_url = "%s"\n' "$PGURL/$DB"
   [ -n "${1:-}" ] && printf '[relay]\npoll_interval = "%s"\n' "$1"

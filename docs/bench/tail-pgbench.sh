@@ -5,18 +5,10 @@
 # as a relay between bursts does. Needs pgbench, python3 and a release build.
 #
 #   docs/bench/tail-pgbench.sh
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-BIN=${BIN:-target/release/pgoutbox}
-PGURL=${PGURL:-postgres://postgres@127.0.0.1}
 IDLE=${IDLE:-3}
 DB=pgoutbox_tail
-DIR=$(mktemp -d)
-trap 'rm -rf "$DIR"; psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" 2>/dev/null' EXIT
-psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" 2>/dev/null
-psql -q "$PGURL/postgres" -c "CREATE DATABASE $DB"
-"$BIN" migrate --database-url "$PGURL/$DB" >/dev/null 2>&1
-echo "INSERT INTO outbox (topic, payload) VALUES ('order.created', '{\"order_id\": 42, \"total\": 19.99}');" > "$DIR/insert.sql"
+source "$(dirname "$0")/common.sh"
+fresh_database pgoutbox
 printf 'database_url = "%s"\nretention = "0s"\n[[destinations]]\nname = "out"\ntype = "stdout"\n' "$PGURL/$DB" > "$DIR/relay.toml"
 ( "$BIN" relay --config "$DIR/relay.toml" 2>/dev/null | python3 docs/bench/tail-reader.py > "$DIR/latency.txt" ) &
 sleep "$IDLE"
