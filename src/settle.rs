@@ -40,6 +40,18 @@ pub struct FailedRow {
     pub dead: bool,
 }
 
+impl FailedRow {
+    /// This failure as a row of the attempt history (see [`log_attempts`]).
+    fn attempt(&self) -> Attempt<'_> {
+        (
+            self.id,
+            self.destination.as_deref(),
+            self.error.as_str(),
+            self.dead,
+        )
+    }
+}
+
 /// One event held for its destination (paused, or breaker open): it waits, no attempt counted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeldRow {
@@ -502,12 +514,15 @@ pub async fn unbundle(
     }
 }
 
-/// AttemptsLog: records failed attempts (event id, destination, error, dead) for the history, in
-/// the settle's transaction. Nothing is written when nothing failed.
+/// One failed attempt for the history: (event id, destination, error, dead-lettered).
+type Attempt<'a> = (Uuid, Option<&'a str>, &'a str, bool);
+
+/// AttemptsLog: records failed attempts for the history, in the settle's transaction. Nothing is
+/// written when nothing failed.
 async fn log_attempts<'a>(
     table: &OutboxTable,
     conn: &mut sqlx::PgConnection,
-    failed: impl Iterator<Item = (Uuid, Option<&'a str>, &'a str, bool)>,
+    failed: impl Iterator<Item = Attempt<'a>>,
 ) -> Result<()> {
     let (mut ids, mut destinations, mut errors, mut dead) = (vec![], vec![], vec![], vec![]);
     for (id, destination, error, is_dead) in failed {
@@ -592,14 +607,7 @@ pub async fn apply_deliveries(
             .await?
             .rows_affected();
     }
-    log_attempts(
-        table,
-        &mut conn,
-        plan.failed
-            .iter()
-            .map(|f| (f.id, f.destination.as_deref(), f.error.as_str(), f.dead)),
-    )
-    .await?;
+    log_attempts(table, &mut conn, plan.failed.iter().map(FailedRow::attempt)).await?;
     let expected = (ids.len() + settle.len()) as u64;
     Ok(SettleReport {
         rows,
@@ -648,13 +656,7 @@ async fn write(
             .execute(&mut *conn)
             .await?;
         rows += done.rows_affected();
-        log_attempts(
-            table,
-            conn,
-            f.iter()
-                .map(|r| (r.id, r.destination.as_deref(), r.error.as_str(), r.dead)),
-        )
-        .await?;
+        log_attempts(table, conn, f.iter().map(FailedRow::attempt)).await?;
     }
     if !plan.fanned.is_empty() {
         let p = &plan.pairs;
