@@ -162,12 +162,76 @@ pub struct Config {
     pub cleanup_interval: Duration,
     /// Relay tuning.
     pub relay: RelayConfig,
+    /// Where the relay takes events from: the table (`poll`, default) or the WAL (`wal`).
+    pub source: Source,
+    /// `[wal]`: the replication slot and publication of `source = "wal"`.
+    pub wal: WalConfig,
     /// Metrics and health endpoints.
     pub observability: ObservabilityConfig,
     /// Who may use the operator console (served on the observability listener).
     pub admin: crate::admin::AdminConfig,
     /// Where events go; an event goes to every destination whose topics (and filter) match.
     pub destinations: Vec<DestinationConfig>,
+}
+
+/// Where the relay takes events from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Claim pending rows from the outbox table (`FOR UPDATE SKIP LOCKED`): works everywhere.
+    #[default]
+    Poll,
+    /// Read inserted rows and `outbox_emit` messages from a logical replication slot, in commit
+    /// order (see [`crate::wal`]).
+    Wal,
+}
+
+/// `[wal]`: logical replication settings, used when `source = "wal"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WalConfig {
+    /// The replication slot (default `pgoutbox_<table>`); `pgoutbox slot create` makes it.
+    pub slot: Option<String>,
+    /// The publication of the outbox table's inserts (default `pgoutbox_<table>`).
+    pub publication: Option<String>,
+    /// How often a quiet relay writes a heartbeat into the WAL, so that its slot moves on when
+    /// the outbox sees no writes (other tables' writes would otherwise pin WAL behind it).
+    #[serde(with = "duration_str")]
+    pub heartbeat_interval: Duration,
+    /// How often the confirmed position is reported to the server.
+    #[serde(with = "duration_str")]
+    pub status_interval: Duration,
+    /// How often a standby relay (the slot is held by another) tries to take the slot over.
+    #[serde(with = "duration_str")]
+    pub standby_retry: Duration,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        Self {
+            slot: None,
+            publication: None,
+            heartbeat_interval: Duration::from_secs(10),
+            status_interval: Duration::from_secs(1),
+            standby_retry: Duration::from_secs(2),
+        }
+    }
+}
+
+impl WalConfig {
+    /// The slot's name: configured, or `pgoutbox_<table>`.
+    pub fn slot_name(&self, table: &OutboxTable) -> String {
+        self.slot
+            .clone()
+            .unwrap_or_else(|| format!("pgoutbox_{}", table.table().as_str()))
+    }
+
+    /// The publication's name: configured, or `pgoutbox_<table>`.
+    pub fn publication_name(&self, table: &OutboxTable) -> String {
+        self.publication
+            .clone()
+            .unwrap_or_else(|| format!("pgoutbox_{}", table.table().as_str()))
+    }
 }
 
 /// How the relay holds claimed rows while it publishes.
@@ -419,6 +483,10 @@ struct RawConfig {
     #[serde(default)]
     relay: RelayConfig,
     #[serde(default)]
+    source: Source,
+    #[serde(default)]
+    wal: WalConfig,
+    #[serde(default)]
     observability: ObservabilityConfig,
     #[serde(default)]
     admin: crate::admin::AdminConfig,
@@ -569,6 +637,43 @@ impl Config {
             ));
         }
 
+        if let Some(v) = env("PGOUTBOX_SOURCE") {
+            raw.source = match v.as_str() {
+                "poll" => Source::Poll,
+                "wal" => Source::Wal,
+                _ => {
+                    return Err(ConfigError::at(
+                        "PGOUTBOX_SOURCE",
+                        format!("must be \"poll\" or \"wal\", not {v:?}"),
+                    ))
+                }
+            };
+        }
+        // Slot and publication names are identifiers: the same rule as table names, so that they
+        // can be quoted safely (and slot names allow only lower case, digits and `_`).
+        for (key, name) in [
+            ("wal.slot", &raw.wal.slot),
+            ("wal.publication", &raw.wal.publication),
+        ] {
+            if let Some(name) = name {
+                Ident::parse(name).map_err(|e| ConfigError::at(key, e.to_string()))?;
+            }
+        }
+        if let Some(slot) = &raw.wal.slot {
+            if slot.chars().any(|c| c.is_ascii_uppercase()) {
+                return Err(ConfigError::at(
+                    "wal.slot",
+                    "a replication slot name may hold only lower-case letters, digits and _",
+                ));
+            }
+        }
+        if raw.wal.heartbeat_interval.is_zero() || raw.wal.status_interval.is_zero() {
+            return Err(ConfigError::at(
+                "wal",
+                "heartbeat_interval and status_interval must be more than zero",
+            ));
+        }
+
         let mut destinations: Vec<DestinationConfig> = Vec::new();
         for (i, table) in raw.destinations.into_iter().enumerate() {
             let dest = parse_destination(i, table)?;
@@ -589,6 +694,8 @@ impl Config {
             attempts_retention,
             cleanup_interval,
             relay: raw.relay,
+            source: raw.source,
+            wal: raw.wal,
             observability: raw.observability,
             admin: raw.admin,
             destinations,

@@ -66,7 +66,7 @@ impl OutboxEvent {
 
 /// Headers come from a jsonb object (JSON `null` counts as none). Anything else, written by hand in
 /// SQL, is an error: the row is dead-lettered with it rather than sent without its headers.
-fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Object(map)) => Ok(map
             .into_iter()

@@ -47,6 +47,7 @@ pub mod route;
 pub mod secrets;
 pub mod settle;
 pub mod status;
+pub mod wal;
 
 // The application side lives in `pgoutbox-core` (what an application links); the relay uses it
 // through the same paths.

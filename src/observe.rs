@@ -54,6 +54,51 @@ pub const DESTINATION_STATE: &str = "pgoutbox_destination_state";
 /// Whether an operator paused the destination (1) or not (0).
 pub const DESTINATION_PAUSED: &str = "pgoutbox_destination_paused";
 
+/// `source = "wal"`: WAL the relay's replication slot holds back (current position − confirmed).
+pub const WAL_SLOT_LAG_BYTES: &str = "pgoutbox_wal_slot_lag_bytes";
+/// `source = "wal"`: bytes left before the slot risks losing WAL (-1: no `max_slot_wal_keep_size`).
+pub const WAL_SLOT_SAFE_WAL_SIZE_BYTES: &str = "pgoutbox_wal_slot_safe_wal_size_bytes";
+/// `source = "wal"`: 1 for the slot's current `wal_status`.
+pub const WAL_SLOT_STATUS: &str = "pgoutbox_wal_slot_status";
+/// `source = "wal"`: 1 while this relay streams the slot, 0 on standby.
+pub const WAL_SLOT_ACTIVE: &str = "pgoutbox_wal_slot_active";
+/// `source = "wal"`: messages with this table's prefix that are not events (skipped).
+pub const WAL_UNDECODABLE_TOTAL: &str = "pgoutbox_wal_undecodable_total";
+
+/// The metrics of `source = "wal"` only (a polling relay has none of them).
+pub const WAL_METRICS: &[(&str, &str, &str, &str)] = &[
+    (
+        WAL_SLOT_LAG_BYTES,
+        "gauge",
+        "",
+        "WAL the replication slot holds back: current WAL position minus the confirmed one",
+    ),
+    (
+        WAL_SLOT_SAFE_WAL_SIZE_BYTES,
+        "gauge",
+        "",
+        "bytes of WAL that can still be written before the slot risks being lost (-1: unbounded)",
+    ),
+    (
+        WAL_SLOT_STATUS,
+        "gauge",
+        "status",
+        "1 for the slot's wal_status: reserved, extended, unreserved, lost (or missing)",
+    ),
+    (
+        WAL_SLOT_ACTIVE,
+        "gauge",
+        "",
+        "1 while this relay streams the slot, 0 while it waits on standby",
+    ),
+    (
+        WAL_UNDECODABLE_TOTAL,
+        "counter",
+        "",
+        "messages with the table's prefix that are not events, skipped",
+    ),
+];
+
 /// Every metric: name, type, labels, meaning (for docs and tests).
 pub const METRICS: &[(&str, &str, &str, &str)] = &[
     (

@@ -24,7 +24,7 @@ use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use crate::claim::{claim_due, ClaimOptions, ClaimedBatch, Hold};
-use crate::config::{Config, OnDead, Ordering, RelayConfig};
+use crate::config::{Config, OnDead, Ordering, RelayConfig, Source};
 use crate::destination::{self, BreakerState, Counted, Gate, Health};
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
@@ -434,6 +434,94 @@ impl Relay {
         Ok(self.process_batch(None).await?.0)
     }
 
+    /// WAL source: publishes and settles one batch read from the slot ([`crate::wal`]).
+    ///
+    /// Routed and published like a claimed batch, within `publish_timeout`; then settled so that
+    /// nothing of it needs the slot again: delivered rows are marked published (or deleted), and
+    /// every (event, destination) that was not delivered (failed, held, unanswered, waiting behind
+    /// its key) becomes a deliveries pair that the deliveries loop retries. `emit()` events have
+    /// no row: the ones that were not delivered everywhere get one first, in the settle's
+    /// transaction, so that their pairs and dead letters have the row the deliveries table and
+    /// the console expect; delivered ones cost no write at all. A database error while settling
+    /// is retried (the batch is not published again) until `shutdown`, when it is returned: the
+    /// batch stays unconfirmed and is read again.
+    pub async fn process_wal_batch(
+        &self,
+        batch: crate::wal::WalBatch,
+        shutdown: &CancellationToken,
+    ) -> Result<BatchReport> {
+        let crate::wal::WalBatch {
+            events,
+            poison,
+            rowless,
+        } = batch;
+        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
+        metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
+        let mut pacing = Pacing::new(&self.settings);
+        let mut items = loop {
+            match self.items(&events).await {
+                Ok(items) => break items,
+                Err(e) if !shutdown.is_cancelled() => {
+                    let pause = pacing.failed();
+                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                    warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "routing a WAL batch failed; retrying");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        items.wal = true;
+        let run = BatchRun::new(&events, &items, &self.destinations, deadline);
+        let aborted = tokio::select! {
+            _ = tokio::time::timeout_at(deadline, self.publish_chains(&run)) => false,
+            _ = self.abort.cancelled() => true,
+        };
+        let outcomes = run.finish(aborted, self.settings.publish_timeout);
+        let delivered_everywhere = |e: usize| {
+            items.spans[e].clone().all(|i| {
+                matches!(
+                    (items.routes[i], &outcomes[i]),
+                    (Route::Send(_), Some(Outcome::Delivered))
+                )
+            })
+        };
+        let (done, unfinished): (Vec<usize>, Vec<usize>) = (0..events.len())
+            .filter(|&e| rowless.contains(&events[e].id))
+            .partition(|&e| delivered_everywhere(e));
+        let no_row: HashSet<Uuid> = done.iter().map(|&e| events[e].id).collect();
+        let materialize: Vec<&OutboxEvent> = unfinished.iter().map(|&e| &events[e]).collect();
+        loop {
+            let attempt = async {
+                let mut tx = self.pool.begin().await?;
+                if !materialize.is_empty() {
+                    settle::materialize(&self.table, &mut tx, &materialize).await?;
+                }
+                self.settle_part(
+                    &events,
+                    &items,
+                    &outcomes,
+                    &|_| true,
+                    (&poison, &[]),
+                    Hold::Transaction(tx),
+                    None,
+                    aborted,
+                    &no_row,
+                )
+                .await
+            };
+            match attempt.await {
+                Ok((report, _)) => return Ok(report),
+                Err(e) if !shutdown.is_cancelled() => {
+                    let pause = pacing.failed();
+                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                    warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "settling a WAL batch failed; retrying the settle");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Where an item for destination `d` goes now: sent, or held while `d` is paused or open.
     fn gate(&self, d: usize) -> Route {
         match self.health[d].gate() {
@@ -567,63 +655,64 @@ impl Relay {
             tokio::pin!(publish);
             loop {
                 tokio::select! {
-                    _ = &mut publish => break false,
-                    _ = self.abort.cancelled() => break true,
-                    _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
-                        let finished = run.finished();
-                        if finished != last_progress.0 {
-                            last_progress = (finished, tokio::time::Instant::now());
-                            continue;
-                        }
-                        let stragglers = run.stragglers();
-                        if stragglers.is_empty()
-                            || stragglers.len() > (events.len() / 20).max(1)
-                            || finished == 0
-                            || last_progress.1.elapsed() < STRAGGLER_PATIENCE
-                        {
-                            continue;
-                        }
-                        // Settle what finished now; the stragglers go on under a lease.
-                        let Some(claim_hold) = hold.take() else {
-                            continue;
-                        };
-                        let token = match &claim_hold {
-                            Hold::Lease(token) => *token,
-                            Hold::Transaction(_) => Uuid::new_v4(),
-                        };
-                        // Settled per event: an event waits for all its items.
-                        let straggling: HashSet<usize> =
-                            stragglers.iter().map(|&i| items.owner[i]).collect();
-                        let snapshot = run.snapshot();
-                        let lease = (
-                            straggling.iter().map(|&e| events[e].id).collect::<Vec<_>>(),
-                            token,
-                            deadline.saturating_duration_since(tokio::time::Instant::now())
-                                + self.settings.publish_timeout,
-                        );
-                        let (report, retried) = self
-                            .settle_part(
-                                &events,
-                                &items,
-                                &snapshot,
-                                &|i| !straggling.contains(&i),
-                                (&poison, &held_back),
-                                claim_hold,
-                                Some(lease),
-                                false,
-                            )
-                            .await?;
-                        debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
-                        early = Some((report, retried, token, straggling));
-                        if let Some(signal) = detach.take() {
-                            let _ = signal.send(());
-                        }
-                        break tokio::select! {
-                            _ = &mut publish => false,
-                            _ = self.abort.cancelled() => true,
-                        };
-                    }
-                }
+                                    _ = &mut publish => break false,
+                                    _ = self.abort.cancelled() => break true,
+                                    _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
+                                        let finished = run.finished();
+                                        if finished != last_progress.0 {
+                                            last_progress = (finished, tokio::time::Instant::now());
+                                            continue;
+                                        }
+                                        let stragglers = run.stragglers();
+                                        if stragglers.is_empty()
+                                            || stragglers.len() > (events.len() / 20).max(1)
+                                            || finished == 0
+                                            || last_progress.1.elapsed() < STRAGGLER_PATIENCE
+                                        {
+                                            continue;
+                                        }
+                                        // Settle what finished now; the stragglers go on under a lease.
+                                        let Some(claim_hold) = hold.take() else {
+                                            continue;
+                                        };
+                                        let token = match &claim_hold {
+                                            Hold::Lease(token) => *token,
+                                            Hold::Transaction(_) => Uuid::new_v4(),
+                                        };
+                                        // Settled per event: an event waits for all its items.
+                                        let straggling: HashSet<usize> =
+                                            stragglers.iter().map(|&i| items.owner[i]).collect();
+                                        let snapshot = run.snapshot();
+                                        let lease = (
+                                            straggling.iter().map(|&e| events[e].id).collect::<Vec<_>>(),
+                                            token,
+                                            deadline.saturating_duration_since(tokio::time::Instant::now())
+                                                + self.settings.publish_timeout,
+                                        );
+                                        let (report, retried) = self
+                                            .settle_part(
+                                                &events,
+                                                &items,
+                                                &snapshot,
+                                                &|i| !straggling.contains(&i),
+                                                (&poison, &held_back),
+                                                claim_hold,
+                                                Some(lease),
+                                                false,
+                                            &HashSet::new(),
+                )
+                                            .await?;
+                                        debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
+                                        early = Some((report, retried, token, straggling));
+                                        if let Some(signal) = detach.take() {
+                                            let _ = signal.send(());
+                                        }
+                                        break tokio::select! {
+                                            _ = &mut publish => false,
+                                            _ = self.abort.cancelled() => true,
+                                        };
+                                    }
+                                }
             }
         };
         let outcomes = run.finish(aborted, self.settings.publish_timeout);
@@ -638,6 +727,7 @@ impl Relay {
                     hold,
                     None,
                     aborted,
+                    &HashSet::new(),
                 )
                 .await
             }
@@ -653,6 +743,7 @@ impl Relay {
                         Hold::Lease(token),
                         None,
                         aborted,
+                        &HashSet::new(),
                     )
                     .await?;
                 report += late;
@@ -677,6 +768,7 @@ impl Relay {
         hold: Hold,
         lease_rest: Option<(Vec<Uuid>, Uuid, Duration)>,
         aborted: bool,
+        rowless: &HashSet<Uuid>,
     ) -> Result<(BatchReport, Vec<Uuid>)> {
         let (poison, held_back) = extra;
         let started = Instant::now();
@@ -691,9 +783,19 @@ impl Relay {
                 continue;
             }
             let span = items.spans[e].clone();
-            if items.is_split(e) {
+            // WAL: anything but a delivery of a routed event goes on as a pair.
+            let wal_split = items.wal
+                && !matches!(
+                    (items.routes[span.start], &outcomes[span.start]),
+                    (Route::Unroutable, _) | (Route::Send(_), Some(Outcome::Delivered))
+                );
+            if items.is_split(e) || wal_split {
                 let mut sends = span.filter(|&i| matches!(items.routes[i], Route::Send(_)));
-                if sends.clone().next().is_some() && sends.all(|i| outcomes[i].is_none()) {
+                // From the WAL nothing is given back: the slot moves past it.
+                if !items.wal
+                    && sends.clone().next().is_some()
+                    && sends.all(|i| outcomes[i].is_none())
+                {
                     // Not one destination answered before the batch's time ran out: as it was.
                     untouched.push(event.id);
                 } else {
@@ -724,6 +826,7 @@ impl Relay {
         // Send, unlike ThreadRng: the batch future crosses threads.
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
         let mut plan = settle::plan(attempted, now, &mut rng);
+        plan.rowless = rowless.clone();
         for (e, d, reason) in held {
             let (event, dest) = (&events[e], &self.destinations[d]);
             match settle::expired_hold(event, &dest.name, &dest.retry, now) {
@@ -841,6 +944,8 @@ impl Relay {
             // Lease mode: the stragglers are leased already, for longer than the batch may last.
             (Some(_), hold @ Hold::Lease(_)) => hold,
         };
+        // WAL: no claim reads the rows, so there are no followers to park.
+        let park = (self.claim.ordered && !items.wal).then_some(self.blocking.as_slice());
         let settled = settle::apply(
             &self.table,
             &self.pool,
@@ -848,7 +953,7 @@ impl Relay {
             &plan,
             self.delete_on_settle,
             &untouched,
-            self.claim.ordered.then_some(self.blocking.as_slice()),
+            park,
         )
         .await?;
         metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
@@ -1046,10 +1151,20 @@ impl Relay {
             })
         };
         let mut workers = tokio::task::JoinSet::new();
-        for worker in 0..self.settings.workers {
-            let relay = Arc::clone(&self);
-            let shutdown = shutdown.clone();
-            workers.spawn(async move { relay.worker(worker, shutdown).await });
+        match self.config.source {
+            Source::Poll => {
+                for worker in 0..self.settings.workers {
+                    let relay = Arc::clone(&self);
+                    let shutdown = shutdown.clone();
+                    workers.spawn(async move { relay.worker(worker, shutdown).await });
+                }
+            }
+            // One reader per slot: the WAL source replaces the claim workers.
+            Source::Wal => {
+                let relay = Arc::clone(&self);
+                let shutdown = shutdown.clone();
+                workers.spawn(async move { crate::wal::run(relay, shutdown).await });
+            }
         }
         {
             let relay = Arc::clone(&self);
@@ -1750,6 +1865,9 @@ struct Items {
     routes: Vec<Route>,
     /// Per event: its items (contiguous).
     spans: Vec<std::ops::Range<usize>>,
+    /// A batch read from the WAL: an event that did not reach a destination is split (its pair
+    /// goes to the deliveries table), never retried on its row, which no claim reads.
+    wal: bool,
 }
 
 impl Items {
@@ -1760,6 +1878,7 @@ impl Items {
             owner: (0..routes.len()).collect(),
             spans: (0..routes.len()).map(|i| i..i + 1).collect(),
             routes,
+            wal: false,
         }
     }
 

@@ -102,6 +102,8 @@ pub struct SettlePlan {
     /// Held pairs of split events written in bulk: one held batch per destination instead of a
     /// row each. Only pairs that need no per-key order.
     pub bundles: Vec<HeldBatch>,
+    /// Delivered events that have no table row (WAL `emit()` messages): counted, never written.
+    pub rowless: std::collections::HashSet<Uuid>,
 }
 
 /// A destination's held pairs of one batch, as one `<table>_held_batches` row.
@@ -440,6 +442,44 @@ pub async fn apply(
     }
 }
 
+/// WAL source: gives `emit()` events that a destination did not take a row, pending, in the
+/// settle's transaction (WalMaterialize), so that the settle can fan them out or dead-letter them
+/// like any row. A row that is already there (the batch read again after a crash) is kept.
+pub async fn materialize(
+    table: &OutboxTable,
+    conn: &mut sqlx::PgConnection,
+    events: &[&OutboxEvent],
+) -> Result<()> {
+    let headers: Vec<String> = events
+        .iter()
+        .map(|e| {
+            serde_json::Value::Object(
+                e.headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                    .collect(),
+            )
+            .to_string()
+        })
+        .collect();
+    let inserted: Vec<Uuid> = sqlx::query_scalar(&table.sql.wal_materialize)
+        .bind(events.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.topic.as_str()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.key.as_deref()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.payload.get()).collect::<Vec<_>>())
+        .bind(headers)
+        .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+    if !inserted.is_empty() {
+        sqlx::query(&table.sql.wal_unmark)
+            .bind(&inserted)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
 async fn park_followers(
     table: &OutboxTable,
     conn: &mut sqlx::PgConnection,
@@ -623,7 +663,17 @@ async fn write(
     token: Option<Uuid>,
 ) -> Result<u64> {
     let mut rows = 0;
+    let with_rows = |ids: &[Uuid]| -> Vec<Uuid> {
+        ids.iter()
+            .filter(|id| !plan.rowless.contains(id))
+            .copied()
+            .collect()
+    };
     for (destination, ids) in &plan.delivered {
+        let ids = &with_rows(ids);
+        if ids.is_empty() {
+            continue;
+        }
         let done = if delete {
             sqlx::query(&table.sql.delete_many)
                 .bind(ids)
@@ -658,7 +708,8 @@ async fn write(
         rows += done.rows_affected();
         log_attempts(table, conn, f.iter().map(FailedRow::attempt)).await?;
     }
-    if !plan.fanned.is_empty() {
+    let fanned = with_rows(&plan.fanned);
+    if !fanned.is_empty() {
         let p = &plan.pairs;
         let statement = if delete {
             &table.sql.deliveries_fan_out_delete
@@ -667,7 +718,7 @@ async fn write(
         };
         let b = &plan.bundles;
         let (settled, _pairs): (i64, i64) = sqlx::query_as(statement)
-            .bind(&plan.fanned)
+            .bind(&fanned)
             .bind(p.iter().map(|r| r.event_id).collect::<Vec<_>>())
             .bind(p.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
             .bind(p.iter().map(|r| r.attempts).collect::<Vec<_>>())

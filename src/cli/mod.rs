@@ -7,6 +7,7 @@ mod demo;
 mod destination;
 mod migrate;
 mod relay;
+mod slot;
 mod status;
 
 use std::path::PathBuf;
@@ -79,6 +80,9 @@ enum Command {
     /// Pause or resume a destination for every relay; list breaker states.
     #[command(subcommand)]
     Destination(destination::Command),
+    /// The logical replication slot of `source = "wal"`: create, drop, status.
+    #[command(subcommand)]
+    Slot(slot::Command),
     /// Delete published rows older than the retention, in short batches.
     Cleanup(cleanup::Args),
     /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history, ordering, migrate.
@@ -128,6 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::run(&cli, args).await,
         Command::Dead(cmd) => dead::run(&cli, cmd).await,
         Command::Destination(cmd) => destination::run(&cli, cmd).await,
+        Command::Slot(cmd) => slot::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use pgoutbox::config::RelayConfig;
+use pgoutbox::config::{RelayConfig, Source};
 use pgoutbox::relay::Relay;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -44,6 +44,16 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
                 "autovacuum is off on this server: the outbox's dead rows and index entries will pile up and claims will slow down; turn autovacuum on or VACUUM the outbox regularly"
             );
         }
+    }
+    if config.source == Source::Wal {
+        if args.once {
+            bail!("--once claims from the table: it works with source = \"poll\" only");
+        }
+        let names = pgoutbox::wal::slot::Names::of(&config.wal, &config.table);
+        // Fails fast on a server or slot that cannot serve; warnings are logged by the source.
+        pgoutbox::wal::slot::ready(&pool, &config.table, &names)
+            .await
+            .context("cannot read events from the WAL (source = \"wal\")")?;
     }
     // The recorder goes first: metrics registered while the relay is built must reach it.
     let metrics = match config.observability.listen {
@@ -91,6 +101,7 @@ async fn run_relay(
         table = %config.table,
         destinations = config.destinations.len(),
         workers,
+        source = ?config.source,
         claim = ?config.relay.claim,
         pool = pool_settings.max_connections,
         "relay started"
@@ -105,6 +116,13 @@ async fn run_relay(
             samples.clone(),
             shutdown.clone(),
         ));
+        if config.source == Source::Wal {
+            tokio::spawn(pgoutbox::wal::refresh_gauges(
+                Arc::clone(&relay),
+                config.observability.gauge_interval,
+                shutdown.clone(),
+            ));
+        }
         let console = pgoutbox::admin::Console::new(Arc::clone(&relay), samples, &config.admin);
         if !addr.ip().is_loopback() && config.admin.read_token.is_none() {
             warn!(%addr, "the console and its API are readable by anyone who reaches this address: bind observability.listen to 127.0.0.1 or set admin.read_token");

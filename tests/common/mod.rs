@@ -4,6 +4,7 @@
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
+pub mod logical;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod private;
@@ -39,15 +40,22 @@ pub struct TestDb {
     pub name: String,
     pub url: String,
     pub pool: PgPool,
+    /// The server it lives on (URL without a database).
+    server: String,
 }
 
 impl TestDb {
     /// An empty database.
     pub async fn empty() -> Self {
+        Self::empty_on(&server_url()).await
+    }
+
+    /// An empty database on another server (a `logical::LogicalPg`).
+    pub async fn empty_on(server: &str) -> Self {
         let name = format!("pgoutbox_t_{}", uuid::Uuid::new_v4().simple());
         let admin = PgPoolOptions::new()
             .max_connections(1)
-            .connect(&format!("{}/postgres", server_url()))
+            .connect(&format!("{server}/postgres"))
             .await
             .expect("connect to the local PostgreSQL (is it running?)");
         admin
@@ -55,18 +63,28 @@ impl TestDb {
             .await
             .expect("create test database");
         admin.close().await;
-        let url = format!("{}/{name}", server_url());
+        let url = format!("{server}/{name}");
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .connect(&url)
             .await
             .expect("connect");
-        Self { name, url, pool }
+        Self {
+            name,
+            url,
+            pool,
+            server: server.to_owned(),
+        }
     }
 
     /// A database with the default outbox table migrated.
     pub async fn migrated() -> Self {
-        let db = Self::empty().await;
+        Self::migrated_on(&server_url()).await
+    }
+
+    /// A database with the default outbox table migrated, on another server.
+    pub async fn migrated_on(server: &str) -> Self {
+        let db = Self::empty_on(server).await;
         pgoutbox::schema::migrate(&db.pool, &OutboxTable::default_table())
             .await
             .expect("migrate");
@@ -99,6 +117,7 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let server = self.server.clone();
         // Async drop is not a thing: drop the database from a short-lived runtime of its own.
         let _ = std::thread::spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
@@ -110,7 +129,7 @@ impl Drop for TestDb {
             rt.block_on(async move {
                 if let Ok(admin) = PgPoolOptions::new()
                     .max_connections(1)
-                    .connect(&format!("{}/postgres", server_url()))
+                    .connect(&format!("{server}/postgres"))
                     .await
                 {
                     let _ = admin

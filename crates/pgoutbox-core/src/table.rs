@@ -90,6 +90,12 @@ impl OutboxTable {
         format!("{}.{}", self.schema.quoted(), self.table.quoted())
     }
 
+    /// The prefix of this table's logical decoding messages (`<table>_emit()`): a relay reading
+    /// the WAL takes only messages with its own table's prefix.
+    pub fn message_prefix(&self) -> String {
+        self.render("{prefix}")
+    }
+
     /// An object name derived from the table's (index, function), quoted and schema-qualified.
     pub fn derived(&self, suffix: &str) -> String {
         format!(
@@ -135,6 +141,8 @@ fn render(template: &str, schema: &Ident, table: &Ident) -> String {
             "outbox" => Some(format!("{}.{}", schema.quoted(), table.quoted())),
             "schema" => Some(schema.quoted()),
             "table" => Some(table.quoted()),
+            // The logical decoding message prefix of `{name}_emit` (see `message_prefix`).
+            "prefix" => Some(format!("pgoutbox:{}.{}", schema.as_str(), table.as_str())),
             p if p.starts_with("name:") => Some(format!("\"{}_{}\"", table.as_str(), &p[5..])),
             p if p.starts_with("qname:") => Some(format!(
                 "{}.\"{}_{}\"",
@@ -208,6 +216,10 @@ pub struct Queries {
     pub destination_pause: String,
     /// DestinationResume.
     pub destination_resume: String,
+    /// WalMaterialize.
+    pub wal_materialize: String,
+    /// WalUnmark.
+    pub wal_unmark: String,
     /// DeliveriesFanOut.
     pub deliveries_fan_out: String,
     /// DeliveriesFanOutDelete.
@@ -263,6 +275,8 @@ impl Queries {
             destination_close: r(DESTINATION_CLOSE),
             destination_pause: r(DESTINATION_PAUSE),
             destination_resume: r(DESTINATION_RESUME),
+            wal_materialize: r(WAL_MATERIALIZE),
+            wal_unmark: r(WAL_UNMARK),
             deliveries_fan_out: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_PUBLISH)),
             deliveries_fan_out_delete: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_DELETE)),
             deliveries_claim: r(&format!("{DELIVERIES_CLAIM}{DELIVERIES_LEASE}")),
@@ -581,6 +595,25 @@ ON CONFLICT (name) DO UPDATE SET paused_at = coalesce(d.paused_at, now()), updat
 /// See DESTINATION_PAUSE.
 const DESTINATION_RESUME: &str = "
 UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name = $1";
+
+/// WalMaterialize. WAL source: rows for `emit()` events a destination did not take, inserted in
+/// the settle's transaction just before the settle fans them out or dead-letters them (the
+/// deliveries table and the console work from rows). Inserted *published*, which the WAL decoder
+/// skips (the insert comes back through the slot), then made pending by WalUnmark: an UPDATE, which
+/// the publication does not publish. Invisible to claims until that transaction commits, by which
+/// time they are settled. In commit order, so that their `seq` (the retry path's per-key order)
+/// follows it. `ON CONFLICT`: a batch read again after a crash keeps the row of its first settle.
+const WAL_MATERIALIZE: &str = "
+INSERT INTO {outbox} (id, topic, key, payload, headers, created_at, published_at)
+SELECT m.id, m.topic, m.key, m.payload::jsonb, m.headers::jsonb, m.created_at, statement_timestamp()
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[])
+     WITH ORDINALITY AS m(id, topic, key, payload, headers, created_at, n)
+ORDER BY m.n
+ON CONFLICT (id) DO NOTHING
+RETURNING id";
+
+/// WalUnmark. See WalMaterialize: primary-key lookups of the rows it just inserted.
+const WAL_UNMARK: &str = "UPDATE {outbox} SET published_at = NULL WHERE id = ANY($1)";
 
 /// DeliveriesFanOut (keep mode) / DeliveriesFanOutDelete (retention 0). Settles split events (an
 /// event with several destinations, or a pair that waits behind its key): the event rows are

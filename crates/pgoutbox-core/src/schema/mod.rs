@@ -63,6 +63,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the attempt history table (failed attempts only)",
         include_str!("migrations/0008_attempts.sql"),
     ),
+    Migration::sql(
+        9,
+        "add the emit() SQL function (events as logical decoding messages, for source = \"wal\")",
+        include_str!("migrations/0009_emit_function.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.

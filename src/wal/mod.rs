@@ -1,0 +1,464 @@
+//! The WAL source (`source = "wal"`): events read from a logical replication slot, in commit
+//! order, instead of claimed from the table.
+//!
+//! A reader streams the slot (`pgoutput` on the outbox table's publication, plus this table's
+//! `emit()` messages) and hands each committed transaction's events to the processor in commit
+//! order. The processor publishes them in batches through the relay's own route → publish →
+//! settle path ([`Relay::process_wal_batch`]): delivered table rows are marked published (or
+//! deleted) in one statement per batch, and every event a destination did not take goes to the
+//! per-destination deliveries table, where the relay's deliveries loop retries it like any split
+//! event. Only then is the slot's confirmed position moved past the batch's last transaction, so a
+//! failing destination never holds the slot, and a crash between publish and settle means the
+//! batch is read again (at least once).
+//!
+//! One relay streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
+//! standby and take over when its session ends. A quiet outbox still lets the slot advance: the
+//! reader confirms the server's position whenever nothing is in flight, and a heartbeat message
+//! keeps the stream moving.
+
+pub mod decode;
+pub mod slot;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwire_replication::{
+    Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::event::OutboxEvent;
+use crate::observe;
+use crate::relay::{BatchReport, Relay};
+use decode::{Decoded, Decoder};
+use slot::Names;
+
+/// Prefix of the heartbeat messages (non-transactional, never an event).
+pub const HEARTBEAT_PREFIX: &str = "pgoutbox-heartbeat";
+
+/// One batch of events read from the slot, in commit order.
+#[derive(Debug, Default)]
+pub struct WalBatch {
+    /// The events, in commit order (and statement order within a transaction).
+    pub events: Vec<OutboxEvent>,
+    /// Outbox rows that cannot be read as events: dead-lettered.
+    pub poison: Vec<(Uuid, String)>,
+    /// Events that have no table row (`emit()` messages).
+    pub rowless: HashSet<Uuid>,
+}
+
+/// What the reader hands the processor, in stream order.
+#[derive(Debug)]
+enum Item {
+    /// Decoded records of a transaction; `commit` is its end position once it is complete (a
+    /// transaction larger than a batch arrives in several parts, only the last with it).
+    Part {
+        records: Vec<(Decoded, bool)>,
+        commit: Option<Lsn>,
+    },
+    /// A position with nothing before it left to deliver (a keepalive or heartbeat outside any
+    /// transaction): confirmed once everything handed over earlier is settled.
+    Idle(Lsn),
+}
+
+/// How the session ended.
+enum End {
+    /// Shutdown: stop.
+    Shutdown,
+    /// Another relay streams the slot: wait, then try again.
+    Standby(String),
+    /// An error: log, wait, reconnect.
+    Failed(String),
+}
+
+/// Runs the WAL source until `shutdown`: one streaming session at a time, reconnecting (or
+/// waiting on standby) when a session ends.
+pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport {
+    let config = relay.config().clone();
+    let names = Names::of(&config.wal, &config.table);
+    let mut total = BatchReport::default();
+    // The last position this relay had settled: a new session starts there, so a reconnect does
+    // not deliver again what was settled but not yet reported to the server.
+    let mut settled = Lsn::ZERO;
+    let mut standby_logged = false;
+    let mut warned = false;
+    let mut pause = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let ready = slot::ready(relay.pool(), &config.table, &names).await;
+        let end = match ready {
+            Ok(warnings) => {
+                if !std::mem::replace(&mut warned, true) {
+                    for w in warnings {
+                        warn!("{w}");
+                    }
+                }
+                session(&relay, &names, &mut settled, &mut total, &shutdown).await
+            }
+            Err(e) => End::Failed(crate::error_chain(&e)),
+        };
+        let wait = match end {
+            End::Shutdown => break,
+            End::Standby(why) => {
+                if !standby_logged {
+                    info!(slot = %names.slot, "standby: {why}; taking over when it is free");
+                    standby_logged = true;
+                }
+                metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(0.0);
+                config.wal.standby_retry
+            }
+            End::Failed(why) => {
+                metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                warn!(slot = %names.slot, error = %why, retry_in_ms = pause.as_millis() as u64, "WAL session ended; reconnecting");
+                metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(0.0);
+                let p = pause;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                p
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    total
+}
+
+/// The replication session's settings, from the database URL and `[wal]`.
+pub fn replication_config(
+    url: &str,
+    names: &Names,
+    status: Duration,
+) -> Result<ReplicationConfig, String> {
+    let url = url::Url::parse(url).map_err(|e| format!("invalid database_url: {e}"))?;
+    let query = |k: &str| {
+        url.query_pairs()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.into_owned())
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let host = query("host")
+        .or_else(|| url.host_str().map(str::to_owned))
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port = query("port")
+        .and_then(|p| p.parse().ok())
+        .or(url.port())
+        .unwrap_or(5432);
+    let user = match url.username() {
+        "" => query("user").unwrap_or_else(|| "postgres".into()),
+        u => decode(u),
+    };
+    let password = url
+        .password()
+        .map(decode)
+        .or_else(|| query("password"))
+        .unwrap_or_default();
+    let database = query("dbname").unwrap_or_else(|| decode(url.path().trim_start_matches('/')));
+    let ca = query("sslrootcert").map(std::path::PathBuf::from);
+    let tls = match query("sslmode").as_deref() {
+        None | Some("prefer") | Some("allow") => TlsConfig {
+            mode: SslMode::Prefer,
+            ..TlsConfig::disabled()
+        },
+        Some("disable") => TlsConfig::disabled(),
+        Some("require") => TlsConfig::require(),
+        Some("verify-ca") => TlsConfig::verify_ca(ca),
+        Some("verify-full") => TlsConfig::verify_full(ca),
+        Some(other) => return Err(format!("unknown sslmode {other:?} in database_url")),
+    };
+    let tls = match (query("sslcert"), query("sslkey")) {
+        (Some(cert), Some(key)) => tls.with_client_cert(cert, key),
+        _ => tls,
+    };
+    Ok(ReplicationConfig::new(
+        host,
+        user,
+        password,
+        database,
+        names.slot.clone(),
+        names.publication.clone(),
+    )
+    .with_port(port)
+    .with_tls(tls)
+    .with_status_interval(status)
+    // Timestamps in the text form the decoder reads, whatever the role's settings.
+    .with_options("-c datestyle=ISO -c timezone=UTC")
+    .with_application_name("pgoutbox-wal"))
+}
+
+/// One streaming session: connect, start at `settled`, relay until it ends.
+async fn session(
+    relay: &Arc<Relay>,
+    names: &Names,
+    settled: &mut Lsn,
+    total: &mut BatchReport,
+    shutdown: &CancellationToken,
+) -> End {
+    let config = relay.config();
+    let url = match config.database_url() {
+        Ok(url) => url.to_owned(),
+        Err(e) => return End::Failed(e.to_string()),
+    };
+    let cfg = match replication_config(&url, names, config.wal.status_interval) {
+        Ok(cfg) => cfg.with_start_lsn(*settled),
+        Err(e) => return End::Failed(e),
+    };
+    let mut client = match ReplicationClient::connect(cfg).await {
+        Ok(client) => client,
+        Err(e) => return ended(&e),
+    };
+    if let Err(e) = client.wait_started().await {
+        return ended(&e);
+    }
+    info!(slot = %names.slot, from = %settled, "streaming the replication slot");
+    metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(1.0);
+
+    let (items_tx, items_rx) = mpsc::channel::<Item>(64);
+    let (confirm_tx, mut confirm_rx) = watch::channel(*settled);
+    let stop = CancellationToken::new();
+    let processor = {
+        let relay = Arc::clone(relay);
+        let stop = stop.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { process(relay, items_rx, confirm_tx, stop, shutdown).await })
+    };
+
+    let mut decoder = Decoder::new(&config.table);
+    let batch_size = config.relay.batch_size;
+    let mut records: Vec<(Decoded, bool)> = Vec::new();
+    let mut in_transaction = false;
+    let end = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break End::Shutdown,
+            changed = confirm_rx.changed() => {
+                if changed.is_err() {
+                    // The processor stopped (shutdown, or it gave up on a batch).
+                    break End::Shutdown;
+                }
+                let lsn = *confirm_rx.borrow_and_update();
+                client.update_applied_lsn(lsn);
+                *settled = lsn.max(*settled);
+            }
+            event = client.recv() => {
+                let event = match event {
+                    Ok(Some(event)) => event,
+                    Ok(None) => break End::Failed("the server ended the replication stream".into()),
+                    Err(e) => break ended(&e),
+                };
+                let item = match event {
+                    ReplicationEvent::Begin { .. } => {
+                        in_transaction = true;
+                        None
+                    }
+                    ReplicationEvent::XLogData { data, .. } => {
+                        match decoder.change(&data) {
+                            Ok(Some(decoded)) => records.push((decoded, false)),
+                            Ok(None) => {}
+                            Err(e) => break End::Failed(e.to_string()),
+                        }
+                        (records.len() >= batch_size).then(|| Item::Part {
+                            records: std::mem::take(&mut records),
+                            commit: None,
+                        })
+                    }
+                    ReplicationEvent::Message { transactional: true, lsn, prefix, content } => {
+                        if let Some(decoded) = decoder.message(&prefix, lsn.as_u64(), &content) {
+                            records.push((decoded, true));
+                        }
+                        (records.len() >= batch_size).then(|| Item::Part {
+                            records: std::mem::take(&mut records),
+                            commit: None,
+                        })
+                    }
+                    ReplicationEvent::Commit { end_lsn, .. } => {
+                        in_transaction = false;
+                        if records.is_empty() {
+                            Some(Item::Idle(end_lsn))
+                        } else {
+                            Some(Item::Part { records: std::mem::take(&mut records), commit: Some(end_lsn) })
+                        }
+                    }
+                    // Outside a transaction the server's position has nothing undelivered
+                    // before it (inside one, it may be past the commit being sent).
+                    ReplicationEvent::KeepAlive { wal_end, .. } if !in_transaction => {
+                        Some(Item::Idle(wal_end))
+                    }
+                    ReplicationEvent::Message { transactional: false, lsn, .. } if !in_transaction => {
+                        Some(Item::Idle(lsn))
+                    }
+                    _ => None,
+                };
+                if let Some(item) = item {
+                    // Backpressure: the stream waits while the processor is behind.
+                    tokio::select! {
+                        sent = items_tx.send(item) => if sent.is_err() { break End::Shutdown },
+                        _ = shutdown.cancelled() => break End::Shutdown,
+                    }
+                }
+            }
+        }
+    };
+    // Let the processor finish its batch (the shutdown grace bounds it), then report the last
+    // settled position before closing the stream: the server would otherwise only learn it at the
+    // next status interval, and a restart would deliver that batch again.
+    drop(items_tx);
+    stop.cancel();
+    match processor.await {
+        Ok(report) => *total += report,
+        Err(e) => warn!(error = %e, "the WAL processor ended abnormally"),
+    }
+    let last = *confirm_rx.borrow();
+    *settled = last.max(*settled);
+    client.update_applied_lsn(*settled);
+    let metrics = client.metrics();
+    let deadline =
+        tokio::time::Instant::now() + config.wal.status_interval + Duration::from_secs(1);
+    while metrics.last_applied_lsn() < *settled
+        && client.is_running()
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+    debug!(slot = %names.slot, confirmed = %settled, "WAL session closed");
+    end
+}
+
+/// A session error: standby when another session holds the slot.
+fn ended(e: &pgwire_replication::PgWireError) -> End {
+    let text = e.to_string();
+    if text.contains("is active for PID") || text.contains("55006") {
+        End::Standby(text)
+    } else {
+        End::Failed(text)
+    }
+}
+
+/// The processor: gathers the reader's items into batches of up to `batch_size` events,
+/// publishes and settles each through the relay, then confirms the last complete transaction.
+/// On `stop` it finishes the batch in hand and returns.
+async fn process(
+    relay: Arc<Relay>,
+    mut items: mpsc::Receiver<Item>,
+    confirm: watch::Sender<Lsn>,
+    stop: CancellationToken,
+    shutdown: CancellationToken,
+) -> BatchReport {
+    let config = relay.config().clone();
+    let batch_size = config.relay.batch_size;
+    let heartbeat = config.wal.heartbeat_interval;
+    let mut total = BatchReport::default();
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            item = items.recv() => match item {
+                Some(item) => item,
+                None => break,
+            },
+            _ = tokio::time::sleep(heartbeat) => {
+                // A quiet stream: a heartbeat moves the server's position on, so that the slot
+                // advances even when only other tables (or other databases) write.
+                if let Err(e) = sqlx::query("SELECT pg_logical_emit_message(false, $1, '')")
+                    .bind(HEARTBEAT_PREFIX)
+                    .execute(relay.pool())
+                    .await
+                {
+                    debug!(error = %e, "WAL heartbeat failed");
+                }
+                continue;
+            }
+        };
+        let mut batch = WalBatch::default();
+        let mut confirm_at: Option<Lsn> = None;
+        let mut add = |item: Item, batch: &mut WalBatch| match item {
+            Item::Idle(lsn) => confirm_at = Some(confirm_at.map_or(lsn, |c| c.max(lsn))),
+            Item::Part { records, commit } => {
+                for (decoded, rowless) in records {
+                    match decoded {
+                        Decoded::Event(event) => {
+                            if rowless {
+                                batch.rowless.insert(event.id);
+                            }
+                            batch.events.push(event);
+                        }
+                        Decoded::Poison(id, reason) => batch.poison.push((id, reason)),
+                        Decoded::Undecodable(reason) => {
+                            metrics::counter!(observe::WAL_UNDECODABLE_TOTAL).increment(1);
+                            warn!(error = %reason, "skipping an outbox message that is not an event");
+                        }
+                    }
+                }
+                if let Some(lsn) = commit {
+                    confirm_at = Some(confirm_at.map_or(lsn, |c| c.max(lsn)));
+                }
+            }
+        };
+        add(first, &mut batch);
+        while batch.events.len() + batch.poison.len() < batch_size {
+            match items.try_recv() {
+                Ok(item) => add(item, &mut batch),
+                Err(_) => break,
+            }
+        }
+        if !(batch.events.is_empty() && batch.poison.is_empty()) {
+            match relay.process_wal_batch(batch, &shutdown).await {
+                Ok(report) => total += report,
+                // Shutdown while the database was unreachable: not settled, not confirmed; the
+                // next session reads these transactions again.
+                Err(e) => {
+                    warn!(error = %crate::error_chain(&e), "stopping with a WAL batch unsettled; it will be read again");
+                    break;
+                }
+            }
+        }
+        if let Some(lsn) = confirm_at {
+            let _ = confirm.send(lsn);
+        }
+    }
+    total
+}
+
+/// Reads the slot's health into the WAL gauges every `interval` until `stop`.
+pub async fn refresh_gauges(relay: Arc<Relay>, interval: Duration, stop: CancellationToken) {
+    let config = relay.config().clone();
+    let names = Names::of(&config.wal, &config.table);
+    let mut known: Option<String> = None;
+    loop {
+        match slot::status(relay.pool(), &names).await {
+            Ok(Some(s)) => {
+                metrics::gauge!(observe::WAL_SLOT_LAG_BYTES).set(s.lag_bytes.unwrap_or(0) as f64);
+                // NULL when max_slot_wal_keep_size is unset: no bound, shown as -1.
+                metrics::gauge!(observe::WAL_SLOT_SAFE_WAL_SIZE_BYTES)
+                    .set(s.safe_wal_size.map_or(-1.0, |v| v as f64));
+                let status = s.wal_status.unwrap_or_else(|| "unknown".into());
+                if let Some(old) = known.replace(status.clone()).filter(|o| *o != status) {
+                    metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => old).set(0.0);
+                }
+                metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => status).set(1.0);
+            }
+            Ok(None) => {
+                if let Some(old) = known.take() {
+                    metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => old).set(0.0);
+                }
+                metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => "missing").set(1.0);
+            }
+            Err(e) => {
+                metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                warn!(error = %crate::error_chain(&e), "cannot read the replication slot's status");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The replication slot and publication of `source = "wal"`: start-up checks with clear errors,
+//! the operator's `pgoutbox slot create|drop|status`, and the slot's health for metrics.
+//!
+//! The relay never creates or drops a slot by itself: a slot pins WAL until it is dropped, and a
+//! slot dropped by mistake loses the events that only live in the WAL (`emit()` messages). It
+//! creates the publication if it is missing, which costs nothing until a slot reads it.
+
+use sqlx::PgPool;
+
+use crate::config::WalConfig;
+use crate::table::{Ident, OutboxTable};
+
+/// Oldest PostgreSQL the WAL source runs on: 14 added `pgoutput`'s `messages` option, which
+/// `emit()` events need.
+pub const MIN_SERVER_VERSION: i32 = 140_000;
+
+/// Why the WAL source cannot run, in words an operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    /// A query failed.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The server or the role is not set up for logical replication.
+    #[error("{0}")]
+    NotReady(String),
+}
+
+/// The slot and publication names of one outbox table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    /// The logical replication slot.
+    pub slot: String,
+    /// The publication of the outbox table's inserts.
+    pub publication: String,
+}
+
+impl Names {
+    /// The names configured for `table` (or their defaults).
+    pub fn of(wal: &WalConfig, table: &OutboxTable) -> Self {
+        Self {
+            slot: wal.slot_name(table),
+            publication: wal.publication_name(table),
+        }
+    }
+}
+
+/// ServerSetup. What the checks need from the server and the role, in one round trip.
+const SERVER_SETUP: &str = "
+SELECT current_setting('wal_level') AS wal_level,
+       current_setting('server_version_num')::int AS version,
+       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) AS replication,
+       current_setting('max_slot_wal_keep_size') AS keep_size,
+       current_user AS role";
+
+/// Checks that the server can serve the WAL source: `wal_level = logical`, PostgreSQL 14 or
+/// newer, and a role with the REPLICATION attribute. Returns warnings worth logging (no
+/// `max_slot_wal_keep_size`: a relay that is down for long fills the disk with WAL).
+pub async fn check_server(pool: &PgPool) -> Result<Vec<String>, SlotError> {
+    let (wal_level, version, replication, keep_size, role): (
+        String,
+        i32,
+        Option<bool>,
+        String,
+        String,
+    ) = sqlx::query_as(SERVER_SETUP).fetch_one(pool).await?;
+    if version < MIN_SERVER_VERSION {
+        return Err(SlotError::NotReady(format!(
+            "source = \"wal\" needs PostgreSQL 14 or newer (this server is {}.{}); use source = \"poll\"",
+            version / 10_000,
+            version % 10_000 / 100
+        )));
+    }
+    if wal_level != "logical" {
+        return Err(SlotError::NotReady(format!(
+            "source = \"wal\" needs wal_level = logical, and this server has wal_level = {wal_level}: \
+             run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL, or use source = \"poll\""
+        )));
+    }
+    if replication != Some(true) {
+        return Err(SlotError::NotReady(format!(
+            "source = \"wal\" needs a role with the REPLICATION attribute, and {role} has none: \
+             ALTER ROLE {role} REPLICATION (pg_hba.conf must also let it in for replication)"
+        )));
+    }
+    let mut warnings = Vec::new();
+    if keep_size == "-1" {
+        warnings.push(
+            "max_slot_wal_keep_size is unset (-1): while the relay is down, its slot keeps every \
+             WAL segment and can fill the disk; set it (ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'), \
+             and the rows still pending in the table remain deliverable by source = \"poll\" if the slot is ever lost"
+                .to_owned(),
+        );
+    }
+    Ok(warnings)
+}
+
+/// One slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SlotStatus {
+    /// The slot's name.
+    pub slot_name: String,
+    /// Its output plugin (must be `pgoutput`).
+    pub plugin: Option<String>,
+    /// Its database.
+    pub database: Option<String>,
+    /// Whether a session streams from it now.
+    pub active: bool,
+    /// That session's backend pid.
+    pub active_pid: Option<i32>,
+    /// The position up to which the relay confirmed delivery.
+    pub confirmed_flush_lsn: Option<String>,
+    /// WAL written since the confirmed position, in bytes: what the slot holds back.
+    pub lag_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (the slot's WAL was removed).
+    pub wal_status: Option<String>,
+    /// Bytes that can still be written before the slot risks losing WAL (`max_slot_wal_keep_size`);
+    /// NULL when that is unset.
+    pub safe_wal_size: Option<i64>,
+}
+
+/// SlotStatus. One row of `pg_replication_slots`, with the lag computed against the current WAL
+/// position.
+const SLOT_STATUS: &str = "
+SELECT slot_name::text, plugin::text, database::text, active, active_pid,
+       confirmed_flush_lsn::text,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS lag_bytes,
+       wal_status, safe_wal_size
+FROM pg_replication_slots WHERE slot_name = $1";
+
+/// The slot's status, `None` when there is no slot of that name.
+pub async fn status(pool: &PgPool, names: &Names) -> Result<Option<SlotStatus>, SlotError> {
+    Ok(sqlx::query_as(SLOT_STATUS)
+        .bind(&names.slot)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Whether the publication exists and publishes the outbox table.
+const PUBLICATION_STATUS: &str = "
+SELECT EXISTS (SELECT FROM pg_publication_tables
+               WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)";
+
+/// Creates the publication of the outbox table's inserts if it is missing (`CREATE PUBLICATION`
+/// takes no lock that blocks writers). Returns whether it was created.
+pub async fn ensure_publication(
+    pool: &PgPool,
+    table: &OutboxTable,
+    names: &Names,
+) -> Result<bool, SlotError> {
+    let publishes: bool = sqlx::query_scalar(PUBLICATION_STATUS)
+        .bind(&names.publication)
+        .bind(table.schema().as_str())
+        .bind(table.table().as_str())
+        .fetch_one(pool)
+        .await?;
+    if publishes {
+        return Ok(false);
+    }
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)")
+            .bind(&names.publication)
+            .fetch_one(pool)
+            .await?;
+    if exists {
+        return Err(SlotError::NotReady(format!(
+            "publication {} exists but does not publish {table}: \
+             ALTER PUBLICATION {} ADD TABLE {}, or configure another wal.publication",
+            names.publication,
+            names.publication,
+            table.qualified()
+        )));
+    }
+    // Validated identifiers (config), quoted: the only DDL here built from names.
+    let publication = Ident::parse(&names.publication)
+        .map_err(|e| SlotError::NotReady(e.to_string()))?
+        .quoted();
+    sqlx::query(&format!(
+        "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert')",
+        table.qualified()
+    ))
+    .execute(pool)
+    .await?;
+    Ok(true)
+}
+
+/// What `slot create` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    /// The publication was created (false: it was there).
+    pub publication: bool,
+    /// The slot was created at this position (`None`: it was there).
+    pub slot_at: Option<String>,
+}
+
+/// Creates the publication and the slot (`pgoutput`) where missing, after the server checks.
+/// Events committed from then on are read from the slot; rows already pending in the table are
+/// not in its WAL (see docs/wal.md on switching from `poll`).
+pub async fn create(
+    pool: &PgPool,
+    table: &OutboxTable,
+    names: &Names,
+) -> Result<Created, SlotError> {
+    check_server(pool).await?;
+    let publication = ensure_publication(pool, table, names).await?;
+    let slot_at = match status(pool, names).await? {
+        Some(existing) => {
+            check_slot(&existing, pool).await?;
+            None
+        }
+        None => Some(
+            sqlx::query_scalar(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            )
+            .bind(&names.slot)
+            .fetch_one(pool)
+            .await?,
+        ),
+    };
+    Ok(Created {
+        publication,
+        slot_at,
+    })
+}
+
+/// Drops the slot (and the publication with `publication`). Refused while a relay streams from
+/// it. Returns whether there was a slot to drop.
+pub async fn drop(pool: &PgPool, names: &Names, publication: bool) -> Result<bool, SlotError> {
+    let dropped = match status(pool, names).await? {
+        Some(s) if s.active => {
+            return Err(SlotError::NotReady(format!(
+                "slot {} is in use by a relay (backend pid {}): stop the relays reading it first",
+                names.slot,
+                s.active_pid.unwrap_or_default()
+            )))
+        }
+        Some(_) => {
+            sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&names.slot)
+                .execute(pool)
+                .await?;
+            true
+        }
+        None => false,
+    };
+    if publication {
+        let quoted = Ident::parse(&names.publication)
+            .map_err(|e| SlotError::NotReady(e.to_string()))?
+            .quoted();
+        sqlx::query(&format!("DROP PUBLICATION IF EXISTS {quoted}"))
+            .execute(pool)
+            .await?;
+    }
+    Ok(dropped)
+}
+
+/// Checks an existing slot: in this database, `pgoutput`, WAL not lost.
+async fn check_slot(slot: &SlotStatus, pool: &PgPool) -> Result<(), SlotError> {
+    let database: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(pool)
+        .await?;
+    if slot.database.as_deref() != Some(database.as_str()) {
+        return Err(SlotError::NotReady(format!(
+            "slot {} belongs to database {}, not {database}: configure another wal.slot",
+            slot.slot_name,
+            slot.database
+                .as_deref()
+                .unwrap_or("(none: a physical slot)")
+        )));
+    }
+    if slot.plugin.as_deref() != Some("pgoutput") {
+        return Err(SlotError::NotReady(format!(
+            "slot {} uses the output plugin {}, the relay reads pgoutput: configure another wal.slot",
+            slot.slot_name,
+            slot.plugin.as_deref().unwrap_or("(none)")
+        )));
+    }
+    if slot.wal_status.as_deref() == Some("lost") {
+        return Err(SlotError::NotReady(format!(
+            "slot {} lost WAL it still needed (max_slot_wal_keep_size): events written with emit() \
+             since its confirmed position are gone; outbox rows still pending are not. Deliver them \
+             with source = \"poll\", then `pgoutbox slot drop` and `pgoutbox slot create` to go back to the WAL",
+            slot.slot_name
+        )));
+    }
+    Ok(())
+}
+
+/// Everything the relay checks before it reads the slot: the server, the slot (it must exist:
+/// `pgoutbox slot create`), and the publication (created if missing). Returns warnings to log.
+pub async fn ready(
+    pool: &PgPool,
+    table: &OutboxTable,
+    names: &Names,
+) -> Result<Vec<String>, SlotError> {
+    let warnings = check_server(pool).await?;
+    let Some(slot) = status(pool, names).await? else {
+        return Err(SlotError::NotReady(format!(
+            "replication slot {} does not exist: create it with `pgoutbox slot create` \
+             (the relay never creates or drops a slot by itself)",
+            names.slot
+        )));
+    };
+    check_slot(&slot, pool).await?;
+    ensure_publication(pool, table, names).await?;
+    Ok(warnings)
+}

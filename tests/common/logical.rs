@@ -1,0 +1,158 @@
+//! A throwaway PostgreSQL cluster with `wal_level = logical` for the WAL source's tests: `initdb`
+//! and `postgres` run as the `postgres` user from the installed binaries (nothing new to install),
+//! on a free port of 127.0.0.1, in a scratch directory removed at the end. The shared server on
+//! 5432 (wal_level = replica) stays untouched.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::private::free_port;
+use super::sinks::wait_port;
+
+/// A running `wal_level = logical` cluster of this test.
+pub struct LogicalPg {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    bin: PathBuf,
+    data: PathBuf,
+    settings: Vec<String>,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl LogicalPg {
+    /// A new cluster; `settings` are extra `name=value` server settings (e.g.
+    /// `logical_decoding_work_mem=64kB`).
+    pub fn start(settings: &[&str]) -> Self {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL is installed under /usr/lib/postgresql")
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .max()
+            .expect("a PostgreSQL version");
+        let dir = super::scratch();
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .expect("chown");
+        assert!(status.success());
+        let data = dir.path().join("data");
+        let status = as_postgres(&bin, "initdb")
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(&data)
+            .stdout(Stdio::null())
+            .status()
+            .expect("initdb");
+        assert!(status.success(), "initdb: {status:?}");
+        let mut pg = Self {
+            port: free_port(),
+            bin,
+            data,
+            settings: settings.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            dir,
+        };
+        pg.spawn();
+        pg
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("postgres.log"))
+            .expect("log");
+        let mut cmd = as_postgres(&self.bin, "postgres");
+        cmd.arg("-D")
+            .arg(&self.data)
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!(
+                "unix_socket_directories={}",
+                self.dir.path().display()
+            ))
+            .args(["-c", "wal_level=logical", "-c", "fsync=off"])
+            .args(["-c", "max_wal_senders=20", "-c", "max_replication_slots=20"])
+            .args(["-c", "max_connections=200"])
+            // A killed relay's walsender must notice soon, so that a standby can take over.
+            .args(["-c", "wal_sender_timeout=5s"]);
+        for s in &self.settings {
+            cmd.arg("-c").arg(s);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn postgres");
+        self.child = Some(child);
+        if !wait_port(self.port, true, Duration::from_secs(60)) {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default();
+            panic!("postgres did not listen on {}: {log}", self.port);
+        }
+        // Accepting TCP is not accepting sessions: wait until a query answers.
+        for _ in 0..100 {
+            let ok = Command::new(self.bin.join("psql"))
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .args(["-d", "postgres", "-Atc", "SELECT 1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("postgres on {} does not answer queries", self.port);
+    }
+
+    /// The server URL without a database (for `TestDb::empty_on`).
+    pub fn server_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (fast shutdown: sessions are ended, as in a restart).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on the postmaster we spawned; SIGINT is PostgreSQL's fast shutdown.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGINT);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// Restarts the server on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for LogicalPg {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn as_postgres(bin: &std::path::Path, program: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+        .arg(bin.join(program));
+    // The server must not inherit the test's signal disposition or process group: a Ctrl-C of
+    // the test run stops it through Drop, not mid-write.
+    cmd.process_group(0);
+    cmd
+}
