@@ -442,14 +442,12 @@ impl Relay {
     /// its key) becomes a deliveries pair that the deliveries loop retries. `emit()` events have
     /// no row: the ones that were not delivered everywhere get one first, in the settle's
     /// transaction, so that their pairs and dead letters have the row the deliveries table and
-    /// the console expect; delivered ones cost no write at all. A database error while settling
-    /// is retried (the batch is not published again) until `shutdown`, when it is returned: the
-    /// batch stays unconfirmed and is read again.
-    pub async fn process_wal_batch(
-        &self,
-        batch: crate::wal::WalBatch,
-        shutdown: &CancellationToken,
-    ) -> Result<BatchReport> {
+    /// the console expect; delivered ones cost no write at all. A database error is returned: the
+    /// batch stays unconfirmed, and the WAL source ends its session so that it is read again (and
+    /// published again) once the database answers. Retrying the settle while holding the stream
+    /// would be worse: a PostgreSQL shutdown waits for the stream's client to confirm the last
+    /// position, and would wait forever for a relay that cannot reach it.
+    pub async fn process_wal_batch(&self, batch: crate::wal::WalBatch) -> Result<BatchReport> {
         let crate::wal::WalBatch {
             events,
             poison,
@@ -457,19 +455,7 @@ impl Relay {
         } = batch;
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
-        let mut pacing = Pacing::new(&self.settings);
-        let mut items = loop {
-            match self.items(&events).await {
-                Ok(items) => break items,
-                Err(e) if !shutdown.is_cancelled() => {
-                    let pause = pacing.failed();
-                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
-                    warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "routing a WAL batch failed; retrying");
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let mut items = self.items(&events).await?;
         items.wal = true;
         let run = BatchRun::new(&events, &items, &self.destinations, deadline);
         let aborted = tokio::select! {
@@ -490,36 +476,24 @@ impl Relay {
             .partition(|&e| delivered_everywhere(e));
         let no_row: HashSet<Uuid> = done.iter().map(|&e| events[e].id).collect();
         let materialize: Vec<&OutboxEvent> = unfinished.iter().map(|&e| &events[e]).collect();
-        loop {
-            let attempt = async {
-                let mut tx = self.pool.begin().await?;
-                if !materialize.is_empty() {
-                    settle::materialize(&self.table, &mut tx, &materialize).await?;
-                }
-                self.settle_part(
-                    &events,
-                    &items,
-                    &outcomes,
-                    &|_| true,
-                    (&poison, &[]),
-                    Hold::Transaction(tx),
-                    None,
-                    aborted,
-                    &no_row,
-                )
-                .await
-            };
-            match attempt.await {
-                Ok((report, _)) => return Ok(report),
-                Err(e) if !shutdown.is_cancelled() => {
-                    let pause = pacing.failed();
-                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
-                    warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "settling a WAL batch failed; retrying the settle");
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(e),
-            }
+        let mut tx = self.pool.begin().await?;
+        if !materialize.is_empty() {
+            settle::materialize(&self.table, &mut tx, &materialize).await?;
         }
+        let (report, _) = self
+            .settle_part(
+                &events,
+                &items,
+                &outcomes,
+                &|_| true,
+                (&poison, &[]),
+                Hold::Transaction(tx),
+                None,
+                aborted,
+                &no_row,
+            )
+            .await?;
+        Ok(report)
     }
 
     /// Where an item for destination `d` goes now: sent, or held while `d` is paused or open.

@@ -8,6 +8,10 @@
 //! receiver's log and the table: lost = 0, phantom = 0, no event of a topic it did not ask for,
 //! order violations = 0 on the ordered one, and prints the duplicates with their causes.
 //!
+//! The same suite runs with `source = "wal"` (`bounded_chaos_run_wal`): the relays read a logical
+//! replication slot of a throwaway `wal_level = logical` cluster (one streams, three wait on
+//! standby and take over when it is killed), and that cluster is the one restarted.
+//!
 //! The bounded run (20k events) is part of the test suite. The long run is opt-in:
 //! `CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --release --test chaos --run-ignored only`;
 //! with a duration, producers spread the events evenly over it.
@@ -80,13 +84,33 @@ struct Ledger {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_chaos_run() {
-    chaos(Settings::from_env(20_000)).await;
+    chaos(Settings::from_env(20_000), Source::Poll).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_chaos_run_wal() {
+    chaos(Settings::from_env(20_000), Source::Wal).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long run: CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --release --test chaos --run-ignored only"]
 async fn long_chaos_run() {
-    chaos(Settings::from_env(1_000_000)).await;
+    chaos(Settings::from_env(1_000_000), Source::Poll).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long run: CHAOS_EVENTS=1000000 CHAOS_DURATION=30m cargo nextest run --release --test chaos --run-ignored only"]
+async fn long_chaos_run_wal() {
+    chaos(Settings::from_env(1_000_000), Source::Wal).await;
+}
+
+/// Where the relays read events from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Claims from the table, on the shared server.
+    Poll,
+    /// A logical replication slot, on a throwaway `wal_level = logical` cluster.
+    Wal,
 }
 
 /// One destination of the run: its receiver and the requests it stalled.
@@ -158,13 +182,30 @@ struct Verdict {
     from_stalls: usize,
 }
 
-async fn chaos(settings: Settings) {
+async fn chaos(settings: Settings, source: Source) {
     println!(
-        "chaos: seed {} (CHAOS_SEED={} replays it), {} events",
+        "chaos: seed {} (CHAOS_SEED={} replays it), {} events, source {source:?}",
         settings.seed, settings.seed, settings.events
     );
     let mut rng = StdRng::seed_from_u64(settings.seed);
-    let db = TestDb::migrated().await;
+    let mut logical = (source == Source::Wal).then(|| common::logical::LogicalPg::start(&[]));
+    let db = match &logical {
+        Some(pg) => TestDb::migrated_on(&pg.server_url()).await,
+        None => TestDb::migrated().await,
+    };
+    let wal_settings = match source {
+        Source::Poll => String::new(),
+        Source::Wal => {
+            let config = parse_config(&format!("database_url = \"{}\"", db.url));
+            let names = pgoutbox::wal::slot::Names::of(&config.wal, &config.table);
+            pgoutbox::wal::slot::create(&db.pool, &config.table, &names)
+                .await
+                .expect("create the slot");
+            // Confirmed often, so that a killed relay's successor re-reads little.
+            "source = \"wal\"\n[wal]\nstatus_interval = \"100ms\"\nstandby_retry = \"200ms\"\n"
+                .to_owned()
+        }
+    };
 
     // Three destinations, each with its own receiver and delivery state: `ordered` (per-key order,
     // 10 % 503s, 1 % stalls) takes the keyed events, `flaky` (20 % 503s, 2 % stalls, and a slow
@@ -207,6 +248,7 @@ async fn chaos(settings: Settings) {
     // requests; publish_timeout leaves room above every destination's timeout.
     let config_text = format!(
         r#"database_url = "{url}"
+{wal_settings}
 [relay]
 batch_size = 200
 poll_interval = "50ms"
@@ -332,8 +374,18 @@ max_attempts = 1000
             || settings
                 .duration
                 .is_some_and(|d| started.elapsed() >= d / 2);
-        if pg_restarts == 0 && halfway && restart_postgres() {
-            pg_restarts += 1;
+        if pg_restarts == 0 && halfway {
+            let restarted = match &mut logical {
+                Some(pg) => {
+                    pg.restart();
+                    println!("chaos: the logical cluster restarted");
+                    true
+                }
+                None => restart_postgres(),
+            };
+            if restarted {
+                pg_restarts += 1;
+            }
         }
         let a_quarter = produced.load(AtomicOrdering::Relaxed) as usize >= settings.events / 4
             || settings

@@ -226,8 +226,7 @@ async fn session(
     let processor = {
         let relay = Arc::clone(relay);
         let stop = stop.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move { process(relay, items_rx, confirm_tx, stop, shutdown).await })
+        tokio::spawn(async move { process(relay, items_rx, confirm_tx, stop).await })
     };
 
     let mut decoder = Decoder::new(&config.table);
@@ -239,8 +238,8 @@ async fn session(
             _ = shutdown.cancelled() => break End::Shutdown,
             changed = confirm_rx.changed() => {
                 if changed.is_err() {
-                    // The processor stopped (shutdown, or it gave up on a batch).
-                    break End::Shutdown;
+                    // The processor stopped: a batch could not be settled (its error follows).
+                    break End::Failed("a batch could not be settled".into());
                 }
                 let lsn = *confirm_rx.borrow_and_update();
                 client.update_applied_lsn(lsn);
@@ -310,10 +309,17 @@ async fn session(
     // next status interval, and a restart would deliver that batch again.
     drop(items_tx);
     stop.cancel();
-    match processor.await {
-        Ok(report) => *total += report,
-        Err(e) => warn!(error = %e, "the WAL processor ended abnormally"),
-    }
+    let end = match processor.await {
+        Ok((report, failed)) => {
+            *total += report;
+            match (end, failed) {
+                (End::Shutdown, _) => End::Shutdown,
+                (_, Some(why)) => End::Failed(why),
+                (end, None) => end,
+            }
+        }
+        Err(e) => End::Failed(format!("the WAL processor ended abnormally: {e}")),
+    };
     let last = *confirm_rx.borrow();
     *settled = last.max(*settled);
     client.update_applied_lsn(*settled);
@@ -344,14 +350,14 @@ fn ended(e: &pgwire_replication::PgWireError) -> End {
 
 /// The processor: gathers the reader's items into batches of up to `batch_size` events,
 /// publishes and settles each through the relay, then confirms the last complete transaction.
-/// On `stop` it finishes the batch in hand and returns.
+/// On `stop` it finishes the batch in hand and returns; on a batch that cannot be settled it
+/// returns at once with the error (the session ends, and the batch is read again).
 async fn process(
     relay: Arc<Relay>,
     mut items: mpsc::Receiver<Item>,
     confirm: watch::Sender<Lsn>,
     stop: CancellationToken,
-    shutdown: CancellationToken,
-) -> BatchReport {
+) -> (BatchReport, Option<String>) {
     let config = relay.config().clone();
     let batch_size = config.relay.batch_size;
     let heartbeat = config.wal.heartbeat_interval;
@@ -410,21 +416,17 @@ async fn process(
             }
         }
         if !(batch.events.is_empty() && batch.poison.is_empty()) {
-            match relay.process_wal_batch(batch, &shutdown).await {
+            match relay.process_wal_batch(batch).await {
                 Ok(report) => total += report,
-                // Shutdown while the database was unreachable: not settled, not confirmed; the
-                // next session reads these transactions again.
-                Err(e) => {
-                    warn!(error = %crate::error_chain(&e), "stopping with a WAL batch unsettled; it will be read again");
-                    break;
-                }
+                // Not settled, not confirmed: the next session reads these transactions again.
+                Err(e) => return (total, Some(crate::error_chain(&e))),
             }
         }
         if let Some(lsn) = confirm_at {
             let _ = confirm.send(lsn);
         }
     }
-    total
+    (total, None)
 }
 
 /// Reads the slot's health into the WAL gauges every `interval` until `stop`.

@@ -123,12 +123,29 @@ impl LogicalPg {
         format!("postgres://postgres@127.0.0.1:{}", self.port)
     }
 
-    /// Stops the server (fast shutdown: sessions are ended, as in a restart).
+    /// Stops the server (fast shutdown: sessions are ended, as in a restart). A fast shutdown
+    /// waits for logical replication clients to confirm the last WAL; past 60 s (a client that
+    /// never does) it becomes an immediate shutdown, and the test that caused it will see it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let pid = child.id() as i32;
             // SAFETY: kill(2) on the postmaster we spawned; SIGINT is PostgreSQL's fast shutdown.
             unsafe {
-                libc::kill(child.id() as i32, libc::SIGINT);
+                libc::kill(pid, libc::SIGINT);
+            }
+            for _ in 0..600 {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            eprintln!(
+                "postgres on {} ignored a fast shutdown for 60 s; stopping it at once",
+                self.port
+            );
+            // SAFETY: as above; SIGQUIT is the immediate shutdown.
+            unsafe {
+                libc::kill(pid, libc::SIGQUIT);
             }
             let _ = child.wait();
         }
