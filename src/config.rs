@@ -1007,4 +1007,28 @@ max_attempts = 10
         let e = error_of("bogus = 1\n");
         assert!(e.contains("bogus"), "{e}");
     }
+
+    #[test]
+    fn the_source_is_poll_unless_wal_is_asked_for() {
+        let c = Config::parse("", no_env).expect("parse");
+        assert_eq!(c.source, Source::Poll);
+        assert_eq!(c.wal.slot_name(&c.table), "pgoutbox_outbox");
+        let c = Config::parse(
+            "source = \"wal\"\n[wal]\nslot = \"orders_slot\"\nheartbeat_interval = \"2s\"\n",
+            no_env,
+        )
+        .expect("parse");
+        assert_eq!(c.source, Source::Wal);
+        assert_eq!(c.wal.slot_name(&c.table), "orders_slot");
+        assert_eq!(c.wal.publication_name(&c.table), "pgoutbox_outbox");
+        assert_eq!(c.wal.heartbeat_interval, Duration::from_secs(2));
+        let env = |k: &str| (k == "PGOUTBOX_SOURCE").then(|| "wal".to_owned());
+        assert_eq!(Config::parse("", env).expect("parse").source, Source::Wal);
+        let e = error_of("[wal]\nslot = \"Bad-Name\"\n");
+        assert!(e.contains("wal.slot"), "{e}");
+        let e = error_of("[wal]\nslot = \"Upper\"\n");
+        assert!(e.contains("lower-case"), "{e}");
+        let e = error_of("source = \"kafka\"\n");
+        assert!(e.contains("source") || e.contains("kafka"), "{e}");
+    }
 }

@@ -447,7 +447,11 @@ impl Relay {
     /// published again) once the database answers. Retrying the settle while holding the stream
     /// would be worse: a PostgreSQL shutdown waits for the stream's client to confirm the last
     /// position, and would wait forever for a relay that cannot reach it.
-    pub async fn process_wal_batch(&self, batch: crate::wal::WalBatch) -> Result<BatchReport> {
+    pub async fn process_wal_batch(
+        self: Arc<Self>,
+        batch: crate::wal::WalBatch,
+        settled: tokio::sync::oneshot::Sender<Result<BatchReport>>,
+    ) {
         let crate::wal::WalBatch {
             events,
             poison,
@@ -455,14 +459,142 @@ impl Relay {
         } = batch;
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
-        let mut items = self.items(&events).await?;
+        let mut items = match self.items(&events).await {
+            Ok(items) => items,
+            Err(e) => {
+                let _ = settled.send(Err(e));
+                return;
+            }
+        };
         items.wal = true;
         let run = BatchRun::new(&events, &items, &self.destinations, deadline);
-        let aborted = tokio::select! {
-            _ = tokio::time::timeout_at(deadline, self.publish_chains(&run)) => false,
-            _ = self.abort.cancelled() => true,
+        let mut aborted = false;
+        // Once settled early: the items that had no outcome then.
+        let mut straggling: Option<Vec<usize>> = None;
+        let mut settled = Some(settled);
+        {
+            let publish = tokio::time::timeout_at(deadline, self.publish_chains(&run));
+            tokio::pin!(publish);
+            let mut last_progress = (run.finished(), tokio::time::Instant::now());
+            loop {
+                tokio::select! {
+                    _ = &mut publish => break,
+                    _ = self.abort.cancelled() => {
+                        aborted = true;
+                        break;
+                    }
+                    _ = tokio::time::sleep(STRAGGLER_CHECK), if straggling.is_none() => {
+                        let finished = run.finished();
+                        if finished != last_progress.0 {
+                            last_progress = (finished, tokio::time::Instant::now());
+                            continue;
+                        }
+                        let stragglers = run.stragglers();
+                        // Only stragglers left (a stalled request, a slow answer): settle the
+                        // rest now, so that the slot moves on; see `settle_wal`.
+                        if stragglers.is_empty()
+                            || finished == 0
+                            || stragglers.len() > (items.routes.len() / 4).max(1)
+                            || last_progress.1.elapsed() < STRAGGLER_PATIENCE
+                        {
+                            continue;
+                        }
+                        let linger = deadline
+                            .saturating_duration_since(tokio::time::Instant::now())
+                            + Duration::from_secs(1);
+                        let snapshot = run.snapshot();
+                        let result = self
+                            .settle_wal(&events, &items, &snapshot, &poison, &rowless, false, linger)
+                            .await;
+                        let failed = result.is_err();
+                        if let Some(settled) = settled.take() {
+                            let _ = settled.send(result);
+                        }
+                        if failed {
+                            return;
+                        }
+                        debug!(stragglers = stragglers.len(), "WAL batch settled but for its stragglers; the slot moves on");
+                        // The loop now only waits for the stragglers.
+                        straggling = Some(
+                            (0..snapshot.len()).filter(|&i| snapshot[i].is_none()).collect(),
+                        );
+                    }
+                }
+            }
+        }
+        let Some(settled) = settled else {
+            let outcomes = run.finish(true, self.settings.publish_timeout);
+            let late = straggling.unwrap_or_default();
+            return self
+                .finish_stragglers(&late, &outcomes, &events, &items)
+                .await;
         };
         let outcomes = run.finish(aborted, self.settings.publish_timeout);
+        let result = self
+            .settle_wal(
+                &events,
+                &items,
+                &outcomes,
+                &poison,
+                &rowless,
+                aborted,
+                Duration::ZERO,
+            )
+            .await;
+        let _ = settled.send(result);
+    }
+
+    /// WAL source: once the stragglers of a batch settled without them are over (their pairs were
+    /// written due only after the batch's publish deadline), each one delivered
+    /// after all has its pair deleted, so it is not sent again. One that failed, or that was never
+    /// published (a later event of a straggler's ordered key), is retried from its pair.
+    async fn finish_stragglers(
+        &self,
+        late: &[usize],
+        outcomes: &[Option<Outcome>],
+        events: &[OutboxEvent],
+        items: &Items,
+    ) {
+        let delivered: Vec<(Uuid, &str)> = late
+            .iter()
+            .filter_map(|&i| match (items.routes[i], &outcomes[i]) {
+                (Route::Send(d), Some(Outcome::Delivered)) => Some((
+                    events[items.owner[i]].id,
+                    self.destinations[d].name.as_str(),
+                )),
+                _ => None,
+            })
+            .collect();
+        if delivered.is_empty() {
+            return;
+        }
+        // Only pairs still due later exist for these (event, destination)s: the ones just written.
+        let done = sqlx::query(&self.table.sql.deliveries_delete)
+            .bind(delivered.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .bind(delivered.iter().map(|(_, d)| *d).collect::<Vec<_>>())
+            .bind(None::<Uuid>)
+            .execute(&self.pool)
+            .await;
+        if let Err(e) = done {
+            // The pairs stay: delivered again when due (at least once).
+            warn!(error = %crate::error_chain(&e), "cannot record late deliveries of a WAL batch; they will be sent again");
+        }
+    }
+
+    /// WAL source: settles a published batch (see [`Relay::process_wal_batch`]). Items with no
+    /// outcome become pairs due after `linger` (the stragglers of a batch settled early, whose
+    /// requests are still out).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_wal(
+        &self,
+        events: &[OutboxEvent],
+        items: &Items,
+        outcomes: &[Option<Outcome>],
+        poison: &[(Uuid, String)],
+        rowless: &HashSet<Uuid>,
+        aborted: bool,
+        linger: Duration,
+    ) -> Result<BatchReport> {
         let delivered_everywhere = |e: usize| {
             items.spans[e].clone().all(|i| {
                 matches!(
@@ -480,17 +612,18 @@ impl Relay {
         if !materialize.is_empty() {
             settle::materialize(&self.table, &mut tx, &materialize).await?;
         }
+        let linger = (!linger.is_zero()).then_some(linger);
         let (report, _) = self
             .settle_part(
-                &events,
-                &items,
-                &outcomes,
+                events,
+                items,
+                outcomes,
                 &|_| true,
-                (&poison, &[]),
+                (poison, &[]),
                 Hold::Transaction(tx),
                 None,
                 aborted,
-                &no_row,
+                &(no_row, linger),
             )
             .await?;
         Ok(report)
@@ -673,7 +806,7 @@ impl Relay {
                                                 claim_hold,
                                                 Some(lease),
                                                 false,
-                                            &HashSet::new(),
+                                            &(HashSet::new(), None),
                 )
                                             .await?;
                                         debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
@@ -701,7 +834,7 @@ impl Relay {
                     hold,
                     None,
                     aborted,
-                    &HashSet::new(),
+                    &(HashSet::new(), None),
                 )
                 .await
             }
@@ -717,7 +850,7 @@ impl Relay {
                         Hold::Lease(token),
                         None,
                         aborted,
-                        &HashSet::new(),
+                        &(HashSet::new(), None),
                     )
                     .await?;
                 report += late;
@@ -742,8 +875,9 @@ impl Relay {
         hold: Hold,
         lease_rest: Option<(Vec<Uuid>, Uuid, Duration)>,
         aborted: bool,
-        rowless: &HashSet<Uuid>,
+        wal: &(HashSet<Uuid>, Option<Duration>),
     ) -> Result<(BatchReport, Vec<Uuid>)> {
+        let (rowless, linger) = wal;
         let (poison, held_back) = extra;
         let started = Instant::now();
         let now = chrono::Utc::now();
@@ -852,7 +986,13 @@ impl Relay {
                         }
                         pairs.held += 1;
                     }
-                    (_, None) => plan.pair_waiting(event, &dest.name, false, None),
+                    (_, None) => {
+                        plan.pair_waiting(event, &dest.name, false, None);
+                        // WAL: a straggler's request is still out; its pair waits until it is over.
+                        if let (Some(linger), Some(pair)) = (linger, plan.pairs.last_mut()) {
+                            pair.delay_secs = linger.as_secs_f64();
+                        }
+                    }
                     (_, Some((outcome, _))) => {
                         match settle::decide(event, &dest.name, &dest.retry, outcome, now, &mut rng)
                         {

@@ -96,7 +96,23 @@ pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport 
                         warn!("{w}");
                     }
                 }
-                session(&relay, &names, &mut settled, &mut total, &shutdown).await
+                let mut streamed = false;
+                let end = session(
+                    &relay,
+                    &names,
+                    &mut settled,
+                    &mut total,
+                    &shutdown,
+                    &mut streamed,
+                )
+                .await;
+                if streamed {
+                    // A session that streamed: the next outage starts its back-off afresh, and a
+                    // later standby spell is logged again.
+                    pause = Duration::from_millis(100);
+                    standby_logged = false;
+                }
+                end
             }
             Err(e) => End::Failed(crate::error_chain(&e)),
         };
@@ -200,6 +216,7 @@ async fn session(
     settled: &mut Lsn,
     total: &mut BatchReport,
     shutdown: &CancellationToken,
+    streamed: &mut bool,
 ) -> End {
     let config = relay.config();
     let url = match config.database_url() {
@@ -218,6 +235,7 @@ async fn session(
         return ended(&e);
     }
     info!(slot = %names.slot, from = %settled, "streaming the replication slot");
+    *streamed = true;
     metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(1.0);
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(64);
@@ -362,6 +380,7 @@ async fn process(
     let batch_size = config.relay.batch_size;
     let heartbeat = config.wal.heartbeat_interval;
     let mut total = BatchReport::default();
+    let mut stragglers = tokio::task::JoinSet::new();
     loop {
         let first = tokio::select! {
             biased;
@@ -416,16 +435,31 @@ async fn process(
             }
         }
         if !(batch.events.is_empty() && batch.poison.is_empty()) {
-            match relay.process_wal_batch(batch).await {
+            // The batch runs as a task of its own: once it is settled it signals, and the slot
+            // moves on while the task may still wait for a few straggling requests.
+            let (settled_tx, settled_rx) = tokio::sync::oneshot::channel();
+            stragglers.spawn(Arc::clone(&relay).process_wal_batch(batch, settled_tx));
+            let settled = match settled_rx.await {
+                Ok(settled) => settled.map_err(|e| crate::error_chain(&e)),
+                Err(_) => Err("a WAL batch task ended without settling (a bug)".to_owned()),
+            };
+            // Finished straggler tasks are reaped as the processor goes.
+            while stragglers.try_join_next().is_some() {}
+            match settled {
                 Ok(report) => total += report,
                 // Not settled, not confirmed: the next session reads these transactions again.
-                Err(e) => return (total, Some(crate::error_chain(&e))),
+                Err(e) => {
+                    stragglers.join_all().await;
+                    return (total, Some(e));
+                }
             }
         }
         if let Some(lsn) = confirm_at {
             let _ = confirm.send(lsn);
         }
     }
+    // Straggling requests end by their batch's deadline (or the shutdown grace).
+    stragglers.join_all().await;
     (total, None)
 }
 
