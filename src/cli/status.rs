@@ -54,6 +54,26 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     print_table(&status);
+    if config.source == pgoutbox::config::Source::Wal {
+        // Events written with emit() and not yet read live only in the WAL: the slot's lag is
+        // their backlog.
+        let names = pgoutbox::wal::slot::Names::of(&config.wal, &config.table);
+        match pgoutbox::wal::slot::status(&pool, &names).await? {
+            Some(s) => {
+                println!(
+                "wal slot {}: {}, {} bytes behind, wal_status {} (details: pgoutbox slot status)",
+                s.slot_name,
+                if s.active { "streamed by a relay" } else { "NOT streamed by any relay" },
+                s.lag_bytes.unwrap_or(0),
+                s.wal_status.unwrap_or_default()
+            )
+            }
+            None => println!(
+                "wal slot {}: MISSING (source = \"wal\"): `pgoutbox slot create`",
+                names.slot
+            ),
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
