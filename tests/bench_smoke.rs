@@ -6,7 +6,12 @@ mod common;
 use common::*;
 
 fn bench(args: &[&str]) -> Vec<serde_json::Value> {
-    let url = format!("{}/postgres", server_url());
+    bench_on(&server_url(), args)
+}
+
+/// `pgoutbox bench --json` on `server` (a URL without a database), its JSON lines.
+fn bench_on(server: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let url = format!("{server}/postgres");
     let mut full = vec!["bench", "--database-url", &url, "--json"];
     full.extend_from_slice(args);
     let (code, out, err) = run(&full);
@@ -164,4 +169,138 @@ fn soak_reports_each_interval_and_draws_its_curves() {
     );
     let plot = std::fs::read_to_string(&svg).expect("svg");
     assert!(plot.starts_with("<svg") && plot.contains("<polyline"));
+}
+
+#[test]
+fn the_wal_scenarios_refuse_what_cannot_run_and_report_on_a_logical_server() {
+    let url = format!("{}/postgres", server_url());
+    // emit() events are invisible to a polling relay: refused before anything is created.
+    let (code, _, err) = run(&[
+        "bench",
+        "--database-url",
+        &url,
+        "steady",
+        "--producer",
+        "emit",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--producer emit needs --source wal"), "{err}");
+    // The shared server (wal_level = replica in CI) cannot serve a slot: a clear error naming
+    // the setting. On a server set up for logical decoding, the scenario runs instead.
+    let (code, out, err) = run(&[
+        "bench",
+        "--database-url",
+        &url,
+        "--json",
+        "catchup",
+        "--events",
+        "1000",
+    ]);
+    if code == 0 {
+        assert!(out.contains("pg_recvlogical"), "{out}");
+    } else {
+        assert!(err.contains("wal_level = logical"), "{err}");
+    }
+
+    let mut pg = common::logical::LogicalPg::start(&[]);
+    let server = pg.server_url();
+    for producer in ["insert", "emit"] {
+        let rows = bench_on(
+            &server,
+            &[
+                "catchup",
+                "--events",
+                "3000",
+                "--per-transaction",
+                "500",
+                "--batch-size",
+                "1000,2000",
+                "--producer",
+                producer,
+            ],
+        );
+        let variants: Vec<String> = rows[1..]
+            .iter()
+            .filter(|r| r["scenario"] == "catchup")
+            .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        for expected in [
+            format!("backlog, {producer}"),
+            "pg_recvlogical → /dev/null".into(),
+            "relay wal → null, batch 2000, delete".into(),
+            "relay / pg_recvlogical, batch 1000".into(),
+        ] {
+            assert!(
+                variants.contains(&expected),
+                "{expected} missing: {variants:?}"
+            );
+        }
+        // Every event reached the null sink (the relay's own counter).
+        let relay = rows
+            .iter()
+            .find(|r| r["variant"] == "relay wal → null, batch 1000, delete")
+            .expect("relay row");
+        assert!(
+            relay["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("3000 events published")),
+            "{relay}"
+        );
+    }
+    let rows = bench_on(
+        &server,
+        &[
+            "steady",
+            "--source",
+            "wal",
+            "--producer",
+            "emit",
+            "--rate",
+            "200",
+            "--duration",
+            "2s",
+            "--cost-connections",
+            "4",
+            "--cost-duration",
+            "1s",
+            "--cost-pairs",
+            "1",
+            "--idle",
+            "0s",
+            "--timeline",
+            "false",
+        ],
+    );
+    let steady = rows
+        .iter()
+        .find(|r| r["scenario"] == "steady" && r["unit"] == "ms p50")
+        .expect("steady row");
+    assert!(
+        steady["variant"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("wal, emit(), ")),
+        "{steady}"
+    );
+    assert!(
+        rows.iter().any(|r| r["unit"] == "× minimal INSERT"),
+        "no emit() cost ratio"
+    );
+    // The scratch database and its slots are gone: nothing pins the server's WAL.
+    let left = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let pool = sqlx::PgPool::connect(&format!("{server}/postgres"))
+                .await
+                .expect("connect");
+            let left: (i64, i64) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM pg_replication_slots),
+                        (SELECT count(*) FROM pg_database WHERE datname LIKE 'pgoutbox_bench_%')",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("query");
+            left
+        });
+    assert_eq!(left, (0, 0), "slots and scratch databases left behind");
+    pg.stop();
 }

@@ -6,6 +6,7 @@
 //! move the numbers, and the cores.
 
 mod baseline;
+mod catchup;
 mod console;
 mod drain;
 mod history;
@@ -48,6 +49,9 @@ enum Scenario {
     /// Producers commit single-event transactions at a target rate while the relay runs:
     /// commit→publish latency, relay CPU, and what the wake-up mechanism costs producers.
     Steady(steady::Args),
+    /// A backlog read from a logical replication slot: the WAL relay (null sink) against
+    /// pg_recvlogical on the same WAL (needs wal_level = logical).
+    Catchup(catchup::Args),
     /// Claim cost with 0 vs many already-published rows retained.
     History(history::Args),
     /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
@@ -74,6 +78,10 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Scenario::Produce(a) = &args.scenario {
         return produce::run(a).await.map(|()| ExitCode::SUCCESS);
     }
+    // Argument combinations that cannot run are refused before a scratch database is made.
+    if let Scenario::Steady(a) = &args.scenario {
+        a.validate()?;
+    }
     let config = cli.load_config()?;
     let url = config
         .database_url
@@ -89,6 +97,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             Scenario::SqlLimit(a) => drain::sql_limit_only(&scratch, &out, a).await,
             Scenario::Baseline(a) => baseline::run(&scratch, &out, a).await,
             Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
+            Scenario::Catchup(a) => catchup::run(&scratch, &out, a).await,
             Scenario::History(a) => history::run(&scratch, &out, a).await,
             Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
             Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
@@ -166,6 +175,15 @@ impl Scratch {
     async fn drop_database(&self) {
         self.pool.close().await;
         if let Ok(admin) = super::connect(&self.admin_url, 1).await {
+            // A database with a replication slot cannot be dropped, and a slot left behind pins
+            // WAL on the server for ever: the slots go first.
+            if let Err(e) = drop_slots(&admin, &self.name).await {
+                eprintln!(
+                    "warning: {e:#}; drop them by hand (SELECT pg_drop_replication_slot(slot_name) \
+                     FROM pg_replication_slots WHERE database = '{}'), they hold WAL back",
+                    self.name
+                );
+            }
             let _ = admin
                 .execute(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name).as_str())
                 .await;
@@ -193,6 +211,45 @@ impl Scratch {
             .execute(&self.pool)
             .await?;
         pgoutbox::schema::migrate(&self.pool, &pgoutbox::OutboxTable::default_table()).await?;
+        Ok(())
+    }
+
+    /// The default outbox table and the bench's slot and publication names. Slot names are the
+    /// server's, not the database's: the slot is named after the scratch database, so that the
+    /// default `pgoutbox_outbox` slot of a real relay on the same server is never in the way (nor
+    /// touched); the publication (per database) keeps its default name.
+    pub fn wal_names(&self) -> (pgoutbox::OutboxTable, pgoutbox::wal::slot::Names) {
+        let table = pgoutbox::OutboxTable::default_table();
+        let wal = pgoutbox::config::WalConfig {
+            slot: Some(self.name.clone()),
+            ..Default::default()
+        };
+        let names = pgoutbox::wal::slot::Names::of(&wal, &table);
+        (table, names)
+    }
+
+    /// A fresh outbox table for a relay of `source`. Any slot and publication of an earlier run
+    /// go first (an unread slot still pins WAL, and a publication of a dropped table publishes
+    /// nothing); for `wal`, the publication and the relay's replication slot are then created, as
+    /// `pgoutbox slot create` does (the relay never creates a slot).
+    pub async fn fresh_source(&self, source: Source) -> anyhow::Result<()> {
+        drop_slots(&self.pool, &self.name).await?;
+        let (table, names) = self.wal_names();
+        let publication = pgoutbox::Ident::parse(&names.publication)?.quoted();
+        sqlx::raw_sql(&format!("DROP PUBLICATION IF EXISTS {publication}"))
+            .execute(&self.pool)
+            .await?;
+        self.fresh_outbox().await?;
+        if source == Source::Wal {
+            pgoutbox::wal::slot::create(&self.pool, &table, &names)
+                .await
+                .with_context(|| {
+                    format!(
+                        "the WAL source's bench creates replication slot {} in the scratch database",
+                        names.slot
+                    )
+                })?;
+        }
         Ok(())
     }
 
@@ -265,6 +322,63 @@ impl Scratch {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// Where the measured relay takes events from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// Claimed from the table (`source = "poll"`).
+    Poll,
+    /// Read from a logical replication slot (`source = "wal"`; needs wal_level = logical).
+    Wal,
+}
+
+impl Source {
+    /// Its name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Poll => "poll",
+            Self::Wal => "wal",
+        }
+    }
+}
+
+/// Drops every replication slot of database `database`. A slot still streamed (a relay or
+/// pg_recvlogical just killed, whose walsender has not noticed yet) has that session ended first.
+pub async fn drop_slots(pool: &PgPool, database: &str) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // Slots of the scratch database only: the server may hold others (never touched).
+        let slots: Vec<(String, Option<i32>)> = sqlx::query_as(
+            "SELECT slot_name::text, active_pid FROM pg_replication_slots WHERE database::text = $1",
+        )
+        .bind(database)
+        .fetch_all(pool)
+        .await?;
+        if slots.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            let names: Vec<String> = slots.into_iter().map(|(s, _)| s).collect();
+            anyhow::bail!("cannot drop replication slots {}", names.join(", "));
+        }
+        for (slot, pid) in slots {
+            // Errors are retried: the walsender may be ending, or another slot user racing.
+            let _ = match pid {
+                Some(pid) => sqlx::query("SELECT pg_terminate_backend($1)")
+                    .bind(pid)
+                    .execute(pool)
+                    .await
+                    .map(|_| ()),
+                None => sqlx::query("SELECT pg_drop_replication_slot($1)")
+                    .bind(&slot)
+                    .execute(pool)
+                    .await
+                    .map(|_| ()),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -2,8 +2,10 @@
 //! `pgoutbox bench produce` as a child so that the producers' scheduling never lands in the
 //! latency the parent measures (the parent only receives events and reads this process's output).
 //!
-//! Each connection commits one single-row INSERT per transaction (autocommit), at a share of the
-//! target rate or as fast as it can. With `--report`, every commit is printed on stdout as
+//! Each connection commits one single-row INSERT per transaction (autocommit), or with
+//! `--statement emit` one `<table>_emit()` call (a logical decoding message, no row: what
+//! `source = "wal"` producers may write instead), at a share of the target rate or as fast as it
+//! can. With `--report`, every commit is printed on stdout as
 //! `<event id> <unix time in microseconds when the commit returned>`; at the end a last line
 //! `total <commits>` is printed in every case.
 
@@ -40,14 +42,47 @@ pub struct Args {
     /// Print each commit's event id and time.
     #[arg(long)]
     report: bool,
+    /// What each transaction runs.
+    #[arg(long, value_enum, default_value_t = Statement::Insert)]
+    statement: Statement,
 }
 
-/// The INSERT every producer runs: what an application in any language writes.
-fn insert_statement(table: &str) -> anyhow::Result<String> {
-    let table = pgoutbox::table::Ident::parse(table)?.quoted();
-    Ok(format!(
-        "INSERT INTO {table} (topic, payload) VALUES ('bench.steady', '{{\"order_id\": 1}}') RETURNING id"
-    ))
+/// What each producer transaction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Statement {
+    /// A single-row INSERT into the outbox table.
+    Insert,
+    /// `SELECT <table>_emit(topic, payload)`: the event as a logical decoding message, no row
+    /// (read only by a `source = "wal"` relay).
+    Emit,
+}
+
+impl Statement {
+    /// Its name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Insert => "insert",
+            Self::Emit => "emit",
+        }
+    }
+}
+
+/// The statement every producer runs: what an application in any language writes. Both return
+/// the event's id, which the sinks forward (the receiver matches arrivals by it).
+fn statement(table: &str, statement: Statement) -> anyhow::Result<String> {
+    Ok(match statement {
+        Statement::Insert => {
+            let table = pgoutbox::table::Ident::parse(table)?.quoted();
+            format!(
+                "INSERT INTO {table} (topic, payload) VALUES ('bench.steady', '{{\"order_id\": 1}}') RETURNING id"
+            )
+        }
+        // The same event as a transactional logical decoding message (migration 0009).
+        Statement::Emit => format!(
+            "SELECT {}('bench.steady', '{{\"order_id\": 1}}')",
+            pgoutbox::OutboxTable::parse("public", table)?.derived("emit")
+        ),
+    })
 }
 
 /// Microseconds since the Unix epoch: the clock both processes share.
@@ -59,7 +94,7 @@ pub fn unix_micros(t: SystemTime) -> u64 {
 
 /// Runs the producers (in the child process).
 pub async fn run(args: &Args) -> anyhow::Result<()> {
-    let statement = insert_statement(&args.table)?;
+    let statement = statement(&args.table, args.statement)?;
     let pool = PgPoolOptions::new()
         .max_connections(args.connections as u32)
         .min_connections(args.connections as u32)
@@ -163,6 +198,8 @@ pub struct Spec<'a> {
     pub events: Option<u64>,
     /// Report every commit.
     pub report: bool,
+    /// What each transaction runs.
+    pub statement: Statement,
 }
 
 impl Producer {
@@ -171,6 +208,7 @@ impl Producer {
         let mut command = std::process::Command::new(std::env::current_exe()?);
         command
             .args(["bench", "produce", "--url", spec.url, "--table", spec.table])
+            .args(["--statement", spec.statement.as_str()])
             .arg("--connections")
             .arg(spec.connections.to_string())
             .arg("--duration")

@@ -122,6 +122,7 @@ async fn run_mode(
         duration: expected * 2 + Duration::from_secs(60),
         events: Some(args.events),
         report: true,
+        statement: super::produce::Statement::Insert,
     })?;
     let bar = out.bar(args.events, mode);
     let started = Instant::now();

@@ -12,6 +12,14 @@
 //! `poll_interval` when idle). The producer-cost part compares the producers' commit rate on the
 //! pgoutbox table with the minimal table (the schema's cost), and with no relay, with the relay
 //! running, and with a statement-level NOTIFY trigger (the alternative wake-up).
+//!
+//! With `--source wal` the relay reads a logical replication slot instead (created in the scratch
+//! database before the relay starts), and the producer-cost part compares the producers' commit
+//! rate with the WAL relay streaming against no relay (and no slot), and against pg_recvlogical
+//! streaming the same slot to /dev/null (the floor of any logical decoding client). With
+//! `--producer emit` the producers call `outbox_emit()` (a logical decoding message, no row), and
+//! the producer-cost part compares them, alone, with the WAL relay and with pg_recvlogical,
+//! against plain INSERTs into the minimal table with no relay.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Stdio;
@@ -19,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::drain::Receiver;
-use super::produce::{unix_micros, Producer, Spec};
-use super::{Output, Row, Scratch};
+use super::produce::{unix_micros, Producer, Spec, Statement};
+use super::{Output, Row, Scratch, Source};
 
 /// Arguments of `bench steady`.
 #[derive(Debug, Clone, clap::Args)]
@@ -37,6 +45,10 @@ pub struct Args {
     /// Producer connections for the producer-cost measurement (0 skips it).
     #[arg(long, default_value_t = 32)]
     cost_connections: usize,
+    /// Where the relays of the producer-cost runs deliver: the webhook receiver in this process
+    /// (its CPU is taken from the same cores), or the null sink (the relay's own cost only).
+    #[arg(long, default_value = "webhook", value_parser = ["webhook", "null"])]
+    cost_sink: String,
     /// How long each producer-cost run lasts.
     #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
     cost_duration: Duration,
@@ -56,6 +68,15 @@ pub struct Args {
     /// Print the per-second timeline (p99 and max of each second).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     timeline: bool,
+    /// Where the relay takes events from: claimed from the table (poll), or read from a logical
+    /// replication slot (wal: needs wal_level = logical; the slot is created in the scratch
+    /// database before the relay starts).
+    #[arg(long, value_enum, default_value_t = Source::Poll)]
+    source: Source,
+    /// What the producers write: a plain INSERT, or `SELECT outbox_emit(...)` (a logical decoding
+    /// message and no row, which only the WAL relay reads: --source wal only).
+    #[arg(long, value_enum, default_value_t = Statement::Insert)]
+    producer: Statement,
 }
 
 impl Args {
@@ -67,11 +88,35 @@ impl Args {
             duration: Duration::from_secs(5),
             cost_connections: 32,
             cost_duration: Duration::from_secs(3),
+            cost_sink: "webhook".into(),
             cost_pairs: 1,
             idle: Duration::from_secs(5),
             relay_synchronous_commit: "on".into(),
             relay_poll_interval: None,
             timeline: false,
+            source: Source::Poll,
+            producer: Statement::Insert,
+        }
+    }
+
+    /// Refuses combinations that cannot run.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.producer == Statement::Emit && self.source == Source::Poll {
+            anyhow::bail!(
+                "--producer emit needs --source wal: outbox_emit() writes a logical decoding \
+                 message and no row, so a polling relay would never see those events"
+            );
+        }
+        Ok(())
+    }
+
+    /// What the run measures, at the head of its rows: nothing for the polling relay and plain
+    /// INSERTs (the historical variant names), else the source and the producers' statement.
+    fn label(&self) -> String {
+        match (self.source, self.producer) {
+            (Source::Poll, Statement::Insert) => String::new(),
+            (source, Statement::Insert) => format!("{}, ", source.as_str()),
+            (source, Statement::Emit) => format!("{}, emit(), ", source.as_str()),
         }
     }
 }
@@ -90,6 +135,14 @@ pub struct RelaySpec<'a> {
     pub cleanup_interval: &'a str,
     /// `relay.synchronous_commit`.
     pub synchronous_commit: &'a str,
+    /// `source`.
+    pub source: Source,
+    /// `relay.batch_size` (None: the relay's default).
+    pub batch_size: Option<usize>,
+    /// `wal.status_interval` (None: the relay's default).
+    pub wal_status_interval: Option<&'a str>,
+    /// The null sink instead of the webhook receiver.
+    pub null_sink: bool,
 }
 
 impl<'a> RelaySpec<'a> {
@@ -102,6 +155,10 @@ impl<'a> RelaySpec<'a> {
             retention: "0s",
             cleanup_interval: "1m",
             synchronous_commit: "on",
+            source: Source::Poll,
+            batch_size: None,
+            wal_status_interval: None,
+            null_sink: false,
         }
     }
 }
@@ -110,7 +167,7 @@ impl<'a> RelaySpec<'a> {
 pub struct RelayProcess {
     child: std::process::Child,
     metrics_url: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl RelayProcess {
@@ -122,14 +179,25 @@ impl RelayProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
+        let destination = if spec.null_sink {
+            "type = \"null\"\n".to_owned()
+        } else {
+            format!(
+                "type = \"webhook\"\nurl = \"{}\"\nconcurrency = 128\n",
+                spec.receiver_url
+            )
+        };
         std::fs::write(
             &path,
             format!(
-                "database_url = \"{url}\"\nretention = \"{retention}\"\ncleanup_interval = \"{cleanup}\"\n\
-                 [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}\
+                "database_url = \"{url}\"\nsource = \"{source}\"\nretention = \"{retention}\"\ncleanup_interval = \"{cleanup}\"\n\
+                 [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}\
+                 [wal]\nslot = \"{slot}\"\n{status}\
                  [observability]\nlisten = \"127.0.0.1:{port}\"\n\
-                 [[destinations]]\nname = \"bench\"\ntype = \"webhook\"\nurl = \"{receiver}\"\nconcurrency = 128\n",
+                 [[destinations]]\nname = \"bench\"\n{destination}",
                 url = scratch.url,
+                source = spec.source.as_str(),
+                slot = scratch.wal_names().1.slot,
                 retention = spec.retention,
                 cleanup = spec.cleanup_interval,
                 min_poll = spec.min_poll,
@@ -138,22 +206,69 @@ impl RelayProcess {
                     .poll_interval
                     .map(|p| format!("poll_interval = \"{p}\"\n"))
                     .unwrap_or_default(),
-                receiver = spec.receiver_url,
+                batch = spec
+                    .batch_size
+                    .map(|b| format!("batch_size = {b}\n"))
+                    .unwrap_or_default(),
+                status = spec
+                    .wal_status_interval
+                    .map(|s| format!("status_interval = \"{s}\"\n"))
+                    .unwrap_or_default(),
             ),
         )?;
+        // Its log is kept beside the config, to explain a relay that stops early.
+        let log = dir.path().join("relay.log");
         let child = std::process::Command::new(std::env::current_exe()?)
             .args(["relay", "--config"])
             .arg(&path)
             .env_remove("DATABASE_URL")
             .env_remove("PGOUTBOX_DATABASE_URL")
+            .env_remove("PGOUTBOX_SOURCE")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
             .spawn()?;
         Ok(Self {
             child,
             metrics_url: format!("http://127.0.0.1:{port}/metrics"),
-            _dir: dir,
+            dir,
         })
+    }
+
+    /// Why the relay process is gone (its exit status and the end of its log), `None` while it
+    /// runs.
+    pub fn exited(&mut self) -> Option<String> {
+        let status = self.child.try_wait().ok().flatten()?;
+        Some(format!("{status}: {}", self.log_tail()))
+    }
+
+    /// The last lines of the relay's log, on one line.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("relay.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        tail.join(" | ")
+    }
+
+    /// Waits until the relay streams its replication slot (`source = "wal"`), at most 30 s.
+    pub async fn wait_streaming(&mut self, scratch: &Scratch) -> anyhow::Result<()> {
+        let pool = &scratch.pool;
+        let (_, names) = scratch.wal_names();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = pgoutbox::wal::slot::status(pool, &names).await?;
+            if status.is_some_and(|s| s.active) {
+                return Ok(());
+            }
+            if let Some(why) = self.exited() {
+                anyhow::bail!("the relay process stopped before streaming its slot ({why})");
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the relay did not stream slot {} within 30 s",
+                names.slot
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// User + system CPU time so far.
@@ -234,6 +349,12 @@ impl Histogram {
     /// Observations in all.
     pub fn count(&self) -> f64 {
         self.buckets.get(&u64::MAX).copied().unwrap_or(0.0)
+    }
+
+    /// The upper bound of the bucket holding quantile `q`, in the metric's own unit (events for
+    /// the batch size); `None` when empty or past the last finite bucket.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        self.quantile_ms(q).map(|ms| ms / 1000.0)
     }
 
     /// The upper bound (ms) of the bucket holding quantile `q`: "at most this"; `None` when empty
@@ -444,16 +565,21 @@ pub fn proc_peak_rss_kib(pid: u32) -> Option<u64> {
 }
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
-    scratch.fresh_outbox().await?;
+    args.validate()?;
+    scratch.fresh_source(args.source).await?;
     let (receiver, received) = timed_receiver().await?;
-    let relay = RelayProcess::spawn(
+    let mut relay = RelayProcess::spawn(
         scratch,
         &RelaySpec {
             synchronous_commit: &args.relay_synchronous_commit,
             poll_interval: args.relay_poll_interval.as_deref(),
+            source: args.source,
             ..RelaySpec::new(&receiver.url)
         },
     )?;
+    if args.source == Source::Wal {
+        relay.wait_streaming(scratch).await?;
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Idle CPU first: the relay has nothing to do.
@@ -469,14 +595,20 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         let cpu = (relay.cpu() - before).as_secs_f64() / started.elapsed().as_secs_f64() * 100.0;
         out.row(Row {
             scenario: "idle".into(),
-            variant: "relay process, empty outbox".into(),
+            variant: format!("{}relay process, empty outbox", args.label()),
             value: cpu,
             unit: "% CPU",
-            detail: format!(
-                "over {:?} (adaptive polling, poll_interval {})",
-                args.idle,
-                args.relay_poll_interval.as_deref().unwrap_or("default")
-            ),
+            detail: match args.source {
+                Source::Poll => format!(
+                    "over {:?} (adaptive polling, poll_interval {})",
+                    args.idle,
+                    args.relay_poll_interval.as_deref().unwrap_or("default")
+                ),
+                Source::Wal => format!(
+                    "over {:?} (streaming the slot, heartbeat and status intervals default)",
+                    args.idle
+                ),
+            },
         });
     }
 
@@ -493,6 +625,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         duration: args.duration,
         events: None,
         report: true,
+        statement: args.producer,
     })?;
     let count = producer.await??;
     let produce_elapsed = started.elapsed();
@@ -511,8 +644,11 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     };
     let all = latencies.summary();
     let variant = format!(
-        "{} producers, {}/s, relay sync commit {}",
-        args.producers, args.rate, args.relay_synchronous_commit
+        "{}{} producers, {}/s, relay sync commit {}",
+        args.label(),
+        args.producers,
+        args.rate,
+        args.relay_synchronous_commit
     );
     out.row(Row {
         scenario: "steady".into(),
@@ -542,21 +678,51 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         h.quantile_ms(q)
             .map_or_else(|| "n/a".to_owned(), |ms| format!("≤ {ms} ms"))
     };
-    out.row(Row {
-        scenario: "steady".into(),
-        variant: "relay claim / settle (its histograms)".into(),
-        value: claim.count(),
-        unit: "claims",
-        detail: format!(
-            "claim p50 {}, p99 {}, p99.9 {}; settle p99 {}, p99.9 {}; checkpointer busy {} s of the run",
-            bound(&claim, 0.5),
-            bound(&claim, 0.99),
-            bound(&claim, 0.999),
-            bound(&settle, 0.99),
-            bound(&settle, 0.999),
-            checkpoints.count()
-        ),
-    });
+    match args.source {
+        Source::Poll => out.row(Row {
+            scenario: "steady".into(),
+            variant: "relay claim / settle (its histograms)".into(),
+            value: claim.count(),
+            unit: "claims",
+            detail: format!(
+                "claim p50 {}, p99 {}, p99.9 {}; settle p99 {}, p99.9 {}; checkpointer busy {} s of the run",
+                bound(&claim, 0.5),
+                bound(&claim, 0.99),
+                bound(&claim, 0.999),
+                bound(&settle, 0.99),
+                bound(&settle, 0.999),
+                checkpoints.count()
+            ),
+        }),
+        // No claims: batches come from the stream (the batch-size histogram counts them).
+        Source::Wal => {
+            let batches = Histogram::parse(&metrics_after, pgoutbox::observe::BATCH_SIZE)
+                .since(&Histogram::parse(
+                    &metrics_before,
+                    pgoutbox::observe::BATCH_SIZE,
+                ));
+            let events = |q: f64| {
+                batches
+                    .quantile(q)
+                    .map_or_else(|| "n/a".to_owned(), |n| format!("≤ {n}"))
+            };
+            out.row(Row {
+                scenario: "steady".into(),
+                variant: format!("{}relay batches / settle (histograms)", args.label()),
+                value: batches.count(),
+                unit: "batches",
+                detail: format!(
+                    "events per batch p50 {}, p99 {}; settle p50 {}, p99 {}, p99.9 {}; checkpointer busy {} s of the run",
+                    events(0.5),
+                    events(0.99),
+                    bound(&settle, 0.5),
+                    bound(&settle, 0.99),
+                    bound(&settle, 0.999),
+                    checkpoints.count()
+                ),
+            });
+        }
+    }
     if args.timeline {
         let seconds = latencies.per_second();
         let first = seconds.keys().next().copied().unwrap_or(0);
@@ -583,8 +749,18 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     Ok(())
 }
 
-/// Commit rate of unthrottled single-event producers on `table`, with nothing else running.
+/// Commit rate of unthrottled single-event INSERT producers on `table`.
 async fn unthrottled(scratch: &Scratch, args: &Args, table: &str) -> anyhow::Result<f64> {
+    unthrottled_with(scratch, args, table, Statement::Insert).await
+}
+
+/// Commit rate of unthrottled single-event producers running `statement` on `table`.
+async fn unthrottled_with(
+    scratch: &Scratch,
+    args: &Args,
+    table: &str,
+    statement: Statement,
+) -> anyhow::Result<f64> {
     sqlx::query("CHECKPOINT").execute(&scratch.pool).await?;
     let n = Producer::run(&Spec {
         url: &scratch.url,
@@ -594,9 +770,117 @@ async fn unthrottled(scratch: &Scratch, args: &Args, table: &str) -> anyhow::Res
         duration: args.cost_duration,
         events: None,
         report: false,
+        statement,
     })
     .await?;
     Ok(super::rate(n, args.cost_duration))
+}
+
+/// One setting of the WAL source's producer-cost runs: what the producers write and what runs
+/// beside them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    /// Plain INSERTs into the article's minimal table, no relay, no slot.
+    Minimal,
+    /// The producers' statement on the pgoutbox table, no relay, no slot.
+    Alone(Statement),
+    /// The producers' statement while a WAL relay streams its slot to the receiver.
+    WalRelay(Statement),
+    /// The producers' statement while pg_recvlogical streams the slot to /dev/null: the floor
+    /// of any logical decoding client.
+    RecvLogical(Statement),
+}
+
+impl Setup {
+    /// Commits/s of unthrottled producers in this setting, on fresh tables.
+    async fn measure(
+        self,
+        scratch: &Scratch,
+        args: &Args,
+        receiver: &Receiver,
+    ) -> anyhow::Result<f64> {
+        match self {
+            Self::Minimal => {
+                scratch.fresh_source(Source::Poll).await?;
+                scratch.minimal_table("outbox_minimal").await?;
+                let rate = unthrottled(scratch, args, "outbox_minimal").await;
+                sqlx::query("DROP TABLE IF EXISTS outbox_minimal")
+                    .execute(&scratch.pool)
+                    .await?;
+                rate
+            }
+            Self::Alone(statement) => {
+                scratch.fresh_source(Source::Poll).await?;
+                unthrottled_with(scratch, args, "outbox", statement).await
+            }
+            Self::WalRelay(statement) => {
+                scratch.fresh_source(Source::Wal).await?;
+                let mut relay = RelayProcess::spawn(
+                    scratch,
+                    &RelaySpec {
+                        source: Source::Wal,
+                        null_sink: args.cost_sink == "null",
+                        ..RelaySpec::new(&receiver.url)
+                    },
+                )?;
+                relay.wait_streaming(scratch).await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let rate = unthrottled_with(scratch, args, "outbox", statement).await;
+                drop(relay);
+                rate
+            }
+            Self::RecvLogical(statement) => {
+                scratch.fresh_source(Source::Wal).await?;
+                let (_, names) = scratch.wal_names();
+                let program = super::catchup::pg_recvlogical(&scratch.pool).await?;
+                let mut child = super::catchup::recvlogical_command(
+                    &scratch.url,
+                    &program,
+                    &names.slot,
+                    &names.publication,
+                    None,
+                )?
+                .stderr(Stdio::null())
+                .spawn()?;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !pgoutbox::wal::slot::status(&scratch.pool, &names)
+                    .await?
+                    .is_some_and(|s| s.active)
+                {
+                    if let Some(status) = child.try_wait()? {
+                        anyhow::bail!("pg_recvlogical stopped before streaming ({status})");
+                    }
+                    anyhow::ensure!(
+                        Instant::now() < deadline,
+                        "pg_recvlogical did not stream within 30 s"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let rate = unthrottled_with(scratch, args, "outbox", statement).await;
+                let _ = child.kill().await;
+                rate
+            }
+        }
+    }
+}
+
+/// Runs `setups` `args.cost_pairs` times each, rotating which goes first; returns each setup's
+/// commits/s, one vector per setup in `setups`' order.
+async fn rounds(
+    scratch: &Scratch,
+    args: &Args,
+    receiver: &Receiver,
+    setups: &[Setup],
+) -> anyhow::Result<Vec<Vec<f64>>> {
+    let mut rates = vec![Vec::new(); setups.len()];
+    for round in 0..args.cost_pairs.max(1) {
+        for k in 0..setups.len() {
+            let i = (round + k) % setups.len();
+            rates[i].push(setups[i].measure(scratch, args, receiver).await?);
+        }
+    }
+    Ok(rates)
 }
 
 /// The median of some ratios.
@@ -606,13 +890,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Commit rate of unthrottled single-event producers: the pgoutbox table against the minimal one
-/// (the schema's cost), alone, beside a relay, and with a NOTIFY trigger.
+/// (the schema's cost), alone, beside a relay, and with a NOTIFY trigger; for the WAL source,
+/// with the WAL relay against no relay (see [`wal_producer_cost`]).
 async fn producer_cost(
     scratch: &Scratch,
     out: &Output,
     args: &Args,
     receiver: &Receiver,
 ) -> anyhow::Result<()> {
+    if args.source == Source::Wal {
+        return wal_producer_cost(scratch, out, args, receiver).await;
+    }
     let n = args.cost_connections;
     // Schema cost: A/B pairs on fresh tables, alternating which goes first.
     let mut ratios = Vec::new();
@@ -656,7 +944,10 @@ async fn producer_cost(
     let alone = unthrottled(scratch, args, "outbox").await?;
 
     scratch.fresh_outbox().await?;
-    let mut spec = RelaySpec::new(&receiver.url);
+    let mut spec = RelaySpec {
+        null_sink: args.cost_sink == "null",
+        ..RelaySpec::new(&receiver.url)
+    };
     spec.min_poll = "250ms";
     let relay = RelayProcess::spawn(scratch, &spec)?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -664,7 +955,13 @@ async fn producer_cost(
     drop(relay);
 
     scratch.fresh_outbox().await?;
-    let relay = RelayProcess::spawn(scratch, &RelaySpec::new(&receiver.url))?;
+    let relay = RelayProcess::spawn(
+        scratch,
+        &RelaySpec {
+            null_sink: args.cost_sink == "null",
+            ..RelaySpec::new(&receiver.url)
+        },
+    )?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let with_relay = unthrottled(scratch, args, "outbox").await?;
     drop(relay);
@@ -694,9 +991,131 @@ async fn producer_cost(
             value,
             unit: "commits/s",
             detail: format!(
-                "{:.0} % of the reference, {:.0} % of the relay with fixed polling",
+                "{:.0} % of the reference, {:.0} % of the relay with fixed polling{}",
                 value / alone * 100.0,
-                value / fixed_poll * 100.0
+                value / fixed_poll * 100.0,
+                match args.cost_sink.as_str() {
+                    "webhook" => String::new(),
+                    sink => format!("; relays deliver to the {sink} sink"),
+                }
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The WAL source's producer cost, from rounds of unthrottled runs (each setting once per round,
+/// rotating which goes first, on fresh tables; ratios are medians of the rounds' ratios).
+/// INSERT producers: with the WAL relay streaming, and with pg_recvlogical streaming (the floor),
+/// against no relay and no slot. emit() producers: alone, with the WAL relay and with
+/// pg_recvlogical, against plain INSERTs into the minimal table with no relay.
+async fn wal_producer_cost(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    receiver: &Receiver,
+) -> anyhow::Result<()> {
+    let n = args.cost_connections;
+    // pg_recvlogical streaming the same slot is the floor of the WAL relay's cost, measured
+    // when the program is there.
+    let floor = match super::catchup::pg_recvlogical(&scratch.pool).await {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("pg_recvlogical floor not measured: {e:#}");
+            false
+        }
+    };
+    // (setting, its row, its ratio's row); the first is the reference.
+    let mut settings: Vec<(Setup, &str, &str)> = match args.producer {
+        Statement::Insert => vec![
+            (
+                Setup::Alone(Statement::Insert),
+                "INSERT, no relay, no slot (reference)",
+                "",
+            ),
+            (
+                Setup::WalRelay(Statement::Insert),
+                "INSERT, wal relay running",
+                "wal relay vs no relay",
+            ),
+            (
+                Setup::RecvLogical(Statement::Insert),
+                "INSERT, pg_recvlogical running",
+                "pg_recvlogical vs no relay (floor)",
+            ),
+        ],
+        Statement::Emit => vec![
+            (
+                Setup::Minimal,
+                "INSERT into minimal table, no relay (reference)",
+                "",
+            ),
+            (
+                Setup::Alone(Statement::Emit),
+                "emit(), no relay, no slot",
+                "emit() vs minimal INSERT, no relay",
+            ),
+            (
+                Setup::WalRelay(Statement::Emit),
+                "emit(), wal relay running",
+                "emit() + wal relay vs minimal INSERT",
+            ),
+            (
+                Setup::RecvLogical(Statement::Emit),
+                "emit(), pg_recvlogical running",
+                "emit() + pg_recvlogical vs minimal INSERT",
+            ),
+        ],
+    };
+    settings.retain(|s| floor || !matches!(s.0, Setup::RecvLogical(_)));
+    let setups: Vec<Setup> = settings.iter().map(|s| s.0).collect();
+    let rates = rounds(scratch, args, receiver, &setups).await?;
+    for (i, runs) in rates.iter().enumerate() {
+        let value = median(runs.clone());
+        let reference = median(rates[0].clone());
+        out.row(Row {
+            scenario: "producers".into(),
+            variant: format!("{n} conns, {}", settings[i].1),
+            value,
+            unit: "commits/s",
+            detail: format!(
+                "median of {} runs ({}); {:.0} % of the reference{}",
+                runs.len(),
+                runs.iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                value / reference * 100.0,
+                match settings[i].0 {
+                    Setup::WalRelay(_) =>
+                        format!("; relay delivers to the {} sink", args.cost_sink),
+                    _ => String::new(),
+                }
+            ),
+        });
+    }
+    for (i, runs) in rates.iter().enumerate().skip(1) {
+        let ratios: Vec<f64> = runs
+            .iter()
+            .zip(&rates[0])
+            .map(|(r, base)| r / base)
+            .collect();
+        out.row(Row {
+            scenario: "producers".into(),
+            variant: format!("{n} conns, {}", settings[i].2),
+            value: median(ratios.clone()),
+            unit: match args.producer {
+                Statement::Insert => "× no relay",
+                Statement::Emit => "× minimal INSERT",
+            },
+            detail: format!(
+                "median of {} rounds (ratios {})",
+                ratios.len(),
+                ratios
+                    .iter()
+                    .map(|r| format!("{r:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         });
     }

@@ -1,0 +1,633 @@
+//! `bench catchup`: how fast the WAL source reads a backlog from its replication slot, against
+//! `pg_recvlogical` reading the same WAL with the same output plugin and publication (the floor of
+//! any logical decoding client: the walsender reads, decodes and serialises; pg_recvlogical only
+//! writes what it gets to /dev/null).
+//!
+//! In the scratch database (the server needs wal_level = logical), the relay's slot is created
+//! (as `pgoutbox slot create` does) and copied to a second slot at the same position; the backlog
+//! is written (many events per transaction, for writing speed), and `pg_current_wal_lsn()` after
+//! it is the end. Then, one after the other: pg_recvlogical streams the copy to /dev/null with
+//! `--endpos` at the end (timed to its exit), and the relay process (`source = "wal"`, null sink)
+//! streams its slot, timed from its start until the slot's `confirmed_flush_lsn` reaches the end
+//! (polled every 50 ms; the relay confirms a position only once the events before it are
+//! published and settled).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::produce::Statement;
+use super::steady::{RelayProcess, RelaySpec};
+use super::{Output, Row, Scratch, Source};
+
+/// Arguments of `bench catchup`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Events in the backlog.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// How the backlog is written: outbox rows (insert) or `outbox_emit()` messages (emit).
+    #[arg(long, value_enum, default_value_t = Statement::Insert)]
+    producer: Statement,
+    /// Events per backlog transaction (one INSERT … SELECT generate_series, or one SELECT of
+    /// that many emit() calls, each).
+    #[arg(long, default_value_t = 1000)]
+    per_transaction: u64,
+    /// `relay.batch_size` of the relay; several (comma-separated) run one round each, every round
+    /// on a new backlog with its own pg_recvlogical run.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    batch_size: Vec<usize>,
+    /// How the relay settles outbox rows: delete (retention 0) or keep (mark published).
+    #[arg(long, default_value = "delete", value_parser = ["delete", "keep"])]
+    settle: String,
+    /// `wal.status_interval` of the relay: how often it reports its confirmed position, which is
+    /// when the bench sees that it is done.
+    #[arg(long, default_value = "100ms")]
+    status_interval: String,
+    /// Run the relay before pg_recvlogical (by default it runs after), to see whether the
+    /// order moves the numbers.
+    #[arg(long)]
+    relay_first: bool,
+    /// The pg_recvlogical program (default: the server's major version under
+    /// /usr/lib/postgresql, else the newest there, else PATH).
+    #[arg(long)]
+    pg_recvlogical: Option<PathBuf>,
+}
+
+pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.events > 0 && args.per_transaction > 0,
+        "--events and --per-transaction must be more than 0"
+    );
+    pgoutbox::wal::slot::check_server(&scratch.pool)
+        .await
+        .context("bench catchup reads a backlog from a logical replication slot")?;
+    let program = match &args.pg_recvlogical {
+        Some(p) => p.clone(),
+        None => pg_recvlogical(&scratch.pool).await?,
+    };
+    for &batch_size in &args.batch_size {
+        round(scratch, out, args, &program, batch_size).await?;
+    }
+    Ok(())
+}
+
+/// One backlog, pg_recvlogical then the relay at `batch_size`.
+async fn round(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    program: &Path,
+    batch_size: usize,
+) -> anyhow::Result<()> {
+    let (table, names) = scratch.wal_names();
+    // The second slot, read by pg_recvlogical (slot names are the server's: this run's own).
+    let second = format!("{}_recvlogical", names.slot);
+    scratch.fresh_source(Source::Wal).await?;
+    // The copy starts where the relay's slot does: both read exactly the same WAL.
+    sqlx::query("SELECT pg_copy_logical_replication_slot($1, $2)")
+        .bind(&names.slot)
+        .bind(&second)
+        .execute(&scratch.pool)
+        .await
+        .context("cannot copy the relay's replication slot for pg_recvlogical")?;
+    let start: String = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(&names.slot)
+    .fetch_one(&scratch.pool)
+    .await?;
+
+    // The backlog: the same events as `bench drain`'s prefill, as rows or as emit() messages.
+    let written = Instant::now();
+    let (insert, what) = match args.producer {
+        Statement::Insert => (
+            table.render(
+                "INSERT INTO {outbox} (topic, payload)
+                 SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
+                 FROM generate_series(1, $1) g",
+            ),
+            "outbox rows",
+        ),
+        Statement::Emit => (
+            // count() only makes the function run once per row and the result one value.
+            table.render(
+                "SELECT count({qname:emit}('bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')))
+                 FROM generate_series(1, $1) g",
+            ),
+            "emit() messages",
+        ),
+    };
+    scratch
+        .generate(&insert, args.events, args.per_transaction, "backlog", out)
+        .await?;
+    let write_time = written.elapsed();
+    let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&scratch.pool)
+        .await?;
+    let wal_bytes: i64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint")
+            .bind(&end)
+            .bind(&start)
+            .fetch_one(&scratch.pool)
+            .await?;
+    // Neither run should meet a checkpoint the other did not (the backlog's dirty pages).
+    sqlx::query("CHECKPOINT").execute(&scratch.pool).await?;
+    let transactions = args.events.div_ceil(args.per_transaction);
+    out.row(Row {
+        scenario: "catchup".into(),
+        variant: format!("backlog, {}", args.producer.as_str()),
+        value: args.events as f64,
+        unit: "events",
+        detail: format!(
+            "{what} in {transactions} transactions of up to {}; {:.0} MiB of WAL from {start} to {end}; written in {:.1} s",
+            args.per_transaction,
+            wal_bytes as f64 / 1_048_576.0,
+            write_time.as_secs_f64()
+        ),
+    });
+
+    let recv = async {
+        let run = recvlogical(
+            scratch,
+            out,
+            program,
+            (&second, &names.publication),
+            &end,
+            &start,
+            wal_bytes,
+        )
+        .await?;
+        // Its slot holds WAL back and has done its part.
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&second)
+            .execute(&scratch.pool)
+            .await?;
+        Ok::<_, anyhow::Error>(run)
+    };
+    let relay = relay(
+        scratch,
+        out,
+        args,
+        batch_size,
+        &names.slot,
+        &end,
+        &start,
+        wal_bytes,
+    );
+    // One after the other (they share the cores), in the order asked.
+    let (recv, relay) = if args.relay_first {
+        let relay = relay.await?;
+        (recv.await?, relay)
+    } else {
+        let recv = recv.await?;
+        (recv, relay.await?)
+    };
+    let order = if args.relay_first {
+        "relay first"
+    } else {
+        "pg_recvlogical first"
+    };
+    let recv_rate = super::rate(args.events, recv.elapsed);
+    out.row(Row {
+        scenario: "catchup".into(),
+        variant: "pg_recvlogical → /dev/null".into(),
+        value: recv_rate,
+        unit: "ev/s",
+        detail: format!(
+            "{:.2} s to --endpos {end}; pg_recvlogical CPU {:.0} %{}; pgoutput proto_version 1, messages=true, publication {}",
+            recv.elapsed.as_secs_f64(),
+            recv.cpu.as_secs_f64() / recv.elapsed.as_secs_f64() * 100.0,
+            walsender_cpu(recv.walsender, recv.elapsed),
+            names.publication
+        ),
+    });
+
+    let relay_rate = super::rate(args.events, relay.elapsed);
+    out.row(Row {
+        scenario: "catchup".into(),
+        variant: format!("relay wal → null, batch {batch_size}, {}", args.settle),
+        value: relay_rate,
+        unit: "ev/s",
+        detail: format!(
+            "{:.2} s from start until confirmed_flush_lsn ≥ end; {} events published (its counter); relay CPU {:.0} %{}, peak RSS {} MiB; wal.status_interval {}",
+            relay.elapsed.as_secs_f64(),
+            relay.published,
+            relay.cpu.as_secs_f64() / relay.elapsed.as_secs_f64() * 100.0,
+            walsender_cpu(relay.walsender, relay.elapsed),
+            relay.peak_rss_kib / 1024,
+            args.status_interval
+        ),
+    });
+    out.row(Row {
+        scenario: "catchup".into(),
+        variant: format!("relay / pg_recvlogical, batch {batch_size}"),
+        value: relay_rate / recv_rate,
+        unit: "× pg_recvlogical",
+        detail: format!(
+            "{} {}, {transactions} transactions; {order}",
+            args.events,
+            args.producer.as_str()
+        ),
+    });
+    Ok(())
+}
+
+/// The pg_recvlogical command streaming `slot` (pgoutput on `publication`, with messages) to
+/// /dev/null, up to `end` when given, else until it is killed (dropping the child kills it).
+pub fn recvlogical_command(
+    url: &str,
+    program: &Path,
+    slot: &str,
+    publication: &str,
+    end: Option<&str>,
+) -> anyhow::Result<tokio::process::Command> {
+    let conn = Conninfo::of(url)?;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .arg("-d")
+        .arg(&conn.conninfo)
+        .args(["-S", slot, "--start", "--no-loop"])
+        .args(["-o", "proto_version=1"])
+        .arg("-o")
+        .arg(format!("publication_names={publication}"))
+        .args(["-o", "messages=true", "-f", "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // An interrupted bench does not leave it streaming (the scratch cleanup drops its slot).
+        .kill_on_drop(true);
+    if let Some(end) = end {
+        command.arg(format!("--endpos={end}"));
+    }
+    for (name, value) in &conn.env {
+        command.env(name, value);
+    }
+    Ok(command)
+}
+
+/// What pg_recvlogical's run measured.
+struct RecvRun {
+    elapsed: Duration,
+    cpu: Duration,
+    walsender: Option<Duration>,
+}
+
+/// pg_recvlogical streams its slot to /dev/null up to `end`.
+#[allow(clippy::too_many_arguments)]
+async fn recvlogical(
+    scratch: &Scratch,
+    out: &Output,
+    program: &Path,
+    (slot, publication): (&str, &str),
+    end: &str,
+    start: &str,
+    wal_bytes: i64,
+) -> anyhow::Result<RecvRun> {
+    let mut command = recvlogical_command(&scratch.url, program, slot, publication, Some(end))?;
+    let bar = out.bar(wal_bytes.max(0) as u64, "recvlogical");
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    let mut cpu = CpuWatch::new(child.id());
+    let mut walsender = CpuWatch::default();
+    let mut stderr = child.stderr.take();
+    let errors = tokio::spawn(async move {
+        let mut text = String::new();
+        if let Some(stderr) = stderr.as_mut() {
+            let _ = tokio::io::AsyncReadExt::read_to_string(stderr, &mut text).await;
+        }
+        text
+    });
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                cpu.sample();
+                walsender.find(scratch, slot).await;
+                walsender.sample();
+                bar.set_position(sent(scratch, slot, start).await);
+            }
+        }
+    };
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    let errors = errors.await.unwrap_or_default();
+    anyhow::ensure!(
+        status.success(),
+        "pg_recvlogical failed ({status}): {}",
+        errors.trim()
+    );
+    Ok(RecvRun {
+        elapsed,
+        cpu: cpu.last,
+        walsender: walsender.pid.map(|_| walsender.last),
+    })
+}
+
+/// The CPU time of a process of this machine, sampled while it runs (the last sample stands for
+/// its total: up to one sampling interval is missed).
+#[derive(Debug, Default)]
+struct CpuWatch {
+    pid: Option<u32>,
+    last: Duration,
+}
+
+impl CpuWatch {
+    fn new(pid: Option<u32>) -> Self {
+        Self {
+            pid,
+            last: Duration::ZERO,
+        }
+    }
+
+    /// Takes the walsender of `slot` once it streams, when it runs on this machine (its
+    /// /proc entry is a PostgreSQL walsender; a remote server's pid means nothing here).
+    async fn find(&mut self, scratch: &Scratch, slot: &str) {
+        if self.pid.is_some() {
+            return;
+        }
+        let pid: Option<i32> =
+            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(slot)
+                .fetch_optional(&scratch.pool)
+                .await
+                .ok()
+                .flatten()
+                .flatten();
+        self.pid = pid.map(|p| p as u32).filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("walsender"))
+        });
+    }
+
+    fn sample(&mut self) {
+        if let Some(cpu) = self.pid.and_then(super::steady::proc_cpu) {
+            self.last = cpu;
+        }
+    }
+}
+
+/// What the relay's run measured.
+struct RelayRun {
+    elapsed: Duration,
+    cpu: Duration,
+    walsender: Option<Duration>,
+    peak_rss_kib: u64,
+    published: f64,
+}
+
+/// ", its walsender's N %" when the walsender's CPU could be read (a server on this machine).
+fn walsender_cpu(cpu: Option<Duration>, elapsed: Duration) -> String {
+    cpu.map(|c| {
+        format!(
+            ", its walsender's {:.0} %",
+            c.as_secs_f64() / elapsed.as_secs_f64().max(1e-9) * 100.0
+        )
+    })
+    .unwrap_or_default()
+}
+
+/// The relay process streams its slot until the slot's confirmed position reaches `end`.
+#[allow(clippy::too_many_arguments)]
+async fn relay(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    batch_size: usize,
+    slot: &str,
+    end: &str,
+    start: &str,
+    wal_bytes: i64,
+) -> anyhow::Result<RelayRun> {
+    let bar = out.bar(wal_bytes.max(0) as u64, "relay");
+    let started = Instant::now();
+    let mut relay = RelayProcess::spawn(
+        scratch,
+        &RelaySpec {
+            source: Source::Wal,
+            null_sink: true,
+            batch_size: Some(batch_size),
+            wal_status_interval: Some(&args.status_interval),
+            retention: if args.settle == "keep" { "7d" } else { "0s" },
+            ..RelaySpec::new("")
+        },
+    )?;
+    let mut last_move = (Instant::now(), None::<String>);
+    let mut walsender = CpuWatch::default();
+    loop {
+        walsender.find(scratch, slot).await;
+        walsender.sample();
+        // The relay's confirmed position, as the server has it.
+        let (confirmed, done): (Option<String>, Option<bool>) = sqlx::query_as(
+            "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn >= $2::pg_lsn
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot)
+        .bind(end)
+        .fetch_one(&scratch.pool)
+        .await?;
+        if done == Some(true) {
+            break;
+        }
+        if let Some(why) = relay.exited() {
+            anyhow::bail!("the relay process stopped before catching up ({why})");
+        }
+        if confirmed != last_move.1 {
+            last_move = (Instant::now(), confirmed);
+        } else if last_move.0.elapsed() > Duration::from_secs(120) {
+            anyhow::bail!(
+                "the relay confirmed nothing for 2 minutes (at {}); its log: {}",
+                last_move.1.as_deref().unwrap_or("none"),
+                relay.log_tail()
+            );
+        }
+        bar.set_position(sent(scratch, slot, start).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    let published = counter(&relay.metrics().await, pgoutbox::observe::PUBLISHED_TOTAL);
+    Ok(RelayRun {
+        elapsed,
+        cpu: relay.cpu(),
+        walsender: walsender.pid.map(|_| walsender.last),
+        peak_rss_kib: relay.peak_rss_kib(),
+        published,
+    })
+}
+
+/// WAL bytes the walsender of `slot` has sent since `start` (0 when it is not streaming): the
+/// progress shown while waiting.
+async fn sent(scratch: &Scratch, slot: &str, start: &str) -> u64 {
+    sqlx::query_scalar::<_, Option<i64>>(
+        "SELECT pg_wal_lsn_diff(r.sent_lsn, $2::pg_lsn)::bigint
+         FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+         WHERE s.slot_name = $1",
+    )
+    .bind(slot)
+    .bind(start)
+    .fetch_optional(&scratch.pool)
+    .await
+    .ok()
+    .flatten()
+    .flatten()
+    .unwrap_or(0)
+    .max(0) as u64
+}
+
+/// A counter's value in a Prometheus scrape, summed over its label sets.
+fn counter(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The pg_recvlogical program for the server of `pool` (see [`find_pg_recvlogical`]).
+pub async fn pg_recvlogical(pool: &sqlx::PgPool) -> anyhow::Result<PathBuf> {
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(pool)
+        .await?;
+    find_pg_recvlogical(version / 10_000)
+}
+
+/// pg_recvlogical of the server's major version under /usr/lib/postgresql, else the newest
+/// there, else the one on PATH.
+fn find_pg_recvlogical(major: i32) -> anyhow::Result<PathBuf> {
+    let mut found: Vec<(i32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let path = e.path().join("bin/pg_recvlogical");
+            path.is_file().then_some((version, path))
+        })
+        .collect();
+    found.sort();
+    if let Some((_, path)) = found.iter().find(|(v, _)| *v == major) {
+        return Ok(path.clone());
+    }
+    if let Some((_, path)) = found.pop() {
+        return Ok(path);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("pg_recvlogical"))
+        .find(|p| p.is_file())
+        .context(
+            "pg_recvlogical not found under /usr/lib/postgresql/*/bin or on PATH \
+             (it comes with the PostgreSQL client package); give it with --pg-recvlogical",
+        )
+}
+
+/// libpq connection settings for pg_recvlogical, from the database URL: a keyword/value string
+/// for `-d`, and the password and TLS settings as environment variables (not on its command line).
+#[derive(Debug, PartialEq, Eq)]
+struct Conninfo {
+    conninfo: String,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Conninfo {
+    fn of(database_url: &str) -> anyhow::Result<Self> {
+        let url = url::Url::parse(database_url).context("invalid database URL")?;
+        let query = |k: &str| {
+            url.query_pairs()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.into_owned())
+        };
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let mut pairs: Vec<(&str, String)> = Vec::new();
+        let dbname = query("dbname").unwrap_or_else(|| decode(url.path().trim_start_matches('/')));
+        pairs.push(("dbname", dbname));
+        if let Some(host) = query("host").or_else(|| {
+            url.host_str()
+                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+        }) {
+            pairs.push(("host", host));
+        }
+        if let Some(port) = query("port").or_else(|| url.port().map(|p| p.to_string())) {
+            pairs.push(("port", port));
+        }
+        let user = match url.username() {
+            "" => query("user"),
+            u => Some(decode(u)),
+        };
+        if let Some(user) = user {
+            pairs.push(("user", user));
+        }
+        let conninfo = pairs
+            .iter()
+            .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut env = Vec::new();
+        if let Some(password) = url.password().map(decode).or_else(|| query("password")) {
+            env.push(("PGPASSWORD", password));
+        }
+        for (key, var) in [
+            ("sslmode", "PGSSLMODE"),
+            ("sslrootcert", "PGSSLROOTCERT"),
+            ("sslcert", "PGSSLCERT"),
+            ("sslkey", "PGSSLKEY"),
+        ] {
+            if let Some(v) = query(key) {
+                env.push((var, v));
+            }
+        }
+        Ok(Self { conninfo, env })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_url_becomes_a_conninfo_and_the_password_an_environment_variable() {
+        let c = Conninfo::of(
+            "postgres://bench%40x:s3cr%27t@127.0.0.1:5499/pgoutbox_bench_1?sslmode=disable",
+        )
+        .expect("parses");
+        assert_eq!(
+            c.conninfo,
+            "dbname='pgoutbox_bench_1' host='127.0.0.1' port='5499' user='bench@x'"
+        );
+        assert_eq!(
+            c.env,
+            vec![
+                ("PGPASSWORD", "s3cr't".to_owned()),
+                ("PGSSLMODE", "disable".to_owned())
+            ]
+        );
+        let c = Conninfo::of("postgres:///db?host=/run/postgresql&user=o'k").expect("parses");
+        assert_eq!(
+            c.conninfo,
+            "dbname='db' host='/run/postgresql' user='o\\'k'"
+        );
+        assert!(c.env.is_empty());
+    }
+
+    #[test]
+    fn a_counter_is_summed_over_its_label_sets() {
+        let scrape = "# TYPE pgoutbox_events_published_total counter\n\
+                      pgoutbox_events_published_total{destination=\"a\"} 10\n\
+                      pgoutbox_events_published_total{destination=\"b\"} 5\n\
+                      pgoutbox_events_published_total_other 7\n";
+        assert_eq!(counter(scrape, "pgoutbox_events_published_total"), 15.0);
+    }
+}
