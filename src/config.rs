@@ -204,6 +204,11 @@ pub struct WalConfig {
     /// How often a standby relay (the slot is held by another) tries to take the slot over.
     #[serde(with = "duration_str")]
     pub standby_retry: Duration,
+    /// How long a batch waits for more transactions after its first one, unless it is full:
+    /// fewer, larger batches (one settle transaction each) for a little latency. "0s" publishes
+    /// each transaction as soon as it is read.
+    #[serde(with = "duration_str")]
+    pub batch_wait: Duration,
 }
 
 impl Default for WalConfig {
@@ -214,6 +219,7 @@ impl Default for WalConfig {
             heartbeat_interval: Duration::from_secs(10),
             status_interval: Duration::from_secs(1),
             standby_retry: Duration::from_secs(2),
+            batch_wait: Duration::from_millis(2),
         }
     }
 }

@@ -428,10 +428,17 @@ async fn process(
             }
         };
         add(first, &mut batch);
+        let gathered_by = tokio::time::Instant::now() + config.wal.batch_wait;
         while batch.events.len() + batch.poison.len() < batch_size {
             match items.try_recv() {
                 Ok(item) => add(item, &mut batch),
-                Err(_) => break,
+                // Nothing more read yet: wait a moment for it (batch_wait), unless the batch has
+                // nothing to publish (a position to confirm only).
+                Err(_) if batch.events.is_empty() && batch.poison.is_empty() => break,
+                Err(_) => match tokio::time::timeout_at(gathered_by, items.recv()).await {
+                    Ok(Some(item)) => add(item, &mut batch),
+                    Ok(None) | Err(_) => break,
+                },
             }
         }
         if !(batch.events.is_empty() && batch.poison.is_empty()) {
