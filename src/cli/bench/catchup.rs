@@ -540,35 +540,16 @@ struct Conninfo {
 
 impl Conninfo {
     fn of(database_url: &str) -> anyhow::Result<Self> {
-        let url = url::Url::parse(database_url).context("invalid database URL")?;
-        let query = |k: &str| {
-            url.query_pairs()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.into_owned())
-        };
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        let mut pairs: Vec<(&str, String)> = Vec::new();
-        let dbname = query("dbname").unwrap_or_else(|| decode(url.path().trim_start_matches('/')));
-        pairs.push(("dbname", dbname));
-        if let Some(host) = query("host").or_else(|| {
-            url.host_str()
-                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
-        }) {
-            pairs.push(("host", host));
+        let url = pgoutbox::wal::UrlParts::parse(database_url).map_err(anyhow::Error::msg)?;
+        let mut pairs: Vec<(&str, String)> = vec![("dbname", url.dbname.clone())];
+        if let Some(host) = &url.host {
+            pairs.push(("host", host.clone()));
         }
-        if let Some(port) = query("port").or_else(|| url.port().map(|p| p.to_string())) {
-            pairs.push(("port", port));
+        if let Some(port) = url.port {
+            pairs.push(("port", port.to_string()));
         }
-        let user = match url.username() {
-            "" => query("user"),
-            u => Some(decode(u)),
-        };
-        if let Some(user) = user {
-            pairs.push(("user", user));
+        if let Some(user) = &url.user {
+            pairs.push(("user", user.clone()));
         }
         let conninfo = pairs
             .iter()
@@ -576,8 +557,8 @@ impl Conninfo {
             .collect::<Vec<_>>()
             .join(" ");
         let mut env = Vec::new();
-        if let Some(password) = url.password().map(decode).or_else(|| query("password")) {
-            env.push(("PGPASSWORD", password));
+        if let Some(password) = &url.password {
+            env.push(("PGPASSWORD", password.clone()));
         }
         for (key, var) in [
             ("sslmode", "PGSSLMODE"),
@@ -585,8 +566,8 @@ impl Conninfo {
             ("sslcert", "PGSSLCERT"),
             ("sslkey", "PGSSLKEY"),
         ] {
-            if let Some(v) = query(key) {
-                env.push((var, v));
+            if let Some(v) = url.param(key) {
+                env.push((var, v.to_owned()));
             }
         }
         Ok(Self { conninfo, env })
