@@ -484,21 +484,12 @@ impl Relay {
                         break;
                     }
                     _ = tokio::time::sleep(STRAGGLER_CHECK), if straggling.is_none() => {
-                        let finished = run.finished();
-                        if finished != last_progress.0 {
-                            last_progress = (finished, tokio::time::Instant::now());
-                            continue;
-                        }
-                        let stragglers = run.stragglers();
                         // Only stragglers left (a stalled request, a slow answer): settle the
                         // rest now, so that the slot moves on; see `settle_wal`.
-                        if stragglers.is_empty()
-                            || finished == 0
-                            || stragglers.len() > (items.routes.len() / 4).max(1)
-                            || last_progress.1.elapsed() < STRAGGLER_PATIENCE
-                        {
+                        let most = (items.routes.len() / 4).max(1);
+                        let Some(stragglers) = run.only_stragglers(&mut last_progress, most) else {
                             continue;
-                        }
+                        };
                         let linger = deadline
                             .saturating_duration_since(tokio::time::Instant::now())
                             + Duration::from_secs(1);
@@ -765,19 +756,10 @@ impl Relay {
                                     _ = &mut publish => break false,
                                     _ = self.abort.cancelled() => break true,
                                     _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
-                                        let finished = run.finished();
-                                        if finished != last_progress.0 {
-                                            last_progress = (finished, tokio::time::Instant::now());
+                                        let most = (events.len() / 20).max(1);
+                                        let Some(stragglers) = run.only_stragglers(&mut last_progress, most) else {
                                             continue;
-                                        }
-                                        let stragglers = run.stragglers();
-                                        if stragglers.is_empty()
-                                            || stragglers.len() > (events.len() / 20).max(1)
-                                            || finished == 0
-                                            || last_progress.1.elapsed() < STRAGGLER_PATIENCE
-                                        {
-                                            continue;
-                                        }
+                                        };
                                         // Settle what finished now; the stragglers go on under a lease.
                                         let Some(claim_hold) = hold.take() else {
                                             continue;
@@ -2081,6 +2063,27 @@ impl<'a> BatchRun<'a> {
     /// How many items have an outcome so far.
     fn finished(&self) -> usize {
         self.slots.iter().filter(|s| s.get().is_some()).count()
+    }
+
+    /// The stragglers, when they are all that is left of the batch: something finished, at most
+    /// `most` items have no outcome, and none has come for [`STRAGGLER_PATIENCE`]. `last_progress`
+    /// (finished count, when it last changed) is kept up to date by the calls.
+    fn only_stragglers(
+        &self,
+        last_progress: &mut (usize, tokio::time::Instant),
+        most: usize,
+    ) -> Option<Vec<usize>> {
+        let finished = self.finished();
+        if finished != last_progress.0 {
+            *last_progress = (finished, tokio::time::Instant::now());
+            return None;
+        }
+        let stragglers = self.stragglers();
+        (!stragglers.is_empty()
+            && finished > 0
+            && stragglers.len() <= most
+            && last_progress.1.elapsed() >= STRAGGLER_PATIENCE)
+            .then_some(stragglers)
     }
 
     /// Items to publish that have no outcome yet.

@@ -26,12 +26,7 @@ impl LogicalPg {
     /// A new cluster; `settings` are extra `name=value` server settings (e.g.
     /// `logical_decoding_work_mem=64kB`).
     pub fn start(settings: &[&str]) -> Self {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL is installed under /usr/lib/postgresql")
-            .flatten()
-            .map(|e| e.path().join("bin"))
-            .max()
-            .expect("a PostgreSQL version");
+        let bin = super::private::postgres_bin();
         let dir = super::scratch();
         let status = Command::new("chown")
             .args(["-R", "postgres:postgres"])

@@ -20,6 +20,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The newest installed PostgreSQL's programs (`initdb`, `postgres`, `psql`).
+pub fn postgres_bin() -> std::path::PathBuf {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed under /usr/lib/postgresql")
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .max()
+        .expect("a PostgreSQL version")
+}
+
 /// A broker process of this test.
 pub struct Private {
     pub port: u16,
@@ -180,12 +190,7 @@ impl Private {
     /// A PostgreSQL server of its own (run as the `postgres` user) with `ssl = on` and the
     /// certificate `stem` of `pki`, trust authentication, on a free port of 127.0.0.1.
     pub fn postgres_tls(pki: &super::tls::Pki, stem: &str) -> Self {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL is installed under /usr/lib/postgresql")
-            .flatten()
-            .map(|e| e.path().join("bin"))
-            .max()
-            .expect("a PostgreSQL version");
+        let bin = postgres_bin();
         let dir = super::scratch();
         let data = dir.path().join("data");
         let as_postgres = |program: &str| {
