@@ -459,14 +459,13 @@ impl Relay {
         } = batch;
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
         metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
-        let mut items = match self.items(&events).await {
+        let items = match self.items(&events).await {
             Ok(items) => items,
             Err(e) => {
                 let _ = settled.send(Err(e));
                 return;
             }
         };
-        items.wal = true;
         let run = BatchRun::new(&events, &items, &self.destinations, deadline);
         let mut aborted = false;
         // Once settled early: the items that had no outcome then.
@@ -614,7 +613,10 @@ impl Relay {
                 Hold::Transaction(tx),
                 None,
                 aborted,
-                &(no_row, linger),
+                Some(&WalSettle {
+                    rowless: no_row,
+                    linger,
+                }),
             )
             .await?;
         Ok(report)
@@ -753,55 +755,55 @@ impl Relay {
             tokio::pin!(publish);
             loop {
                 tokio::select! {
-                                    _ = &mut publish => break false,
-                                    _ = self.abort.cancelled() => break true,
-                                    _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
-                                        let most = (events.len() / 20).max(1);
-                                        let Some(stragglers) = run.only_stragglers(&mut last_progress, most) else {
-                                            continue;
-                                        };
-                                        // Settle what finished now; the stragglers go on under a lease.
-                                        let Some(claim_hold) = hold.take() else {
-                                            continue;
-                                        };
-                                        let token = match &claim_hold {
-                                            Hold::Lease(token) => *token,
-                                            Hold::Transaction(_) => Uuid::new_v4(),
-                                        };
-                                        // Settled per event: an event waits for all its items.
-                                        let straggling: HashSet<usize> =
-                                            stragglers.iter().map(|&i| items.owner[i]).collect();
-                                        let snapshot = run.snapshot();
-                                        let lease = (
-                                            straggling.iter().map(|&e| events[e].id).collect::<Vec<_>>(),
-                                            token,
-                                            deadline.saturating_duration_since(tokio::time::Instant::now())
-                                                + self.settings.publish_timeout,
-                                        );
-                                        let (report, retried) = self
-                                            .settle_part(
-                                                &events,
-                                                &items,
-                                                &snapshot,
-                                                &|i| !straggling.contains(&i),
-                                                (&poison, &held_back),
-                                                claim_hold,
-                                                Some(lease),
-                                                false,
-                                            &(HashSet::new(), None),
-                )
-                                            .await?;
-                                        debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
-                                        early = Some((report, retried, token, straggling));
-                                        if let Some(signal) = detach.take() {
-                                            let _ = signal.send(());
-                                        }
-                                        break tokio::select! {
-                                            _ = &mut publish => false,
-                                            _ = self.abort.cancelled() => true,
-                                        };
-                                    }
-                                }
+                    _ = &mut publish => break false,
+                    _ = self.abort.cancelled() => break true,
+                    _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
+                        let most = (events.len() / 20).max(1);
+                        let Some(stragglers) = run.only_stragglers(&mut last_progress, most) else {
+                            continue;
+                        };
+                        // Settle what finished now; the stragglers go on under a lease.
+                        let Some(claim_hold) = hold.take() else {
+                            continue;
+                        };
+                        let token = match &claim_hold {
+                            Hold::Lease(token) => *token,
+                            Hold::Transaction(_) => Uuid::new_v4(),
+                        };
+                        // Settled per event: an event waits for all its items.
+                        let straggling: HashSet<usize> =
+                            stragglers.iter().map(|&i| items.owner[i]).collect();
+                        let snapshot = run.snapshot();
+                        let lease = (
+                            straggling.iter().map(|&e| events[e].id).collect::<Vec<_>>(),
+                            token,
+                            deadline.saturating_duration_since(tokio::time::Instant::now())
+                                + self.settings.publish_timeout,
+                        );
+                        let (report, retried) = self
+                            .settle_part(
+                                &events,
+                                &items,
+                                &snapshot,
+                                &|i| !straggling.contains(&i),
+                                (&poison, &held_back),
+                                claim_hold,
+                                Some(lease),
+                                false,
+                                None,
+                            )
+                            .await?;
+                        debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
+                        early = Some((report, retried, token, straggling));
+                        if let Some(signal) = detach.take() {
+                            let _ = signal.send(());
+                        }
+                        break tokio::select! {
+                            _ = &mut publish => false,
+                            _ = self.abort.cancelled() => true,
+                        };
+                    }
+                }
             }
         };
         let outcomes = run.finish(aborted, self.settings.publish_timeout);
@@ -816,7 +818,7 @@ impl Relay {
                     hold,
                     None,
                     aborted,
-                    &(HashSet::new(), None),
+                    None,
                 )
                 .await
             }
@@ -832,7 +834,7 @@ impl Relay {
                         Hold::Lease(token),
                         None,
                         aborted,
-                        &(HashSet::new(), None),
+                        None,
                     )
                     .await?;
                 report += late;
@@ -857,9 +859,8 @@ impl Relay {
         hold: Hold,
         lease_rest: Option<(Vec<Uuid>, Uuid, Duration)>,
         aborted: bool,
-        wal: &(HashSet<Uuid>, Option<Duration>),
+        wal: Option<&WalSettle>,
     ) -> Result<(BatchReport, Vec<Uuid>)> {
-        let (rowless, linger) = wal;
         let (poison, held_back) = extra;
         let started = Instant::now();
         let now = chrono::Utc::now();
@@ -874,7 +875,7 @@ impl Relay {
             }
             let span = items.spans[e].clone();
             // WAL: anything but a delivery of a routed event goes on as a pair.
-            let wal_split = items.wal
+            let wal_split = wal.is_some()
                 && !matches!(
                     (items.routes[span.start], &outcomes[span.start]),
                     (Route::Unroutable, _) | (Route::Send(_), Some(Outcome::Delivered))
@@ -882,7 +883,7 @@ impl Relay {
             if items.is_split(e) || wal_split {
                 let mut sends = span.filter(|&i| matches!(items.routes[i], Route::Send(_)));
                 // From the WAL nothing is given back: the slot moves past it.
-                if !items.wal
+                if wal.is_none()
                     && sends.clone().next().is_some()
                     && sends.all(|i| outcomes[i].is_none())
                 {
@@ -916,7 +917,9 @@ impl Relay {
         // Send, unlike ThreadRng: the batch future crosses threads.
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
         let mut plan = settle::plan(attempted, now, &mut rng);
-        plan.rowless = rowless.clone();
+        if let Some(wal) = wal {
+            plan.rowless = wal.rowless.clone();
+        }
         for (e, d, reason) in held {
             let (event, dest) = (&events[e], &self.destinations[d]);
             match settle::expired_hold(event, &dest.name, &dest.retry, now) {
@@ -971,6 +974,7 @@ impl Relay {
                     (_, None) => {
                         plan.pair_waiting(event, &dest.name, false, None);
                         // WAL: a straggler's request is still out; its pair waits until it is over.
+                        let linger = wal.and_then(|w| w.linger);
                         if let (Some(linger), Some(pair)) = (linger, plan.pairs.last_mut()) {
                             pair.delay_secs = linger.as_secs_f64();
                         }
@@ -1041,7 +1045,7 @@ impl Relay {
             (Some(_), hold @ Hold::Lease(_)) => hold,
         };
         // WAL: no claim reads the rows, so there are no followers to park.
-        let park = (self.claim.ordered && !items.wal).then_some(self.blocking.as_slice());
+        let park = (self.claim.ordered && wal.is_none()).then_some(self.blocking.as_slice());
         let settled = settle::apply(
             &self.table,
             &self.pool,
@@ -1938,6 +1942,17 @@ impl Relay {
     }
 }
 
+/// How a batch read from the WAL settles, unlike a claimed one: an event that did not reach a
+/// destination goes on as a deliveries pair (never retried on its row, which no claim reads), and
+/// nothing is given back.
+struct WalSettle {
+    /// Delivered events that have no table row (`emit()` messages): nothing to write for them.
+    rowless: HashSet<Uuid>,
+    /// For a batch settled without its stragglers: how long their pairs wait (their requests are
+    /// still out).
+    linger: Option<Duration>,
+}
+
 /// Where one (event, destination) item of a batch goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -1961,9 +1976,6 @@ struct Items {
     routes: Vec<Route>,
     /// Per event: its items (contiguous).
     spans: Vec<std::ops::Range<usize>>,
-    /// A batch read from the WAL: an event that did not reach a destination is split (its pair
-    /// goes to the deliveries table), never retried on its row, which no claim reads.
-    wal: bool,
 }
 
 impl Items {
@@ -1974,7 +1986,6 @@ impl Items {
             owner: (0..routes.len()).collect(),
             spans: (0..routes.len()).map(|i| i..i + 1).collect(),
             routes,
-            wal: false,
         }
     }
 
