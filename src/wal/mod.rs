@@ -403,10 +403,20 @@ fn ended(e: &pgwire_replication::PgWireError) -> End {
     }
 }
 
+/// A batch handed to its task, oldest first: its settle's answer and the position to confirm
+/// once it (and every batch before it) is settled. `None` for a position alone (no events).
+type InFlight = (
+    Option<tokio::sync::oneshot::Receiver<crate::error::Result<BatchReport>>>,
+    Option<Lsn>,
+);
+
 /// The processor: gathers the reader's items into batches of up to `batch_size` events,
 /// publishes and settles each through the relay, then confirms the last complete transaction.
-/// On `stop` it finishes the batch in hand and returns; on a batch that cannot be settled it
-/// returns at once with the error (the session ends, and the batch is read again).
+/// With no destination ordered by key, up to `relay.workers` batches are in flight at once (their
+/// events have no order to keep, as within one batch); confirmations still go in commit order,
+/// each once every batch before it is settled. On `stop` it finishes the batches in hand and
+/// returns; on a batch that cannot be settled it returns at once with the error (the session
+/// ends, and the batches not confirmed are read again).
 async fn process(
     relay: Arc<Relay>,
     mut items: mpsc::Receiver<Item>,
@@ -416,15 +426,37 @@ async fn process(
     let config = relay.config().clone();
     let batch_size = config.relay.batch_size;
     let heartbeat = config.wal.heartbeat_interval;
+    let ordered = config
+        .destinations
+        .iter()
+        .any(|d| d.ordering == crate::config::Ordering::Key);
+    // Ordered keys need each batch settled (its failures recorded) before the next is routed.
+    let most_in_flight = if ordered {
+        1
+    } else {
+        config.relay.workers.max(1)
+    };
     let mut total = BatchReport::default();
     let mut stragglers = tokio::task::JoinSet::new();
-    loop {
+    let mut in_flight: std::collections::VecDeque<InFlight> = std::collections::VecDeque::new();
+    let failed = 'run: loop {
         let first = tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
+            _ = stop.cancelled() => break 'run None,
+            // The oldest batch settled: its position can be confirmed now, not at the next item.
+            settled = oldest_settled(&mut in_flight) => {
+                match settled {
+                    Ok(report) => total += report,
+                    Err(e) => break 'run Some(e),
+                }
+                if let Err(e) = confirm_settled(&mut in_flight, &confirm, &mut total) {
+                    break 'run Some(e);
+                }
+                continue;
+            }
             item = items.recv() => match item {
                 Some(item) => item,
-                None => break,
+                None => break 'run None,
             },
             _ = tokio::time::sleep(heartbeat) => {
                 // A quiet stream: a heartbeat moves the server's position on, so that the slot
@@ -478,33 +510,100 @@ async fn process(
                 },
             }
         }
-        if !(batch.events.is_empty() && batch.poison.is_empty()) {
+        if batch.events.is_empty() && batch.poison.is_empty() {
+            in_flight.push_back((None, confirm_at));
+        } else {
             // The batch runs as a task of its own: once it is settled it signals, and the slot
             // moves on while the task may still wait for a few straggling requests.
             let (settled_tx, settled_rx) = tokio::sync::oneshot::channel();
             stragglers.spawn(Arc::clone(&relay).process_wal_batch(batch, settled_tx));
-            let settled = match settled_rx.await {
-                Ok(settled) => settled.map_err(|e| crate::error_chain(&e)),
-                Err(_) => Err("a WAL batch task ended without settling (a bug)".to_owned()),
-            };
-            // Finished straggler tasks are reaped as the processor goes.
-            while stragglers.try_join_next().is_some() {}
-            match settled {
+            in_flight.push_back((Some(settled_rx), confirm_at));
+        }
+        // Finished straggler tasks are reaped as the processor goes.
+        while stragglers.try_join_next().is_some() {}
+        // Room for the next batch: wait for the oldest ones beyond the limit.
+        loop {
+            if let Err(e) = confirm_settled(&mut in_flight, &confirm, &mut total) {
+                break 'run Some(e);
+            }
+            if in_flight.len() < most_in_flight {
+                break;
+            }
+            match oldest_settled(&mut in_flight).await {
                 Ok(report) => total += report,
-                // Not settled, not confirmed: the next session reads these transactions again.
+                Err(e) => break 'run Some(e),
+            }
+        }
+    };
+    // After a failed settle nothing more is confirmed: the next session reads the transactions
+    // of that batch and of every batch after it again. Otherwise the batches in hand are
+    // finished, in order, each confirmed.
+    if failed.is_none() {
+        while !in_flight.is_empty() {
+            match oldest_settled(&mut in_flight).await {
+                Ok(report) => total += report,
                 Err(e) => {
                     stragglers.join_all().await;
                     return (total, Some(e));
                 }
             }
-        }
-        if let Some(lsn) = confirm_at {
-            let _ = confirm.send(lsn);
+            if let Err(e) = confirm_settled(&mut in_flight, &confirm, &mut total) {
+                stragglers.join_all().await;
+                return (total, Some(e));
+            }
         }
     }
     // Straggling requests end by their batch's deadline (or the shutdown grace).
     stragglers.join_all().await;
-    (total, None)
+    (total, failed)
+}
+
+/// Waits for the oldest in-flight batch's settle and marks it settled (its answer taken); pending
+/// for ever when nothing is in flight or the oldest is settled already (a select! branch).
+async fn oldest_settled(
+    in_flight: &mut std::collections::VecDeque<InFlight>,
+) -> Result<BatchReport, String> {
+    let Some((settled, _)) = in_flight.front_mut() else {
+        return std::future::pending().await;
+    };
+    let Some(rx) = settled.as_mut() else {
+        return std::future::pending().await;
+    };
+    let answer = rx.await;
+    *settled = None;
+    match answer {
+        Ok(settled) => settled.map_err(|e| crate::error_chain(&e)),
+        Err(_) => Err(UNSETTLED.to_owned()),
+    }
+}
+
+/// A batch task that ended without saying how its settle went.
+const UNSETTLED: &str = "a WAL batch task ended without settling (a bug)";
+
+/// Confirms, in order, the positions of the oldest batches that are settled, stopping at the first
+/// still in flight; a settle that answered meanwhile is taken here too.
+fn confirm_settled(
+    in_flight: &mut std::collections::VecDeque<InFlight>,
+    confirm: &watch::Sender<Lsn>,
+    total: &mut BatchReport,
+) -> Result<(), String> {
+    while let Some((settled, lsn)) = in_flight.front_mut() {
+        if let Some(rx) = settled {
+            match rx.try_recv() {
+                Ok(Ok(report)) => *total += report,
+                Ok(Err(e)) => return Err(crate::error_chain(&e)),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(()),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                    return Err(UNSETTLED.to_owned())
+                }
+            }
+        }
+        if let Some(lsn) = *lsn {
+            let _ = confirm.send(lsn);
+        }
+        in_flight.pop_front();
+    }
+    Ok(())
 }
 
 /// Reads the slot's health into the WAL gauges every `interval` until `stop`.
