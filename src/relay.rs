@@ -308,6 +308,11 @@ impl Relay {
         &self.config
     }
 
+    /// Whether any destination orders its events by key.
+    pub fn ordered(&self) -> bool {
+        self.claim.ordered
+    }
+
     /// The routing of topics to destinations.
     pub fn router(&self) -> &Router {
         &self.router

@@ -19,7 +19,7 @@
 pub mod decode;
 pub mod slot;
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -404,7 +404,8 @@ fn ended(e: &pgwire_replication::PgWireError) -> End {
 }
 
 /// A batch handed to its task, oldest first: its settle's answer and the position to confirm
-/// once it (and every batch before it) is settled. `None` for a position alone (no events).
+/// once it (and every batch before it) is settled. No answer to wait for: a position alone (no
+/// events), or a batch whose answer was taken.
 type InFlight = (
     Option<tokio::sync::oneshot::Receiver<crate::error::Result<BatchReport>>>,
     Option<Lsn>,
@@ -426,19 +427,15 @@ async fn process(
     let config = relay.config().clone();
     let batch_size = config.relay.batch_size;
     let heartbeat = config.wal.heartbeat_interval;
-    let ordered = config
-        .destinations
-        .iter()
-        .any(|d| d.ordering == crate::config::Ordering::Key);
     // Ordered keys need each batch settled (its failures recorded) before the next is routed.
-    let most_in_flight = if ordered {
+    let most_in_flight = if relay.ordered() {
         1
     } else {
         config.relay.workers.max(1)
     };
     let mut total = BatchReport::default();
     let mut stragglers = tokio::task::JoinSet::new();
-    let mut in_flight: std::collections::VecDeque<InFlight> = std::collections::VecDeque::new();
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let failed = 'run: loop {
         let first = tokio::select! {
             biased;
@@ -522,47 +519,44 @@ async fn process(
         // Finished straggler tasks are reaped as the processor goes.
         while stragglers.try_join_next().is_some() {}
         // Room for the next batch: wait for the oldest ones beyond the limit.
-        loop {
-            if let Err(e) = confirm_settled(&mut in_flight, &confirm, &mut total) {
-                break 'run Some(e);
-            }
-            if in_flight.len() < most_in_flight {
-                break;
-            }
-            match oldest_settled(&mut in_flight).await {
-                Ok(report) => total += report,
-                Err(e) => break 'run Some(e),
-            }
+        if let Err(e) = settle_down_to(&mut in_flight, most_in_flight, &confirm, &mut total).await {
+            break 'run Some(e);
         }
     };
     // After a failed settle nothing more is confirmed: the next session reads the transactions
     // of that batch and of every batch after it again. Otherwise the batches in hand are
     // finished, in order, each confirmed.
-    if failed.is_none() {
-        while !in_flight.is_empty() {
-            match oldest_settled(&mut in_flight).await {
-                Ok(report) => total += report,
-                Err(e) => {
-                    stragglers.join_all().await;
-                    return (total, Some(e));
-                }
-            }
-            if let Err(e) = confirm_settled(&mut in_flight, &confirm, &mut total) {
-                stragglers.join_all().await;
-                return (total, Some(e));
-            }
-        }
-    }
+    let failed = match failed {
+        Some(e) => Some(e),
+        None => settle_down_to(&mut in_flight, 1, &confirm, &mut total)
+            .await
+            .err(),
+    };
     // Straggling requests end by their batch's deadline (or the shutdown grace).
     stragglers.join_all().await;
     (total, failed)
 }
 
+/// Confirms what is settled, in order, waiting for the oldest batches until fewer than `most`
+/// are in flight.
+async fn settle_down_to(
+    in_flight: &mut VecDeque<InFlight>,
+    most: usize,
+    confirm: &watch::Sender<Lsn>,
+    total: &mut BatchReport,
+) -> Result<(), String> {
+    loop {
+        confirm_settled(in_flight, confirm, total)?;
+        if in_flight.len() < most {
+            return Ok(());
+        }
+        *total += oldest_settled(in_flight).await?;
+    }
+}
+
 /// Waits for the oldest in-flight batch's settle and marks it settled (its answer taken); pending
 /// for ever when nothing is in flight or the oldest is settled already (a select! branch).
-async fn oldest_settled(
-    in_flight: &mut std::collections::VecDeque<InFlight>,
-) -> Result<BatchReport, String> {
+async fn oldest_settled(in_flight: &mut VecDeque<InFlight>) -> Result<BatchReport, String> {
     let Some((settled, _)) = in_flight.front_mut() else {
         return std::future::pending().await;
     };
@@ -583,7 +577,7 @@ const UNSETTLED: &str = "a WAL batch task ended without settling (a bug)";
 /// Confirms, in order, the positions of the oldest batches that are settled, stopping at the first
 /// still in flight; a settle that answered meanwhile is taken here too.
 fn confirm_settled(
-    in_flight: &mut std::collections::VecDeque<InFlight>,
+    in_flight: &mut VecDeque<InFlight>,
     confirm: &watch::Sender<Lsn>,
     total: &mut BatchReport,
 ) -> Result<(), String> {
