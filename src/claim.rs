@@ -25,6 +25,9 @@ pub enum Hold {
     Transaction(Transaction<'static, Postgres>),
     /// The lease's fencing token.
     Lease(Uuid),
+    /// Nothing holds the rows (WAL batches: no claim took them): a settle that has something to
+    /// write opens a transaction of its own.
+    Nothing,
 }
 
 /// A batch of claimed events and what holds them.
@@ -190,6 +193,7 @@ pub async fn claim_due(
 pub async fn release(pool: &PgPool, table: &OutboxTable, hold: Hold, ids: &[Uuid]) -> Result<()> {
     match hold {
         Hold::Transaction(tx) => tx.rollback().await?,
+        Hold::Nothing => {}
         Hold::Lease(token) => {
             sqlx::query(&table.sql.release_lease)
                 .bind(ids)

@@ -209,6 +209,12 @@ pub struct WalConfig {
     /// each transaction as soon as it is read.
     #[serde(with = "duration_str")]
     pub batch_wait: Duration,
+    /// How long the rows of delivered events wait to be deleted (or marked published) together
+    /// with later batches' rows: one statement for many batches. The slot is confirmed past an
+    /// event only once its row is written, so a longer wait only means more to read again after
+    /// a crash; "0s" writes each batch's rows as soon as it is settled.
+    #[serde(with = "duration_str")]
+    pub settle_wait: Duration,
 }
 
 impl Default for WalConfig {
@@ -220,6 +226,7 @@ impl Default for WalConfig {
             status_interval: Duration::from_secs(1),
             standby_retry: Duration::from_secs(2),
             batch_wait: Duration::from_millis(2),
+            settle_wait: Duration::from_millis(50),
         }
     }
 }

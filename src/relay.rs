@@ -455,7 +455,7 @@ impl Relay {
     pub async fn process_wal_batch(
         self: Arc<Self>,
         batch: crate::wal::WalBatch,
-        settled: tokio::sync::oneshot::Sender<Result<BatchReport>>,
+        settled: tokio::sync::oneshot::Sender<Result<(BatchReport, settle::DeliveredRows)>>,
     ) {
         let crate::wal::WalBatch {
             events,
@@ -539,6 +539,16 @@ impl Relay {
         let _ = settled.send(result);
     }
 
+    /// WAL source: deletes (or marks published) the rows that settled WAL batches delivered
+    /// everywhere, several batches' at once (the processor confirms their positions after).
+    pub async fn write_wal_rows(&self, rows: &settle::DeliveredRows) -> Result<u64> {
+        let started = Instant::now();
+        let written =
+            settle::write_delivered(&self.table, &self.pool, rows, self.delete_on_settle).await?;
+        metrics::histogram!(observe::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(written)
+    }
+
     /// WAL source: once the stragglers of a batch settled without them are over (their pairs were
     /// written due only after the batch's publish deadline), each one delivered
     /// after all has its pair deleted, so it is not sent again. One that failed, or that was never
@@ -589,7 +599,7 @@ impl Relay {
         rowless: &HashSet<Uuid>,
         aborted: bool,
         linger: Duration,
-    ) -> Result<BatchReport> {
+    ) -> Result<(BatchReport, settle::DeliveredRows)> {
         let delivered_everywhere = |e: usize| {
             items.spans[e].clone().all(|i| {
                 matches!(
@@ -603,11 +613,21 @@ impl Relay {
             .partition(|&e| delivered_everywhere(e));
         let no_row: HashSet<Uuid> = done.iter().map(|&e| events[e].id).collect();
         let materialize: Vec<&OutboxEvent> = unfinished.iter().map(|&e| &events[e]).collect();
-        let mut tx = self.pool.begin().await?;
-        if !materialize.is_empty() {
+        // Materialized rows are settled in the transaction that wrote them; otherwise the settle
+        // opens one only if it has something to write besides the delivered rows.
+        let hold = if materialize.is_empty() {
+            Hold::Nothing
+        } else {
+            let mut tx = self.pool.begin().await?;
             settle::materialize(&self.table, &mut tx, &materialize).await?;
-        }
+            Hold::Transaction(tx)
+        };
         let linger = (!linger.is_zero()).then_some(linger);
+        let mut wal = WalSettle {
+            rowless: no_row,
+            rows: settle::DeliveredRows::default(),
+            linger,
+        };
         let (report, _) = self
             .settle_part(
                 events,
@@ -615,16 +635,13 @@ impl Relay {
                 outcomes,
                 &|_| true,
                 (poison, &[]),
-                Hold::Transaction(tx),
+                hold,
                 None,
                 aborted,
-                Some(&WalSettle {
-                    rowless: no_row,
-                    linger,
-                }),
+                Some(&mut wal),
             )
             .await?;
-        Ok(report)
+        Ok((report, wal.rows))
     }
 
     /// Where an item for destination `d` goes now: sent, or held while `d` is paused or open.
@@ -773,7 +790,8 @@ impl Relay {
                         };
                         let token = match &claim_hold {
                             Hold::Lease(token) => *token,
-                            Hold::Transaction(_) => Uuid::new_v4(),
+                            // A claimed batch is never unheld; a new token as for a transaction.
+                            Hold::Transaction(_) | Hold::Nothing => Uuid::new_v4(),
                         };
                         // Settled per event: an event waits for all its items.
                         let straggling: HashSet<usize> =
@@ -864,7 +882,7 @@ impl Relay {
         hold: Hold,
         lease_rest: Option<(Vec<Uuid>, Uuid, Duration)>,
         aborted: bool,
-        wal: Option<&WalSettle>,
+        mut wal: Option<&mut WalSettle>,
     ) -> Result<(BatchReport, Vec<Uuid>)> {
         let (poison, held_back) = extra;
         let started = Instant::now();
@@ -922,8 +940,9 @@ impl Relay {
         // Send, unlike ThreadRng: the batch future crosses threads.
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
         let mut plan = settle::plan(attempted, now, &mut rng);
-        if let Some(wal) = wal {
+        if let Some(wal) = &wal {
             plan.rowless = wal.rowless.clone();
+            plan.defer_delivered = true;
         }
         for (e, d, reason) in held {
             let (event, dest) = (&events[e], &self.destinations[d]);
@@ -979,7 +998,7 @@ impl Relay {
                     (_, None) => {
                         plan.pair_waiting(event, &dest.name, false, None);
                         // WAL: a straggler's request is still out; its pair waits until it is over.
-                        let linger = wal.and_then(|w| w.linger);
+                        let linger = wal.as_ref().and_then(|w| w.linger);
                         if let (Some(linger), Some(pair)) = (linger, plan.pairs.last_mut()) {
                             pair.delay_secs = linger.as_secs_f64();
                         }
@@ -1048,9 +1067,14 @@ impl Relay {
             }
             // Lease mode: the stragglers are leased already, for longer than the batch may last.
             (Some(_), hold @ Hold::Lease(_)) => hold,
+            // WAL batches have no lease to move rows under.
+            (Some(_), hold @ Hold::Nothing) => hold,
         };
         // WAL: no claim reads the rows, so there are no followers to park.
         let park = (self.claim.ordered && wal.is_none()).then_some(self.blocking.as_slice());
+        if let Some(wal) = &mut wal {
+            wal.rows = plan.delivered_rows();
+        }
         let settled = settle::apply(
             &self.table,
             &self.pool,
@@ -1953,6 +1977,9 @@ impl Relay {
 struct WalSettle {
     /// Delivered events that have no table row (`emit()` messages): nothing to write for them.
     rowless: HashSet<Uuid>,
+    /// Out: the rows delivered everywhere, which the settle leaves to the WAL processor to write
+    /// with other batches' (`settle::write_delivered`).
+    rows: settle::DeliveredRows,
     /// For a batch settled without its stragglers: how long their pairs wait (their requests are
     /// still out).
     linger: Option<Duration>,

@@ -104,6 +104,34 @@ pub struct SettlePlan {
     pub bundles: Vec<HeldBatch>,
     /// Delivered events that have no table row (WAL `emit()` messages): counted, never written.
     pub rowless: std::collections::HashSet<Uuid>,
+    /// WAL: the delivered rows are not written with the rest of the plan but handed back
+    /// ([`SettlePlan::delivered_rows`]) and written later with other batches' ([`write_delivered`]).
+    pub defer_delivered: bool,
+}
+
+/// Rows that WAL batches delivered everywhere, per destination, gathered from several batches to be
+/// deleted (or marked published) in one statement per destination: a slot's events each cost one
+/// row write instead of one settle transaction per batch (see `wal::Confirmer`).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct DeliveredRows(BTreeMap<String, Vec<Uuid>>);
+
+impl DeliveredRows {
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.0.values().map(Vec::len).sum()
+    }
+
+    /// No rows.
+    pub fn is_empty(&self) -> bool {
+        self.0.values().all(Vec::is_empty)
+    }
+
+    /// Adds `other`'s rows.
+    pub fn append(&mut self, other: DeliveredRows) {
+        for (destination, mut ids) in other.0 {
+            self.0.entry(destination).or_default().append(&mut ids);
+        }
+    }
 }
 
 /// A destination's held pairs of one batch, as one `<table>_held_batches` row.
@@ -190,6 +218,28 @@ impl serde::Serialize for Headers<'_> {
 }
 
 impl SettlePlan {
+    /// The delivered events that have a row, for [`write_delivered`].
+    pub fn delivered_rows(&self) -> DeliveredRows {
+        DeliveredRows(
+            self.delivered
+                .iter()
+                .map(|(destination, ids)| {
+                    let ids = ids.iter().filter(|id| !self.rowless.contains(id));
+                    (destination.clone(), ids.copied().collect::<Vec<_>>())
+                })
+                .filter(|(_, ids)| !ids.is_empty())
+                .collect(),
+        )
+    }
+
+    /// Nothing for [`apply`] to write (delivered rows aside when they are deferred).
+    fn writes_nothing(&self) -> bool {
+        (self.defer_delivered || self.delivered_rows().is_empty())
+            && self.failed.is_empty()
+            && self.held.is_empty()
+            && self.fanned.iter().all(|id| self.rowless.contains(id))
+    }
+
     /// Number of delivered events.
     pub fn delivered_count(&self) -> usize {
         self.delivered.values().map(Vec::len).sum()
@@ -419,6 +469,15 @@ pub async fn apply(
             tx.commit().await?;
             Ok(SettleReport { rows, fenced: 0 })
         }
+        // A WAL batch whose rows are all delivered (the usual case) costs no round trip here.
+        Hold::Nothing if plan.writes_nothing() => Ok(SettleReport { rows: 0, fenced: 0 }),
+        Hold::Nothing => {
+            let mut tx = pool.begin().await?;
+            let rows = write(table, &mut tx, plan, delete, None).await?;
+            park_followers(table, &mut tx, plan, park).await?;
+            tx.commit().await?;
+            Ok(SettleReport { rows, fenced: 0 })
+        }
         Hold::Lease(token) => {
             let mut conn = pool.acquire().await?;
             let rows = write(table, &mut conn, plan, delete, Some(token)).await?;
@@ -478,6 +537,58 @@ pub async fn materialize(
             .await?;
     }
     Ok(())
+}
+
+/// Deletes (with `delete`) or marks published the delivered rows: one statement per destination
+/// (DeleteMany, SetPublishedMany: by primary key), fenced by the lease's `token` if any.
+async fn write_rows(
+    table: &OutboxTable,
+    conn: &mut sqlx::PgConnection,
+    delivered: &DeliveredRows,
+    delete: bool,
+    token: Option<Uuid>,
+) -> Result<u64> {
+    let mut rows = 0;
+    for (destination, ids) in &delivered.0 {
+        let done = if delete {
+            sqlx::query(&table.sql.delete_many)
+                .bind(ids)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?
+        } else {
+            sqlx::query(&table.sql.set_published_many)
+                .bind(ids)
+                .bind(destination)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?
+        };
+        rows += done.rows_affected();
+    }
+    Ok(rows)
+}
+
+/// WAL: writes the delivered rows that [`apply`] deferred, several batches' at once, in one
+/// transaction.
+pub async fn write_delivered(
+    table: &OutboxTable,
+    pool: &sqlx::PgPool,
+    delivered: &DeliveredRows,
+    delete: bool,
+) -> Result<u64> {
+    if delivered.is_empty() {
+        return Ok(0);
+    }
+    let mut conn = pool.acquire().await?;
+    if delivered.0.len() == 1 {
+        // One statement: no transaction to open and commit.
+        return write_rows(table, &mut conn, delivered, delete, None).await;
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let rows = write_rows(table, &mut tx, delivered, delete, None).await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 async fn park_followers(
@@ -669,26 +780,8 @@ async fn write(
             .copied()
             .collect()
     };
-    for (destination, ids) in &plan.delivered {
-        let ids = &with_rows(ids);
-        if ids.is_empty() {
-            continue;
-        }
-        let done = if delete {
-            sqlx::query(&table.sql.delete_many)
-                .bind(ids)
-                .bind(token)
-                .execute(&mut *conn)
-                .await?
-        } else {
-            sqlx::query(&table.sql.set_published_many)
-                .bind(ids)
-                .bind(destination)
-                .bind(token)
-                .execute(&mut *conn)
-                .await?
-        };
-        rows += done.rows_affected();
+    if !plan.defer_delivered {
+        rows += write_rows(table, &mut *conn, &plan.delivered_rows(), delete, token).await?;
     }
     if !plan.failed.is_empty() {
         let f = &plan.failed;

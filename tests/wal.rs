@@ -555,6 +555,66 @@ async fn a_restart_resumes_from_the_confirmed_position() {
     );
 }
 
+/// Delivered rows are written after their batches, several batches' together (`settle_wait`),
+/// and the slot is never confirmed past an event whose row is not written yet: a relay that died
+/// then would leave a row that the polling relay could still send, with the slot past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_waits_for_the_rows_of_delivered_events() {
+    let pg = LogicalPg::start(&[]);
+    let db = TestDb::migrated_on(&pg.server_url()).await;
+    let rx = Receiver::start().await;
+    // Rows wait for 100 of them or an hour: here, until the stop.
+    let text = wal_config(
+        &db,
+        "settle_wait = \"1h\"\nstatus_interval = \"100ms\"",
+        &[webhook("hooks", &rx.url, "")],
+    )
+    .replace("[relay]\n", "[relay]\nbatch_size = 100\n");
+    create_slot(&db, &text).await;
+    let dir = scratch();
+    let config = write_config(dir.path(), &text);
+    let mut relay = spawn_relay(dir.path(), &config, "rows");
+
+    let mut ids = write(&db, 2, 0, "order.created").await;
+    let after_first = current_lsn(&db).await;
+    for _ in 0..4 {
+        ids.extend(write(&db, 2, 1, "order.created").await);
+    }
+    let written = current_lsn(&db).await;
+    let delivered = wait_for(GUARD, || async { has_all(&rx, &ids) }).await;
+    assert!(delivered, "all {} events arrived", ids.len());
+    // Ten status intervals: long enough for a confirmation that should not be there to show.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        db.count("published_at IS NULL").await,
+        10,
+        "the delivered rows wait to be written together"
+    );
+    assert!(
+        !confirmed_past(&db, &after_first).await,
+        "the slot is not confirmed past an event whose row is not written"
+    );
+
+    let status = terminate(&mut relay).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "graceful stop: {status:?}"
+    );
+    assert_eq!(
+        db.count("published_at IS NULL").await,
+        0,
+        "the stop wrote the rows"
+    );
+    assert!(
+        confirmed_past(&db, &written).await,
+        "then confirmed the slot past them"
+    );
+    assert!(
+        requests_per_id(&rx).values().all(|&n| n == 1),
+        "each event once"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Standby take-over.
 

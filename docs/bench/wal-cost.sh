@@ -10,6 +10,10 @@
 # article's minimal table with no reader (`minimal`). SETTINGS picks the settings (the first is
 # the reference); `relay@5ms` is the relay with `wal.batch_wait = "5ms"`, `relay/1` the relay
 # with `relay.workers = 1` (one batch in flight at a time). Prints every run and the median ratios.
+# With RATE=N the clients commit N transactions/s (pgbench -R) and each run reports instead the
+# whole machine's busy CPU per 1,000 commits (ms, from /proc/stat: producers, server and reader):
+# at a rate both settings hold, a reader's cost shows as CPU rather than as lost commits, which a
+# saturated machine makes noisy. The summary then gives each setting's median extra CPU.
 # Needs a server with wal_level = logical, pgbench, pg_recvlogical and a release build.
 #
 #   PGURL=postgres://postgres@127.0.0.1:5499 docs/bench/wal-cost.sh
@@ -36,7 +40,9 @@ wait_active() { # pid of the reader
   done
   echo "the reader did not stream within 30 s" >&2; return 1
 }
-run() { # setting -> commits/s
+# CPU time spent by the whole machine so far, in clock ticks (user, nice, system, irq, softirq).
+busy_jiffies() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+run() { # setting -> commits/s (with RATE: busy CPU ms per 1,000 commits)
   local script="$DIR/insert.sql" reader=""
   drop_slot
   if [ "$1" = minimal ]; then
@@ -69,7 +75,17 @@ run() { # setting -> commits/s
   esac
   [ -n "$reader" ] && { wait_active "$reader"; sleep 0.3; }
   psql -q "$PGURL/$DB" -c "CHECKPOINT"
-  pgbench -n -c 32 -j 2 -T "$T" -M simple -f "$script" "$PGURL/$DB" 2>/dev/null | grep -oP 'tps = \K[0-9]+' | head -1
+  if [ -n "${RATE:-}" ]; then
+    local before after out
+    before=$(busy_jiffies)
+    out=$(pgbench -n -c 32 -j 2 -T "$T" -R "$RATE" -M simple -f "$script" "$PGURL/$DB" 2>/dev/null)
+    after=$(busy_jiffies)
+    local commits
+    commits=$(grep -oP 'transactions actually processed: \K[0-9]+' <<< "$out")
+    echo "scale=1; ($after - $before) * 1000 / $(getconf CLK_TCK) * 1000 / $commits" | bc
+  else
+    pgbench -n -c 32 -j 2 -T "$T" -M simple -f "$script" "$PGURL/$DB" 2>/dev/null | grep -oP 'tps = \K[0-9]+' | head -1
+  fi
   if [ -n "$reader" ]; then kill "$reader"; wait "$reader" 2>/dev/null || true; fi
 }
 
@@ -93,6 +109,11 @@ read -ra base <<< "${rates[$ref]}"
 for s in "${settings[@]:1}"; do
   read -ra got <<< "${rates[$s]}"
   ratios=()
+  if [ -n "${RATE:-}" ]; then
+    for i in "${!got[@]}"; do ratios+=("$(echo "${got[$i]} - ${base[$i]}" | bc)"); done
+    echo "$s vs $ref: median extra CPU $(median "${ratios[@]}") ms per 1,000 commits (${ratios[*]})"
+    continue
+  fi
   for i in "${!got[@]}"; do ratios+=("$(echo "scale=3; ${got[$i]} / ${base[$i]}" | bc | sed 's/^\./0./')"); done
   echo "$s vs $ref: median $(median "${ratios[@]}") (${ratios[*]})"
 done

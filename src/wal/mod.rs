@@ -4,12 +4,12 @@
 //! A reader streams the slot (`pgoutput` on the outbox table's publication, plus this table's
 //! `emit()` messages) and hands each committed transaction's events to the processor in commit
 //! order. The processor publishes them in batches through the relay's own route → publish →
-//! settle path ([`Relay::process_wal_batch`]): delivered table rows are marked published (or
-//! deleted) in one statement per batch, and every event a destination did not take goes to the
+//! settle path ([`Relay::process_wal_batch`]): every event a destination did not take goes to the
 //! per-destination deliveries table, where the relay's deliveries loop retries it like any split
-//! event. Only then is the slot's confirmed position moved past the batch's last transaction, so a
-//! failing destination never holds the slot, and a crash between publish and settle means the
-//! batch is read again (at least once).
+//! event, and delivered table rows are marked published (or deleted) a little later, several
+//! batches' in one statement (`wal.settle_wait`). Only then is the slot's confirmed position moved
+//! past the batch's last transaction, so a failing destination never holds the slot, and a crash
+//! between publish and settle means the batch is read again (at least once).
 //!
 //! One relay streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
 //! standby and take over when its session ends. A quiet outbox still lets the slot advance: the
@@ -34,6 +34,7 @@ use uuid::Uuid;
 use crate::event::OutboxEvent;
 use crate::observe;
 use crate::relay::{BatchReport, Relay};
+use crate::settle::DeliveredRows;
 use decode::{Decoded, Decoder};
 use slot::Names;
 
@@ -403,21 +404,27 @@ fn ended(e: &pgwire_replication::PgWireError) -> End {
     }
 }
 
-/// A batch handed to its task, oldest first: its settle's answer and the position to confirm
-/// once it (and every batch before it) is settled. No answer to wait for: a position alone (no
-/// events), or a batch whose answer was taken.
-type InFlight = (
-    Option<tokio::sync::oneshot::Receiver<crate::error::Result<BatchReport>>>,
-    Option<Lsn>,
-);
+/// What a batch's task answers once it is settled: its report, and the rows it delivered
+/// everywhere, which the processor writes with other batches' ([`Confirmer`]).
+type Answer = crate::error::Result<(BatchReport, DeliveredRows)>;
+
+/// A batch handed to its task, oldest first, until its position is passed to the [`Confirmer`].
+struct InFlight {
+    /// The settle's answer; `None`: nothing to wait for (a position alone, or the answer taken).
+    settle: Option<tokio::sync::oneshot::Receiver<Answer>>,
+    /// The rows its answer handed over.
+    rows: DeliveredRows,
+    /// The position to confirm once it (and every batch before it) is settled and written.
+    position: Option<Lsn>,
+}
 
 /// The processor: gathers the reader's items into batches of up to `batch_size` events,
 /// publishes and settles each through the relay, then confirms the last complete transaction.
 /// With no destination ordered by key, up to `relay.workers` batches are in flight at once (their
 /// events have no order to keep, as within one batch); confirmations still go in commit order,
-/// each once every batch before it is settled. On `stop` it finishes the batches in hand and
-/// returns; on a batch that cannot be settled it returns at once with the error (the session
-/// ends, and the batches not confirmed are read again).
+/// each once every batch before it is settled and its delivered rows written. On `stop` it
+/// finishes the batches in hand and returns; on a batch that cannot be settled it returns at once
+/// with the error (the session ends, and the batches not confirmed are read again).
 async fn process(
     relay: Arc<Relay>,
     mut items: mpsc::Receiver<Item>,
@@ -436,6 +443,7 @@ async fn process(
     let mut total = BatchReport::default();
     let mut stragglers = tokio::task::JoinSet::new();
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    let mut confirmer = Confirmer::new(confirm, batch_size, config.wal.settle_wait);
     let failed = 'run: loop {
         let first = tokio::select! {
             biased;
@@ -446,7 +454,15 @@ async fn process(
                     Ok(report) => total += report,
                     Err(e) => break 'run Some(e),
                 }
-                if let Err(e) = confirm_settled(&mut in_flight, &confirm, &mut total) {
+                if let Err(e) = confirm_settled(&mut in_flight, &mut confirmer, &mut total) {
+                    break 'run Some(e);
+                }
+                confirmer.write_if_due(&relay, false);
+                continue;
+            }
+            // A write of delivered rows ended, or gathered rows are due.
+            stepped = confirmer.step(&relay) => {
+                if let Err(e) = stepped {
                     break 'run Some(e);
                 }
                 continue;
@@ -507,30 +523,43 @@ async fn process(
                 },
             }
         }
-        if batch.events.is_empty() && batch.poison.is_empty() {
-            in_flight.push_back((None, confirm_at));
+        let settle = if batch.events.is_empty() && batch.poison.is_empty() {
+            None
         } else {
             // The batch runs as a task of its own: once it is settled it signals, and the slot
             // moves on while the task may still wait for a few straggling requests.
             let (settled_tx, settled_rx) = tokio::sync::oneshot::channel();
             stragglers.spawn(Arc::clone(&relay).process_wal_batch(batch, settled_tx));
-            in_flight.push_back((Some(settled_rx), confirm_at));
-        }
+            Some(settled_rx)
+        };
+        in_flight.push_back(InFlight {
+            settle,
+            rows: DeliveredRows::default(),
+            position: confirm_at,
+        });
         // Finished straggler tasks are reaped as the processor goes.
         while stragglers.try_join_next().is_some() {}
-        // Room for the next batch: wait for the oldest ones beyond the limit.
-        if let Err(e) = settle_down_to(&mut in_flight, most_in_flight, &confirm, &mut total).await {
+        // Room for the next batch: wait for the oldest ones beyond the limit (and for the rows
+        // being written, when too many more are waiting behind them).
+        if let Err(e) =
+            settle_down_to(&mut in_flight, most_in_flight, &mut confirmer, &mut total).await
+        {
+            break 'run Some(e);
+        }
+        confirmer.write_if_due(&relay, false);
+        if let Err(e) = confirmer.keep_up().await {
             break 'run Some(e);
         }
     };
     // After a failed settle nothing more is confirmed: the next session reads the transactions
     // of that batch and of every batch after it again. Otherwise the batches in hand are
-    // finished, in order, each confirmed.
+    // finished, in order, each confirmed once its rows are written.
     let failed = match failed {
         Some(e) => Some(e),
-        None => settle_down_to(&mut in_flight, 1, &confirm, &mut total)
-            .await
-            .err(),
+        None => match settle_down_to(&mut in_flight, 1, &mut confirmer, &mut total).await {
+            Ok(()) => confirmer.finish(&relay).await.err(),
+            Err(e) => Some(e),
+        },
     };
     // Straggling requests end by their batch's deadline (or the shutdown grace).
     stragglers.join_all().await;
@@ -542,11 +571,11 @@ async fn process(
 async fn settle_down_to(
     in_flight: &mut VecDeque<InFlight>,
     most: usize,
-    confirm: &watch::Sender<Lsn>,
+    confirmer: &mut Confirmer,
     total: &mut BatchReport,
 ) -> Result<(), String> {
     loop {
-        confirm_settled(in_flight, confirm, total)?;
+        confirm_settled(in_flight, confirmer, total)?;
         if in_flight.len() < most {
             return Ok(());
         }
@@ -554,19 +583,24 @@ async fn settle_down_to(
     }
 }
 
-/// Waits for the oldest in-flight batch's settle and marks it settled (its answer taken); pending
-/// for ever when nothing is in flight or the oldest is settled already (a select! branch).
+/// Waits for the oldest in-flight batch's settle and takes its answer (its rows kept for the
+/// confirmer); pending for ever when nothing is in flight or the oldest is settled already (a
+/// select! branch).
 async fn oldest_settled(in_flight: &mut VecDeque<InFlight>) -> Result<BatchReport, String> {
-    let Some((settled, _)) = in_flight.front_mut() else {
+    let Some(oldest) = in_flight.front_mut() else {
         return std::future::pending().await;
     };
-    let Some(rx) = settled.as_mut() else {
+    let Some(rx) = oldest.settle.as_mut() else {
         return std::future::pending().await;
     };
     let answer = rx.await;
-    *settled = None;
+    oldest.settle = None;
     match answer {
-        Ok(settled) => settled.map_err(|e| crate::error_chain(&e)),
+        Ok(Ok((report, rows))) => {
+            oldest.rows = rows;
+            Ok(report)
+        }
+        Ok(Err(e)) => Err(crate::error_chain(&e)),
         Err(_) => Err(UNSETTLED.to_owned()),
     }
 }
@@ -574,17 +608,20 @@ async fn oldest_settled(in_flight: &mut VecDeque<InFlight>) -> Result<BatchRepor
 /// A batch task that ended without saying how its settle went.
 const UNSETTLED: &str = "a WAL batch task ended without settling (a bug)";
 
-/// Confirms, in order, the positions of the oldest batches that are settled, stopping at the first
+/// Hands the oldest batches that are settled, in order, to the confirmer, stopping at the first
 /// still in flight; a settle that answered meanwhile is taken here too.
 fn confirm_settled(
     in_flight: &mut VecDeque<InFlight>,
-    confirm: &watch::Sender<Lsn>,
+    confirmer: &mut Confirmer,
     total: &mut BatchReport,
 ) -> Result<(), String> {
-    while let Some((settled, lsn)) = in_flight.front_mut() {
-        if let Some(rx) = settled {
+    while let Some(oldest) = in_flight.front_mut() {
+        if let Some(rx) = &mut oldest.settle {
             match rx.try_recv() {
-                Ok(Ok(report)) => *total += report,
+                Ok(Ok((report, rows))) => {
+                    *total += report;
+                    oldest.rows = rows;
+                }
                 Ok(Err(e)) => return Err(crate::error_chain(&e)),
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(()),
                 Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
@@ -592,12 +629,146 @@ fn confirm_settled(
                 }
             }
         }
-        if let Some(lsn) = *lsn {
-            let _ = confirm.send(lsn);
+        if let Some(done) = in_flight.pop_front() {
+            confirmer.settled(done.rows, done.position);
         }
-        in_flight.pop_front();
     }
     Ok(())
+}
+
+/// Settled batches' delivered rows, gathered and written together (one statement for many
+/// batches instead of a settle transaction each: what the relay costs the database per event is
+/// then about one row write), and the positions waiting for them. A position is confirmed once
+/// the rows of its batch and of every batch before it are written, so the slot never passes an
+/// event whose row could still be claimed by the polling relay. Rows are written when
+/// `batch_size` of them are gathered or the oldest has waited `wait`, one write at a time; a
+/// crash before a write means its batches are read again (at least once, as before).
+struct Confirmer {
+    confirm: watch::Sender<Lsn>,
+    batch_size: usize,
+    wait: Duration,
+    /// Rows gathered, not yet being written, and when the first of them came.
+    rows: DeliveredRows,
+    since: Option<tokio::time::Instant>,
+    /// The last position waiting for `rows` or for the write in progress.
+    waiting: Option<Lsn>,
+    /// The write in progress and the position it lets through.
+    writing: Option<(
+        tokio::task::JoinHandle<crate::error::Result<u64>>,
+        Option<Lsn>,
+    )>,
+}
+
+impl Confirmer {
+    fn new(confirm: watch::Sender<Lsn>, batch_size: usize, wait: Duration) -> Self {
+        Self {
+            confirm,
+            batch_size,
+            wait,
+            rows: DeliveredRows::default(),
+            since: None,
+            waiting: None,
+            writing: None,
+        }
+    }
+
+    /// A batch is settled, and every batch before it: its rows join the gathered ones, and its
+    /// position is confirmed now if no row before it is left to write.
+    fn settled(&mut self, rows: DeliveredRows, position: Option<Lsn>) {
+        if !rows.is_empty() {
+            self.since.get_or_insert_with(tokio::time::Instant::now);
+            self.rows.append(rows);
+        }
+        let Some(position) = position else { return };
+        if self.rows.is_empty() && self.writing.is_none() {
+            let _ = self.confirm.send(position);
+        } else {
+            self.waiting = Some(self.waiting.map_or(position, |w| w.max(position)));
+        }
+    }
+
+    /// Waits for the write in progress to end (then starts the next if enough rows are
+    /// gathered), or else for the gathered rows to be due and starts writing them; pending for
+    /// ever when there is neither (a select! branch: cancel-safe).
+    async fn step(&mut self, relay: &Arc<Relay>) -> Result<(), String> {
+        if self.writing.is_some() {
+            self.written().await?;
+            self.write_if_due(relay, false);
+            return Ok(());
+        }
+        let Some(since) = self.since else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(since + self.wait).await;
+        self.write_if_due(relay, true);
+        Ok(())
+    }
+
+    /// Starts writing the gathered rows if there are `batch_size` of them, or (`timed_out`)
+    /// any, and no write is in progress.
+    fn write_if_due(&mut self, relay: &Arc<Relay>, timed_out: bool) {
+        if self.writing.is_some() || self.rows.is_empty() {
+            return;
+        }
+        if !timed_out && self.rows.len() < self.batch_size {
+            return;
+        }
+        let rows = std::mem::take(&mut self.rows);
+        self.since = None;
+        let relay = Arc::clone(relay);
+        let task = tokio::spawn(async move { relay.write_wal_rows(&rows).await });
+        self.writing = Some((task, self.waiting.take()));
+    }
+
+    /// The write in progress ended: on success its position is confirmed, and a later one too
+    /// if nothing is left to write before it. Pending for ever when no write is in progress (a
+    /// select! branch).
+    async fn written(&mut self) -> Result<(), String> {
+        let Some((task, _)) = &mut self.writing else {
+            return std::future::pending().await;
+        };
+        let result = task.await;
+        let position = self.writing.take().and_then(|(_, position)| position);
+        match result {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(crate::error_chain(&e)),
+            Err(e) => return Err(format!("writing the delivered rows ended abnormally: {e}")),
+        }
+        if let Some(position) = position {
+            let _ = self.confirm.send(position);
+        }
+        if self.rows.is_empty() {
+            if let Some(position) = self.waiting.take() {
+                let _ = self.confirm.send(position);
+            }
+        }
+        Ok(())
+    }
+
+    /// Backpressure: with a write in progress and many more rows gathered behind it, waits for
+    /// that write (reading on would only grow what a crash has to read again).
+    async fn keep_up(&mut self) -> Result<(), String> {
+        if self.writing.is_some() && self.rows.len() >= 4 * self.batch_size {
+            self.written().await?;
+        }
+        Ok(())
+    }
+
+    /// On stop: waits for the write in progress, then writes what is left and confirms the last
+    /// position.
+    async fn finish(&mut self, relay: &Arc<Relay>) -> Result<(), String> {
+        if self.writing.is_some() {
+            self.written().await?;
+        }
+        self.write_if_due(relay, true);
+        if self.writing.is_some() {
+            self.written().await?;
+        }
+        if let Some(position) = self.waiting.take() {
+            let _ = self.confirm.send(position);
+        }
+        Ok(())
+    }
 }
 
 /// Reads the slot's health into the WAL gauges every `interval` until `stop`.
