@@ -65,6 +65,9 @@ pub struct Args {
     /// `relay.poll_interval` of the measured relay (its default when absent).
     #[arg(long)]
     relay_poll_interval: Option<String>,
+    /// `wal.batch_wait` of the measured relay with --source wal (its default when absent).
+    #[arg(long)]
+    wal_batch_wait: Option<String>,
     /// Print the per-second timeline (p99 and max of each second).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     timeline: bool,
@@ -93,6 +96,7 @@ impl Args {
             idle: Duration::from_secs(5),
             relay_synchronous_commit: "on".into(),
             relay_poll_interval: None,
+            wal_batch_wait: None,
             timeline: false,
             source: Source::Poll,
             producer: Statement::Insert,
@@ -141,6 +145,8 @@ pub struct RelaySpec<'a> {
     pub batch_size: Option<usize>,
     /// `wal.status_interval` (None: the relay's default).
     pub wal_status_interval: Option<&'a str>,
+    /// `wal.batch_wait` (None: the relay's default).
+    pub wal_batch_wait: Option<&'a str>,
     /// The null sink instead of the webhook receiver.
     pub null_sink: bool,
 }
@@ -158,6 +164,7 @@ impl<'a> RelaySpec<'a> {
             source: Source::Poll,
             batch_size: None,
             wal_status_interval: None,
+            wal_batch_wait: None,
             null_sink: false,
         }
     }
@@ -192,7 +199,7 @@ impl RelayProcess {
             format!(
                 "database_url = \"{url}\"\nsource = \"{source}\"\nretention = \"{retention}\"\ncleanup_interval = \"{cleanup}\"\n\
                  [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}\
-                 [wal]\nslot = \"{slot}\"\n{status}\
+                 [wal]\nslot = \"{slot}\"\n{status}{batch_wait}\
                  [observability]\nlisten = \"127.0.0.1:{port}\"\n\
                  [[destinations]]\nname = \"bench\"\n{destination}",
                 url = scratch.url,
@@ -213,6 +220,10 @@ impl RelayProcess {
                 status = spec
                     .wal_status_interval
                     .map(|s| format!("status_interval = \"{s}\"\n"))
+                    .unwrap_or_default(),
+                batch_wait = spec
+                    .wal_batch_wait
+                    .map(|w| format!("batch_wait = \"{w}\"\n"))
                     .unwrap_or_default(),
             ),
         )?;
@@ -573,6 +584,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         &RelaySpec {
             synchronous_commit: &args.relay_synchronous_commit,
             poll_interval: args.relay_poll_interval.as_deref(),
+            wal_batch_wait: args.wal_batch_wait.as_deref(),
             source: args.source,
             ..RelaySpec::new(&receiver.url)
         },
