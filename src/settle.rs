@@ -461,23 +461,11 @@ pub async fn apply(
     untouched: &[Uuid],
     park: Option<&[String]>,
 ) -> Result<SettleReport> {
-    match hold {
-        Hold::Transaction(mut tx) => {
-            // Untouched rows need nothing: their locks end with the transaction.
-            let rows = write(table, &mut tx, plan, delete, None).await?;
-            park_followers(table, &mut tx, plan, park).await?;
-            tx.commit().await?;
-            Ok(SettleReport { rows, fenced: 0 })
-        }
-        // A WAL batch whose rows are all delivered (the usual case) costs no round trip here.
-        Hold::Nothing if plan.writes_nothing() => Ok(SettleReport { rows: 0, fenced: 0 }),
-        Hold::Nothing => {
-            let mut tx = pool.begin().await?;
-            let rows = write(table, &mut tx, plan, delete, None).await?;
-            park_followers(table, &mut tx, plan, park).await?;
-            tx.commit().await?;
-            Ok(SettleReport { rows, fenced: 0 })
-        }
+    let mut tx = match hold {
+        Hold::Transaction(tx) => tx,
+        // A WAL batch whose events all arrived (the usual case) costs no round trip here.
+        Hold::Nothing if plan.writes_nothing() => return Ok(SettleReport { rows: 0, fenced: 0 }),
+        Hold::Nothing => pool.begin().await?,
         Hold::Lease(token) => {
             let mut conn = pool.acquire().await?;
             let rows = write(table, &mut conn, plan, delete, Some(token)).await?;
@@ -493,12 +481,17 @@ pub async fn apply(
             let expected =
                 (plan.delivered_count() + plan.failed.len() + plan.held.len() + plan.fanned.len())
                     as u64;
-            Ok(SettleReport {
+            return Ok(SettleReport {
                 rows,
                 fenced: expected.saturating_sub(rows),
-            })
+            });
         }
-    }
+    };
+    // Untouched rows need nothing: their locks end with the transaction.
+    let rows = write(table, &mut tx, plan, delete, None).await?;
+    park_followers(table, &mut tx, plan, park).await?;
+    tx.commit().await?;
+    Ok(SettleReport { rows, fenced: 0 })
 }
 
 /// WAL source: gives `emit()` events that a destination did not take a row, pending, in the
