@@ -593,15 +593,21 @@ async fn oldest_settled(in_flight: &mut VecDeque<InFlight>) -> Result<BatchRepor
     let Some(rx) = oldest.settle.as_mut() else {
         return std::future::pending().await;
     };
-    let answer = rx.await;
-    oldest.settle = None;
+    let answer = rx.await.ok();
+    take_answer(oldest, answer)
+}
+
+/// Takes a batch's settle answer (`None`: its task ended without one): the report, its rows
+/// kept in `batch` for the confirmer.
+fn take_answer(batch: &mut InFlight, answer: Option<Answer>) -> Result<BatchReport, String> {
+    batch.settle = None;
     match answer {
-        Ok(Ok((report, rows))) => {
-            oldest.rows = rows;
+        Some(Ok((report, rows))) => {
+            batch.rows = rows;
             Ok(report)
         }
-        Ok(Err(e)) => Err(crate::error_chain(&e)),
-        Err(_) => Err(UNSETTLED.to_owned()),
+        Some(Err(e)) => Err(crate::error_chain(&e)),
+        None => Err(UNSETTLED.to_owned()),
     }
 }
 
@@ -617,17 +623,11 @@ fn confirm_settled(
 ) -> Result<(), String> {
     while let Some(oldest) = in_flight.front_mut() {
         if let Some(rx) = &mut oldest.settle {
-            match rx.try_recv() {
-                Ok(Ok((report, rows))) => {
-                    *total += report;
-                    oldest.rows = rows;
-                }
-                Ok(Err(e)) => return Err(crate::error_chain(&e)),
+            let answer = match rx.try_recv() {
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(()),
-                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
-                    return Err(UNSETTLED.to_owned())
-                }
-            }
+                answer => answer.ok(),
+            };
+            *total += take_answer(oldest, answer)?;
         }
         if let Some(done) = in_flight.pop_front() {
             confirmer.settled(done.rows, done.position);
@@ -734,13 +734,14 @@ impl Confirmer {
             Ok(Err(e)) => return Err(crate::error_chain(&e)),
             Err(e) => return Err(format!("writing the delivered rows ended abnormally: {e}")),
         }
-        if let Some(position) = position {
+        // Positions that waited behind this write pass too, unless rows came in after them.
+        let behind = if self.rows.is_empty() {
+            self.waiting.take()
+        } else {
+            None
+        };
+        if let Some(position) = position.max(behind) {
             let _ = self.confirm.send(position);
-        }
-        if self.rows.is_empty() {
-            if let Some(position) = self.waiting.take() {
-                let _ = self.confirm.send(position);
-            }
         }
         Ok(())
     }
@@ -757,17 +758,13 @@ impl Confirmer {
     /// On stop: waits for the write in progress, then writes what is left and confirms the last
     /// position.
     async fn finish(&mut self, relay: &Arc<Relay>) -> Result<(), String> {
-        if self.writing.is_some() {
+        loop {
+            self.write_if_due(relay, true);
+            if self.writing.is_none() {
+                return Ok(());
+            }
             self.written().await?;
         }
-        self.write_if_due(relay, true);
-        if self.writing.is_some() {
-            self.written().await?;
-        }
-        if let Some(position) = self.waiting.take() {
-            let _ = self.confirm.send(position);
-        }
-        Ok(())
     }
 }
 
