@@ -9,7 +9,8 @@
 # With PRODUCER=emit the clients call outbox_emit() instead, against plain INSERTs into the
 # article's minimal table with no reader (`minimal`). SETTINGS picks the settings (the first is
 # the reference); `relay@5ms` is the relay with `wal.batch_wait = "5ms"`, `relay/1` the relay
-# with `relay.workers = 1` (one batch in flight at a time). Prints every run and the median ratios.
+# with `relay.workers = 1` (one batch in flight at a time), `relay-delete` the relay with
+# `retention = "0s"` (delivered rows deleted instead of marked published). Prints every run and the median ratios.
 # With RATE=N the clients commit N transactions/s (pgbench -R) and each run reports instead the
 # whole machine's busy CPU per 1,000 commits (ms, from /proc/stat: producers, server and reader):
 # at a rate both settings hold, a reader's cost shows as CPU rather than as lost commits, which a
@@ -56,11 +57,12 @@ run() { # setting -> commits/s (with RATE: busy CPU ms per 1,000 commits)
   fi
   case "$1" in
     relay*)
-      local wait="" workers=""
+      local wait="" workers="" retention=""
       [[ "$1" == relay@* ]] && wait="batch_wait = \"${1#relay@}\""
       [[ "$1" == relay/* ]] && workers="${1#relay/}"
-      printf 'database_url = "%s"\nsource = "wal"\n[wal]\nslot = "%s"\n%s\n[[destinations]]\nname = "null"\ntype = "null"\n' \
-        "$PGURL/$DB" "$SLOT" "$wait" > "$DIR/relay.toml"
+      [ "$1" = relay-delete ] && retention='retention = "0s"'
+      printf 'database_url = "%s"\nsource = "wal"\n%s\n[wal]\nslot = "%s"\n%s\n[[destinations]]\nname = "null"\ntype = "null"\n' \
+        "$PGURL/$DB" "$retention" "$SLOT" "$wait" > "$DIR/relay.toml"
       "$BIN" slot create -c "$DIR/relay.toml" >/dev/null 2>&1
       PGOUTBOX_WORKERS=${workers:-2} "$BIN" relay -c "$DIR/relay.toml" 2>"$DIR/relay.log" &
       reader=$!
