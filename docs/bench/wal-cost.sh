@@ -10,7 +10,8 @@
 # article's minimal table with no reader (`minimal`). SETTINGS picks the settings (the first is
 # the reference); `relay@5ms` is the relay with `wal.batch_wait = "5ms"`, `relay/1` the relay
 # with `relay.workers = 1` (one batch in flight at a time), `relay-delete` the relay with
-# `retention = "0s"` (delivered rows deleted instead of marked published). Prints every run and the median ratios.
+# `retention = "0s"` (delivered rows deleted instead of marked published). Prints every run and
+# the median ratios.
 # With RATE=N the clients commit N transactions/s (pgbench -R) and each run reports instead the
 # whole machine's busy CPU per 1,000 commits (ms, from /proc/stat: producers, server and reader):
 # at a rate both settings hold, a reader's cost shows as CPU rather than as lost commits, which a
