@@ -184,6 +184,8 @@ pub struct Queries {
     pub set_published_many: String,
     /// `OutboxDeleteMany`: delete-mode settle of successes (retention 0).
     pub delete_many: String,
+    /// `OutboxMoveMany`: partitioned-history settle of successes.
+    pub move_many: String,
     /// `OutboxSetFailedMany`: failures and dead letters, one row per event.
     pub set_failed_many: String,
     /// `OutboxReleaseLease`: gives leased rows back, due now.
@@ -224,6 +226,8 @@ pub struct Queries {
     pub deliveries_fan_out: String,
     /// DeliveriesFanOutDelete.
     pub deliveries_fan_out_delete: String,
+    /// DeliveriesFanOutMove.
+    pub deliveries_fan_out_move: String,
     /// DeliveriesClaim.
     pub deliveries_claim: String,
     /// DeliveriesDelete.
@@ -259,6 +263,7 @@ impl Queries {
             claim_lease_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_LEASE_ORDERED}")),
             set_published_many: r(SET_PUBLISHED_MANY),
             delete_many: r(DELETE_MANY),
+            move_many: r(MOVE_MANY),
             set_failed_many: r(SET_FAILED_MANY),
             release_lease: r(RELEASE_LEASE),
             park_followers: r(PARK_FOLLOWERS),
@@ -277,8 +282,9 @@ impl Queries {
             destination_resume: r(DESTINATION_RESUME),
             wal_materialize: r(WAL_MATERIALIZE),
             wal_unmark: r(WAL_UNMARK),
-            deliveries_fan_out: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_PUBLISH)),
-            deliveries_fan_out_delete: r(&DELIVERIES_FAN_OUT.replace("{settle}", FAN_OUT_DELETE)),
+            deliveries_fan_out: r(&fan_out(FAN_OUT_PUBLISH, "")),
+            deliveries_fan_out_delete: r(&fan_out(FAN_OUT_DELETE, "")),
+            deliveries_fan_out_move: r(&fan_out(FAN_OUT_DELETE, FAN_OUT_MOVE)),
             deliveries_claim: r(&format!("{DELIVERIES_CLAIM}{DELIVERIES_LEASE}")),
             deliveries_delete: r(DELIVERIES_DELETE),
             deliveries_settle: r(DELIVERIES_SETTLE),
@@ -422,6 +428,22 @@ WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)";
 const DELETE_MANY: &str = "
 DELETE FROM {outbox}
 WHERE id = ANY($1) AND ($2::uuid IS NULL OR lease_token = $2)";
+
+/// OutboxMoveMany. `history = "partitions"`: the rows leave the outbox as in OutboxDeleteMany (no
+/// dead row version left behind for vacuum beyond the delete) and are appended to the current
+/// partition of `{qname:history}`, which cleanup drops whole. Binds as OutboxSetPublishedMany;
+/// the count is the rows moved.
+const MOVE_MANY: &str = "
+WITH moved AS (
+    DELETE FROM {outbox}
+    WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)
+    RETURNING id, seq, topic, key, payload, headers, created_at, attempts, last_error
+)
+INSERT INTO {qname:history} (id, seq, topic, key, payload, headers, created_at, published_at,
+                             destination, attempts, last_error)
+SELECT id, seq, topic, key, payload, headers, created_at, statement_timestamp(), $2, attempts,
+       last_error
+FROM moved";
 
 /// OutboxSetFailedMany. One statement for every failure of a batch: the delay and the dead flag
 /// are decided by the retry policy in Rust, the clock is the database's. `statement_timestamp()`,
@@ -615,7 +637,8 @@ RETURNING id";
 /// WalUnmark. See WalMaterialize: primary-key lookups of the rows it just inserted.
 const WAL_UNMARK: &str = "UPDATE {outbox} SET published_at = NULL WHERE id = ANY($1)";
 
-/// DeliveriesFanOut (keep mode) / DeliveriesFanOutDelete (retention 0). Settles split events (an
+/// DeliveriesFanOut (keep mode) / DeliveriesFanOutDelete (retention 0) / DeliveriesFanOutMove
+/// (`history = "partitions"`: deleted, then appended to the history). Settles split events (an
 /// event with several destinations, or a pair that waits behind its key): the event rows are
 /// settled by primary key, fenced by the lease token `$9` like OutboxSetPublishedMany, and in the
 /// same statement their undelivered pairs are inserted into `{qname:deliveries}`, joined to the
@@ -630,8 +653,8 @@ const DELIVERIES_FAN_OUT: &str = "
 WITH settled AS (
     {settle}
     WHERE id = ANY($1) AND ($9::uuid IS NULL OR lease_token = $9)
-    RETURNING id, seq, topic, key, payload, headers, created_at
-),
+    RETURNING id, seq, topic, key, payload, headers, created_at, attempts, last_error
+),{history}
 pairs AS (
     INSERT INTO {qname:deliveries} AS d (event_id, destination, seq, topic, key, payload, headers,
                                          created_at, attempts, next_attempt_at, last_error, dead_at)
@@ -663,6 +686,25 @@ const FAN_OUT_PUBLISH: &str =
 
 /// See DELIVERIES_FAN_OUT.
 const FAN_OUT_DELETE: &str = "DELETE FROM {outbox}";
+
+/// See DELIVERIES_FAN_OUT and OutboxMoveMany: the deleted split rows go to the history, with no
+/// destination (as FAN_OUT_PUBLISH leaves them).
+const FAN_OUT_MOVE: &str = "
+history AS (
+    INSERT INTO {qname:history} (id, seq, topic, key, payload, headers, created_at, published_at,
+                                 destination, attempts, last_error)
+    SELECT id, seq, topic, key, payload, headers, created_at, statement_timestamp(), NULL,
+           attempts, last_error
+    FROM settled
+),";
+
+/// DeliveriesFanOut with its settle of the event rows (`settle`) and, to move them to the
+/// history, the CTE that does it (`history`, or empty).
+fn fan_out(settle: &str, history: &str) -> String {
+    DELIVERIES_FAN_OUT
+        .replace("{settle}", settle)
+        .replace("{history}", history)
+}
 
 /// DeliveriesClaim. Due pairs, oldest first: range scan of `{name:deliveries_due_idx}`, leased at
 /// once (`next_attempt_at` pushed to the lease expiry `$2`, fencing token `$3`) so no transaction is

@@ -68,6 +68,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the emit() SQL function (events as logical decoding messages, for source = \"wal\")",
         include_str!("migrations/0009_emit_function.sql"),
     ),
+    Migration::sql(
+        10,
+        "add the partitioned history table (history = \"partitions\")",
+        include_str!("migrations/0010_history.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -316,8 +321,10 @@ pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 #[cfg(feature = "sqlx08")]
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
 /// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT, INSERT,
-/// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT
-/// on the migrations registry. Run as the table's owner.
+/// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT,
+/// INSERT and DELETE on its history, SELECT on the migrations registry. Run as the table's owner.
+/// Partitions of the history are created and dropped by their owner only: with
+/// `history = "partitions"`, run `pgoutbox cleanup` as the owner (see docs/operations.md).
 pub async fn grant_relay(
     conn: &mut PgConnection,
     table: &OutboxTable,
@@ -331,6 +338,7 @@ pub async fn grant_relay(
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:held_batches}} TO {role};
          GRANT USAGE ON SEQUENCE {{qname:held_batches_id_seq}} TO {role};
          GRANT SELECT, INSERT, DELETE ON {{qname:attempts}} TO {role};
+         GRANT SELECT, INSERT, DELETE ON {{qname:history}} TO {role};
          GRANT SELECT ON {{schema}}.pgoutbox_migrations TO {role};",
         role = role.quoted(),
         privileges = RELAY_TABLE_PRIVILEGES.join(", ")
