@@ -1,5 +1,6 @@
 //! Cleanup: deleting published rows older than `retention` (and dead rows older than
-//! `dead_retention`, when set), in short bounded batches.
+//! `dead_retention`, when set), in short bounded batches, and dropping the partitions of the
+//! published history that are past `retention` ([`crate::history`]).
 //!
 //! The walk follows the index of published rows (and the dead-letter index) oldest first, in
 //! chunks; each chunk is one autocommit DELETE, so no transaction or lock lasts longer than one
@@ -58,6 +59,8 @@ pub struct CleanupReport {
     pub deleted_dead: u64,
     /// Failed-attempt history rows deleted (not counted in [`CleanupReport::deleted`]).
     pub deleted_attempts: u64,
+    /// Partitions of the published history dropped whole (`history = "partitions"`).
+    pub dropped_partitions: u64,
     /// Chunks (statements) run.
     pub batches: u64,
     /// The longest chunk: the longest any cleanup transaction lasted.
@@ -188,6 +191,21 @@ pub async fn run(
             .await?;
         }
     }
+    // The partitioned history (`history = "partitions"`, or left from it): whole partitions. Run
+    // whatever the setting, so that switching back to the outbox still expires them.
+    let expired = crate::history::expire(
+        pool,
+        table,
+        options.retention,
+        options.chunk_rows,
+        options.dry_run,
+    )
+    .await?;
+    report.dropped_partitions = expired.partitions;
+    report.deleted_published += expired.default_rows;
+    if expired.partitions + expired.default_rows > 0 {
+        progress(&report);
+    }
     if let Some(dead_retention) = dead_retention {
         // Dead pairs of split events: a table as small as the current failures, one statement.
         let statement = table.render(if options.dry_run {
@@ -206,21 +224,40 @@ pub async fn run(
     }
     if !options.dry_run {
         // The attempt history: small rows, chunk after chunk by age (`{name:attempts_at_idx}`).
-        let statement = table.render(DELETE_OLD_ATTEMPTS);
-        loop {
-            let (deleted,): (i64,) = sqlx::query_as(&statement)
-                .bind(options.attempts_retention.as_secs_f64())
-                .bind(options.chunk_rows)
-                .fetch_one(pool)
-                .await?;
-            report.deleted_attempts += deleted as u64;
-            report.batches += 1;
-            if deleted < options.chunk_rows {
-                break;
-            }
-        }
+        let (deleted, chunks) = delete_in_chunks(
+            pool,
+            &table.render(DELETE_OLD_ATTEMPTS),
+            options.attempts_retention,
+            options.chunk_rows,
+        )
+        .await?;
+        report.deleted_attempts += deleted;
+        report.batches += chunks;
     }
     Ok(report)
+}
+
+/// Runs `statement` (one chunk: binds `$1` the age in seconds, `$2` the chunk size; returns the
+/// rows deleted) until a chunk comes back short; returns the rows deleted and the chunks run.
+pub(crate) async fn delete_in_chunks(
+    pool: &PgPool,
+    statement: &str,
+    older_than: Duration,
+    chunk_rows: i64,
+) -> Result<(u64, u64)> {
+    let (mut rows, mut chunks) = (0, 0);
+    loop {
+        let (deleted,): (i64,) = sqlx::query_as(statement)
+            .bind(older_than.as_secs_f64())
+            .bind(chunk_rows)
+            .fetch_one(pool)
+            .await?;
+        rows += deleted as u64;
+        chunks += 1;
+        if deleted < chunk_rows {
+            return Ok((rows, chunks));
+        }
+    }
 }
 
 /// CleanupAttempts. One chunk of failed-attempt history older than `$1` seconds, oldest first

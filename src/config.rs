@@ -154,6 +154,8 @@ pub struct Config {
     pub table: OutboxTable,
     /// How long published rows are kept; zero deletes them at settle time.
     pub retention: Duration,
+    /// Where published events are kept for `retention`: in the outbox, or moved to partitions.
+    pub history: History,
     /// How long dead rows are kept; `None` keeps them until discarded.
     pub dead_retention: Option<Duration>,
     /// How long the history of failed attempts is kept (the console's per-event history).
@@ -172,6 +174,18 @@ pub struct Config {
     pub admin: crate::admin::AdminConfig,
     /// Where events go; an event goes to every destination whose topics (and filter) match.
     pub destinations: Vec<DestinationConfig>,
+}
+
+/// Where published events are kept until `retention` is over (with `retention` above zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum History {
+    /// Marked published in the outbox table; cleanup deletes them row by row (vacuum reclaims).
+    #[default]
+    Outbox,
+    /// Moved at settle to `<table>_history`, partitioned by publish time; cleanup drops whole
+    /// partitions, so neither table bloats (see [`crate::history`]).
+    Partitions,
 }
 
 /// Where the relay takes events from.
@@ -491,6 +505,8 @@ struct RawConfig {
     schema: Option<String>,
     table: Option<String>,
     retention: Option<String>,
+    #[serde(default)]
+    history: History,
     dead_retention: Option<String>,
     attempts_retention: Option<String>,
     cleanup_interval: Option<String>,
@@ -652,16 +668,21 @@ impl Config {
         }
 
         if let Some(v) = env("PGOUTBOX_SOURCE") {
-            raw.source = match v.as_str() {
-                "poll" => Source::Poll,
-                "wal" => Source::Wal,
-                _ => {
-                    return Err(ConfigError::at(
-                        "PGOUTBOX_SOURCE",
-                        format!("must be \"poll\" or \"wal\", not {v:?}"),
-                    ))
-                }
-            };
+            raw.source = choice(
+                "PGOUTBOX_SOURCE",
+                &v,
+                &[("poll", Source::Poll), ("wal", Source::Wal)],
+            )?;
+        }
+        if let Some(v) = env("PGOUTBOX_HISTORY") {
+            raw.history = choice(
+                "PGOUTBOX_HISTORY",
+                &v,
+                &[
+                    ("outbox", History::Outbox),
+                    ("partitions", History::Partitions),
+                ],
+            )?;
         }
         // Slot and publication names are identifiers: the same rule as table names, so that they
         // can be quoted safely (and slot names allow only lower case, digits and `_`).
@@ -704,6 +725,7 @@ impl Config {
             database_url: raw.database_url,
             table: OutboxTable::new(schema, table),
             retention,
+            history: raw.history,
             dead_retention,
             attempts_retention,
             cleanup_interval,
@@ -823,6 +845,21 @@ fn parse_destination(
 
 fn deserialize<T: DeserializeOwned>(table: toml::Table) -> Result<T, String> {
     T::deserialize(toml::Value::Table(table)).map_err(|e| e.message().to_owned())
+}
+
+/// The value of the environment variable `key` among `choices` (the spelling, the value).
+fn choice<T: Copy>(key: &str, value: &str, choices: &[(&str, T)]) -> Result<T, ConfigError> {
+    choices
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
+            ConfigError::at(
+                key,
+                format!("must be {}, not {value:?}", names.join(" or ")),
+            )
+        })
 }
 
 fn parse_duration_key(key: &str, value: &str) -> Result<Duration, ConfigError> {

@@ -153,6 +153,14 @@ const PAIR_COLUMNS: &str = "event_id AS id, seq, topic, key, destination,
   CASE WHEN dead_at IS NULL AND next_attempt_at <> 'infinity' THEN next_attempt_at END
     AS next_attempt_at";
 
+/// The same for a row of the partitioned history (`history = "partitions"`): published, or split
+/// when it has no destination, as in the outbox.
+const HISTORY_COLUMNS: &str = "id, coalesce(seq, 0) AS seq, coalesce(topic, '') AS topic, key,
+  destination, CASE WHEN destination IS NULL THEN 'split' ELSE 'published' END AS state,
+  coalesce(attempts, 0) AS attempts, last_error, coalesce(created_at, published_at) AS created_at,
+  published_at, NULL::timestamptz AS dead_at,
+  NULL::timestamptz AS next_attempt_at";
+
 /// Where a page ends: the sort column's value (as PostgreSQL writes it, 'infinity' included) and
 /// the `seq` that breaks ties. Opaque to clients (base64url).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,42 +201,47 @@ impl std::fmt::Display for Cursor {
 /// `{name:deliveries_due_idx}`). There is no index on `seq` or `created_at` (each would cost every
 /// insert): "all states" is only for a lookup by id.
 fn order(state: EventState) -> Order {
-    let (column, descending, rows, pairs) = match state {
+    let (column, descending, rows, pairs, history) = match state {
         EventState::Dead => (
             "dead_at",
             true,
             "dead_at IS NOT NULL",
             Some("dead_at IS NOT NULL"),
+            None,
         ),
         EventState::Published => (
             "published_at",
             true,
             "published_at IS NOT NULL AND dead_at IS NULL",
             None,
+            Some("true"),
         ),
         EventState::Pending => (
             "next_attempt_at",
             false,
             "published_at IS NULL AND dead_at IS NULL",
             Some("dead_at IS NULL"),
+            None,
         ),
-        EventState::All => ("created_at", true, "true", Some("true")),
+        EventState::All => ("created_at", true, "true", Some("true"), Some("true")),
     };
     Order {
         column,
         descending,
         rows,
         pairs,
+        history,
     }
 }
 
-/// A state's search: its sort column and direction, and its condition on the outbox rows and on
-/// the pairs (`None`: pairs are never in that state).
+/// A state's search: its sort column and direction, and its condition on the outbox rows, on
+/// the pairs and on the partitioned history (`None`: never in that state there).
 struct Order {
     column: &'static str,
     descending: bool,
     rows: &'static str,
     pairs: Option<&'static str>,
+    history: Option<&'static str>,
 }
 
 /// EventSearch: one page in the state's order (see [`order`]), at most `limit` (plus one, to know
@@ -240,6 +253,7 @@ pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Resul
         descending,
         rows: row_state,
         pairs: pair_state,
+        history: history_state,
     } = order(q.state);
     let mut args = PgArguments::default();
     // (outbox condition, deliveries condition), each with its bound value's placeholder.
@@ -275,24 +289,33 @@ pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Resul
     args.add(limit + 1).map_err(sqlx::Error::Encode)?;
     let direction = if descending { "DESC" } else { "ASC" };
     let sort = format!("{column} AS sort_ts, {column}::text AS sort_at");
-    let rows_where: Vec<&str> = std::iter::once(row_state)
-        .chain(common.iter().map(|(r, _)| r.as_str()))
-        .collect();
-    let mut sql = format!(
-        "(SELECT {ROW_COLUMNS}, {sort} FROM {{outbox}} WHERE {}
-          ORDER BY {column} {direction}, seq {direction} LIMIT ${n})",
-        rows_where.join(" AND ")
-    );
-    // One part is ordered and limited already; two are merged (a UNION takes one ORDER BY).
-    if let Some(pair_state) = pair_state {
-        let pairs_where: Vec<&str> = std::iter::once(pair_state)
-            .chain(common.iter().map(|(_, p)| p.as_str()))
+    // Each part ordered and limited by its own index; more than one are merged (a UNION takes one
+    // ORDER BY). The history's columns have the outbox's names, so it takes the same conditions.
+    let part = |columns: &str, from: &str, state: &str, pair: bool| {
+        let conditions: Vec<&str> = std::iter::once(state)
+            .chain(
+                common
+                    .iter()
+                    .map(|(r, p)| if pair { p.as_str() } else { r.as_str() }),
+            )
             .collect();
+        format!(
+            "(SELECT {columns}, {sort} FROM {from} WHERE {}
+              ORDER BY {column} {direction}, seq {direction} LIMIT ${n})",
+            conditions.join(" AND ")
+        )
+    };
+    let mut parts = vec![part(ROW_COLUMNS, "{outbox}", row_state, false)];
+    if let Some(state) = pair_state {
+        parts.push(part(PAIR_COLUMNS, "{qname:deliveries}", state, true));
+    }
+    if let Some(state) = history_state {
+        parts.push(part(HISTORY_COLUMNS, "{qname:history}", state, false));
+    }
+    let mut sql = parts.join("\nUNION ALL\n");
+    if parts.len() > 1 {
         sql.push_str(&format!(
-            "\nUNION ALL\n(SELECT {PAIR_COLUMNS}, {sort} FROM {{qname:deliveries}} WHERE {}
-              ORDER BY {column} {direction}, seq {direction} LIMIT ${n})
-             ORDER BY sort_ts {direction}, seq {direction} LIMIT ${n}",
-            pairs_where.join(" AND ")
+            "\nORDER BY sort_ts {direction}, seq {direction} LIMIT ${n}"
         ));
     }
     let mut rows: Vec<(EventRow, String)> = sqlx::query_as_with(&table.render(&sql), args)
@@ -328,7 +351,8 @@ struct SortedRow {
 /// never written).
 pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option<EventDetail>> {
     // Primary key on the outbox; a split event in delete mode has only its pairs left (each holds
-    // a copy of the payload), found by the deliveries' (event_id, destination) key.
+    // a copy of the payload), found by the deliveries' (event_id, destination) key; a moved one
+    // its history row (`{name:history_id_idx}`).
     type Head = (
         i64,
         String,
@@ -342,6 +366,10 @@ pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option
          UNION ALL
          (SELECT seq, topic, key, created_at, payload, headers FROM {qname:deliveries}
           WHERE event_id = $1 LIMIT 1)
+         UNION ALL
+         (SELECT coalesce(seq, 0), coalesce(topic, ''), key, coalesce(created_at, published_at),
+                 coalesce(payload, 'null'), headers FROM {qname:history}
+          WHERE id = $1 LIMIT 1)
          LIMIT 1",
     ))
     .bind(id)
@@ -354,6 +382,8 @@ pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option
         "SELECT {ROW_COLUMNS} FROM {{outbox}} WHERE id = $1
          UNION ALL
          SELECT {PAIR_COLUMNS} FROM {{qname:deliveries}} WHERE event_id = $1
+         UNION ALL
+         SELECT {HISTORY_COLUMNS} FROM {{qname:history}} WHERE id = $1
          ORDER BY destination NULLS FIRST"
     )))
     .bind(id)

@@ -5,7 +5,8 @@
 //! modules are named after:
 //!
 //! enqueue → [`table`] → [`claim`] → [`route`] (and [`destination`] health: pause, circuit
-//! breaker) → [`publish`] (sinks) → [`settle`] (ack / retry / hold / dead) → [`cleanup`].
+//! breaker) → [`publish`] (sinks) → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
+//! partitioned [`history`]).
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
 //! (see [`webhook`] for the receiver side of webhook signatures).
@@ -37,6 +38,7 @@ pub mod config;
 pub mod dead;
 pub mod destination;
 pub mod event;
+pub mod history;
 pub mod inspect;
 pub mod observe;
 pub mod otlp;

@@ -172,7 +172,8 @@ pub struct Relay {
     router: Router,
     destinations: Vec<Destination>,
     settings: RelayConfig,
-    delete_on_settle: bool,
+    /// What a delivered event's row becomes.
+    settle_mode: settle::SettleMode,
     config: Config,
     /// Cancelled when the shutdown grace period is over: in-flight batches are released.
     abort: CancellationToken,
@@ -252,7 +253,7 @@ impl Relay {
             router: Router::new(&config.destinations),
             destinations,
             settings: config.relay.clone(),
-            delete_on_settle: config.retention.is_zero(),
+            settle_mode: settle::SettleMode::of(config),
             config: config.clone(),
             abort: CancellationToken::new(),
             claim: ClaimOptions {
@@ -544,7 +545,7 @@ impl Relay {
     pub async fn write_wal_rows(&self, rows: &settle::DeliveredRows) -> Result<u64> {
         let started = Instant::now();
         let written =
-            settle::write_delivered(&self.table, &self.pool, rows, self.delete_on_settle).await?;
+            settle::write_delivered(&self.table, &self.pool, rows, self.settle_mode).await?;
         metrics::histogram!(observe::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(written)
     }
@@ -1080,7 +1081,7 @@ impl Relay {
             &self.pool,
             hold,
             &plan,
-            self.delete_on_settle,
+            self.settle_mode,
             &untouched,
             park,
         )
@@ -1346,6 +1347,23 @@ impl Relay {
         if let Err(e) = steps.await {
             warn!(error = %crate::error_chain(&e), "cannot read the destinations' state yet; will try again");
         }
+        self.ensure_history().await;
+    }
+
+    /// `history = "partitions"`: partitions ready ahead of the clock. At start-up and on every
+    /// cleanup tick, in every instance (idempotent, serialized in the database), so that a dead
+    /// cleanup leader does not leave the others without one. A failure is not fatal: a settle
+    /// with no partition for its time lands in the default partition.
+    async fn ensure_history(&self) {
+        if self.settle_mode != settle::SettleMode::Move {
+            return;
+        }
+        let ahead = crate::history::ahead(self.config.retention, self.config.cleanup_interval);
+        if let Err(e) =
+            crate::history::ensure(&self.pool, &self.table, self.config.retention, ahead).await
+        {
+            warn!(error = %crate::error_chain(&e), "cannot create the history's next partitions (the relay's role must own the history, or run `pgoutbox cleanup` as its owner); settles land in its default partition until then");
+        }
     }
 
     /// One claim loop. Each batch runs as a task of its own; when only stragglers are left in it
@@ -1528,7 +1546,16 @@ impl Relay {
                 let mut plan = settle::SettlePlan::default();
                 plan.poison(id, &crate::error_chain(&e));
                 let hold = Hold::Transaction(tx);
-                settle::apply(&self.table, &self.pool, hold, &plan, false, &[], None).await?;
+                settle::apply(
+                    &self.table,
+                    &self.pool,
+                    hold,
+                    &plan,
+                    self.settle_mode,
+                    &[],
+                    None,
+                )
+                .await?;
                 return self.probe_skipped(d, failed_probes).await;
             }
             None => {
@@ -1551,7 +1578,7 @@ impl Relay {
                     &self.pool,
                     Hold::Transaction(tx),
                     &plan,
-                    self.delete_on_settle,
+                    self.settle_mode,
                     &[],
                     None,
                 )
@@ -1857,11 +1884,13 @@ impl Relay {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.config.cleanup_interval) => {}
             }
+            self.ensure_history().await;
             let options = crate::cleanup::CleanupOptions::from_config(&self.config);
             match crate::cleanup::run_if_leader(&self.pool, &self.table, &options).await {
-                Ok(Some(r)) if r.deleted() > 0 => info!(
+                Ok(Some(r)) if r.deleted() + r.dropped_partitions > 0 => info!(
                     published = r.deleted_published,
                     dead = r.deleted_dead,
+                    partitions = r.dropped_partitions,
                     batches = r.batches,
                     longest_batch_ms = r.longest_batch.as_millis() as u64,
                     "cleanup deleted old rows"

@@ -22,6 +22,30 @@ use crate::publish::Outcome;
 use crate::retry::{Decision, Failure, RetryPolicy};
 use crate::table::OutboxTable;
 
+/// What settling a delivered event does to its outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleMode {
+    /// Keep it in the outbox, marked published (cleanup deletes it row by row after `retention`).
+    Mark,
+    /// Delete it (`retention = "0s"`).
+    Delete,
+    /// Move it to the partitioned history (`history = "partitions"`; cleanup drops partitions).
+    Move,
+}
+
+impl SettleMode {
+    /// The configuration's mode: retention zero deletes, else `history` decides.
+    pub fn of(config: &crate::config::Config) -> Self {
+        if config.retention.is_zero() {
+            Self::Delete
+        } else if config.history == crate::config::History::Partitions {
+            Self::Move
+        } else {
+            Self::Mark
+        }
+    }
+}
+
 /// Longest `last_error` kept, so a chatty receiver cannot bloat the table.
 const MAX_ERROR_LEN: usize = 1024;
 
@@ -448,7 +472,7 @@ pub struct SettleReport {
     pub fenced: u64,
 }
 
-/// Writes `plan` under the batch's claim; `delete` settles successes by deleting the rows.
+/// Writes `plan` under the batch's claim; `mode` says what becomes of delivered rows.
 /// `untouched` rows were claimed but not attempted: they are given back as they were.
 /// `park`: ordered mode, `Some(names of the destinations whose dead rows block)`: the later rows of
 /// each failed or held event's key wait behind it (OutboxParkFollowers).
@@ -457,7 +481,7 @@ pub async fn apply(
     pool: &sqlx::PgPool,
     hold: Hold,
     plan: &SettlePlan,
-    delete: bool,
+    mode: SettleMode,
     untouched: &[Uuid],
     park: Option<&[String]>,
 ) -> Result<SettleReport> {
@@ -468,7 +492,7 @@ pub async fn apply(
         Hold::Nothing => pool.begin().await?,
         Hold::Lease(token) => {
             let mut conn = pool.acquire().await?;
-            let rows = write(table, &mut conn, plan, delete, Some(token)).await?;
+            let rows = write(table, &mut conn, plan, mode, Some(token)).await?;
             if !untouched.is_empty() {
                 sqlx::query(&table.sql.release_lease)
                     .bind(untouched)
@@ -488,7 +512,7 @@ pub async fn apply(
         }
     };
     // Untouched rows need nothing: their locks end with the transaction.
-    let rows = write(table, &mut tx, plan, delete, None).await?;
+    let rows = write(table, &mut tx, plan, mode, None).await?;
     park_followers(table, &mut tx, plan, park).await?;
     tx.commit().await?;
     Ok(SettleReport { rows, fenced: 0 })
@@ -532,30 +556,39 @@ pub async fn materialize(
     Ok(())
 }
 
-/// Deletes (with `delete`) or marks published the delivered rows: one statement per destination
-/// (DeleteMany, SetPublishedMany: by primary key), fenced by the lease's `token` if any.
+/// Marks published, deletes or moves to the history the delivered rows, as `mode` says: one
+/// statement per destination (SetPublishedMany, DeleteMany, MoveMany: by primary key), fenced by
+/// the lease's `token` if any.
 async fn write_rows(
     table: &OutboxTable,
     conn: &mut sqlx::PgConnection,
     delivered: &DeliveredRows,
-    delete: bool,
+    mode: SettleMode,
     token: Option<Uuid>,
 ) -> Result<u64> {
     let mut rows = 0;
     for (destination, ids) in &delivered.0 {
-        let done = if delete {
-            sqlx::query(&table.sql.delete_many)
-                .bind(ids)
-                .bind(token)
-                .execute(&mut *conn)
-                .await?
-        } else {
-            sqlx::query(&table.sql.set_published_many)
-                .bind(ids)
-                .bind(destination)
-                .bind(token)
-                .execute(&mut *conn)
-                .await?
+        let done = match mode {
+            SettleMode::Delete => {
+                sqlx::query(&table.sql.delete_many)
+                    .bind(ids)
+                    .bind(token)
+                    .execute(&mut *conn)
+                    .await?
+            }
+            SettleMode::Mark | SettleMode::Move => {
+                let statement = if mode == SettleMode::Move {
+                    &table.sql.move_many
+                } else {
+                    &table.sql.set_published_many
+                };
+                sqlx::query(statement)
+                    .bind(ids)
+                    .bind(destination)
+                    .bind(token)
+                    .execute(&mut *conn)
+                    .await?
+            }
         };
         rows += done.rows_affected();
     }
@@ -568,7 +601,7 @@ pub async fn write_delivered(
     table: &OutboxTable,
     pool: &sqlx::PgPool,
     delivered: &DeliveredRows,
-    delete: bool,
+    mode: SettleMode,
 ) -> Result<u64> {
     if delivered.is_empty() {
         return Ok(0);
@@ -576,10 +609,10 @@ pub async fn write_delivered(
     let mut conn = pool.acquire().await?;
     if delivered.0.len() == 1 {
         // One statement: no transaction to open and commit.
-        return write_rows(table, &mut conn, delivered, delete, None).await;
+        return write_rows(table, &mut conn, delivered, mode, None).await;
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let rows = write_rows(table, &mut tx, delivered, delete, None).await?;
+    let rows = write_rows(table, &mut tx, delivered, mode, None).await?;
     tx.commit().await?;
     Ok(rows)
 }
@@ -763,7 +796,7 @@ async fn write(
     table: &OutboxTable,
     conn: &mut sqlx::PgConnection,
     plan: &SettlePlan,
-    delete: bool,
+    mode: SettleMode,
     token: Option<Uuid>,
 ) -> Result<u64> {
     let mut rows = 0;
@@ -774,7 +807,7 @@ async fn write(
             .collect()
     };
     if !plan.defer_delivered {
-        rows += write_rows(table, &mut *conn, &plan.delivered_rows(), delete, token).await?;
+        rows += write_rows(table, &mut *conn, &plan.delivered_rows(), mode, token).await?;
     }
     if !plan.failed.is_empty() {
         let f = &plan.failed;
@@ -797,10 +830,10 @@ async fn write(
     let fanned = with_rows(&plan.fanned);
     if !fanned.is_empty() {
         let p = &plan.pairs;
-        let statement = if delete {
-            &table.sql.deliveries_fan_out_delete
-        } else {
-            &table.sql.deliveries_fan_out
+        let statement = match mode {
+            SettleMode::Mark => &table.sql.deliveries_fan_out,
+            SettleMode::Delete => &table.sql.deliveries_fan_out_delete,
+            SettleMode::Move => &table.sql.deliveries_fan_out_move,
         };
         let b = &plan.bundles;
         let (settled, _pairs): (i64, i64) = sqlx::query_as(statement)

@@ -9,8 +9,9 @@ use crate::route::Router;
 use crate::table::OutboxTable;
 
 /// OutboxStatus. One pass over the table grouped by (destination, topic), plus one over the
-/// deliveries (the undelivered pairs of split events, each counted for its own destination). It
-/// reads published history too (for the published counts), so it is an operator's query, not a
+/// deliveries (the undelivered pairs of split events, each counted for its own destination) and
+/// one over the partitioned history (`history = "partitions"`; empty otherwise). It reads
+/// published history too (for the published counts), so it is an operator's query, not a
 /// hot-path one.
 const STATUS: &str = "
 SELECT destination, topic,
@@ -47,7 +48,14 @@ UNION ALL
 SELECT b.destination, t.topic, 0, 0, sum(t.n::bigint)::bigint, 0, 0, 0,
   extract(epoch FROM now() - min(b.oldest))::float8, 0, 0, 0
 FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
-GROUP BY b.destination, t.topic";
+GROUP BY b.destination, t.topic
+UNION ALL
+SELECT destination, coalesce(topic, ''), 0, 0, 0, 0, 0, 0, NULL,
+  count(*) FILTER (WHERE published_at > now() - interval '1 minute'),
+  count(*) FILTER (WHERE published_at > now() - interval '1 hour'),
+  count(*)
+FROM {qname:history}
+GROUP BY 1, 2";
 
 /// One (destination, topic) line of the status.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, sqlx::FromRow)]

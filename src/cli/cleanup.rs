@@ -73,6 +73,35 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         report.batches,
         report.longest_batch.as_millis()
     );
+    if report.dropped_partitions > 0 {
+        println!(
+            "{}{} partitions of the published history {}",
+            if args.dry_run { "dry run: " } else { "" },
+            report.dropped_partitions,
+            if args.dry_run {
+                "would be dropped"
+            } else {
+                "dropped"
+            }
+        );
+    }
+    if !args.dry_run
+        && config.history == pgoutbox::config::History::Partitions
+        && !config.retention.is_zero()
+    {
+        // The relay does this on each tick too; a relay role that does not own the history
+        // cannot, and this command, run by the owner, is then what keeps partitions ahead.
+        use anyhow::Context;
+        let ahead = pgoutbox::history::ahead(config.retention, config.cleanup_interval);
+        let created = pgoutbox::history::ensure(&pool, &config.table, config.retention, ahead)
+            .await
+            .context(
+                "cannot create the history's next partitions (only the history's owner can)",
+            )?;
+        if created > 0 {
+            println!("{created} partitions of the published history created ahead of the clock");
+        }
+    }
     if !args.dry_run {
         // Rows waiting behind a dead event that this cleanup removed (or on a destination that is
         // back) are due again, as the long-running relay's cleanup would make them.

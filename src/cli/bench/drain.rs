@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use pgoutbox::config::Config;
 use pgoutbox::relay::Relay;
+use pgoutbox::settle::SettleMode;
 use tokio_util::sync::CancellationToken;
 
 use super::{rate, Output, Row, Scratch};
@@ -19,7 +20,8 @@ pub struct Args {
     /// Sinks to drain to (null, stdout, webhook, nats: JetStream on --nats-url).
     #[arg(long, value_delimiter = ',', default_value = "null,stdout,webhook")]
     pub sinks: Vec<String>,
-    /// Settle modes (keep = set published_at, delete = retention 0).
+    /// Settle modes (keep = set published_at, delete = retention 0, partitions = keep in the
+    /// partitioned history).
     #[arg(long, value_delimiter = ',', default_value = "delete,keep")]
     pub settle: Vec<String>,
     /// Fan-out layouts, each drained in turn: N destinations taking every event (1, 2, 3…), or
@@ -59,8 +61,8 @@ impl Args {
 
 pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     for mode in &args.settle {
-        let delete = settle_mode(mode)?;
-        let r = sql_limit(scratch, out, args, delete).await?;
+        let settle = settle_mode(mode)?;
+        let r = sql_limit(scratch, out, args, settle).await?;
         out.row(Row {
             scenario: "sql-limit".into(),
             variant: format!("{mode}, batch {}", args.batch_size),
@@ -79,8 +81,8 @@ pub async fn run(
     compare: bool,
 ) -> anyhow::Result<()> {
     for mode in &args.settle {
-        let delete = settle_mode(mode)?;
-        let ceiling = sql_limit(scratch, out, args, delete).await?;
+        let settle = settle_mode(mode)?;
+        let ceiling = sql_limit(scratch, out, args, settle).await?;
         out.row(Row {
             scenario: "sql-limit".into(),
             variant: format!("{mode}, batch {}", args.batch_size),
@@ -96,7 +98,7 @@ pub async fn run(
                 if layout.fans_out() && sink != "null" {
                     anyhow::bail!("--destinations {layout} needs the null sink, not {sink:?}");
                 }
-                let r = drain(scratch, out, args, delete, sink, layout).await?;
+                let r = drain(scratch, out, args, settle, sink, layout).await?;
                 out.row(Row {
                     scenario: "drain".into(),
                     variant: match layout.fans_out() {
@@ -186,11 +188,12 @@ impl std::str::FromStr for Layout {
     }
 }
 
-fn settle_mode(mode: &str) -> anyhow::Result<bool> {
+fn settle_mode(mode: &str) -> anyhow::Result<SettleMode> {
     match mode {
-        "delete" => Ok(true),
-        "keep" => Ok(false),
-        other => anyhow::bail!("unknown settle mode {other:?}: use keep or delete"),
+        "delete" => Ok(SettleMode::Delete),
+        "keep" => Ok(SettleMode::Mark),
+        "partitions" => Ok(SettleMode::Move),
+        other => anyhow::bail!("unknown settle mode {other:?}: use keep, delete or partitions"),
     }
 }
 
@@ -199,11 +202,16 @@ async fn sql_limit(
     scratch: &Scratch,
     out: &Output,
     args: &Args,
-    delete: bool,
+    settle: SettleMode,
 ) -> anyhow::Result<f64> {
     scratch.fresh_outbox().await?;
     scratch.prefill(args.events, out).await?;
     let table = pgoutbox::OutboxTable::default_table();
+    if settle == SettleMode::Move {
+        // As the relay does at start-up (retention 7d, as in the relay's runs below).
+        let week = Duration::from_secs(7 * 86400);
+        pgoutbox::history::ensure(&scratch.pool, &table, week, week / 7).await?;
+    }
     let done = Arc::new(AtomicU64::new(0));
     let bar = out.bar(args.events, "sql-limit");
     let started = Instant::now();
@@ -213,7 +221,7 @@ async fn sql_limit(
         let batch_size = args.batch_size;
         tasks.push(tokio::spawn(async move {
             loop {
-                let (n, _) = super::claim_and_settle(&pool, &table, batch_size, delete).await?;
+                let (n, _) = super::claim_and_settle(&pool, &table, batch_size, settle).await?;
                 if n == 0 {
                     return Ok::<_, anyhow::Error>(());
                 }
@@ -245,7 +253,7 @@ async fn drain(
     scratch: &Scratch,
     out: &Output,
     args: &Args,
-    delete: bool,
+    settle: SettleMode,
     sink: &str,
     layout: &Layout,
 ) -> anyhow::Result<f64> {
@@ -275,8 +283,9 @@ async fn drain(
         other => anyhow::bail!("unknown bench sink {other:?}: use null, stdout, webhook or nats"),
     };
     let mut text = format!(
-        "retention = \"{}\"\n[relay]\nbatch_size = {}\nworkers = {}\n[[destinations]]\nname = \"{sink}\"\n{destination}\n",
-        if delete { "0s" } else { "7d" },
+        "retention = \"{}\"\nhistory = \"{}\"\n[relay]\nbatch_size = {}\nworkers = {}\n[[destinations]]\nname = \"{sink}\"\n{destination}\n",
+        if settle == SettleMode::Delete { "0s" } else { "7d" },
+        if settle == SettleMode::Move { "partitions" } else { "outbox" },
         args.batch_size,
         args.workers
     );

@@ -80,8 +80,13 @@ async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration>
     let table = pgoutbox::OutboxTable::default_table();
     let mut times = Vec::new();
     loop {
-        let (n, claim_time) =
-            super::claim_and_settle(&scratch.pool, &table, args.batch_size, false).await?;
+        let (n, claim_time) = super::claim_and_settle(
+            &scratch.pool,
+            &table,
+            args.batch_size,
+            pgoutbox::settle::SettleMode::Mark,
+        )
+        .await?;
         times.push(claim_time);
         if n == 0 {
             break;

@@ -206,7 +206,7 @@ impl Scratch {
     /// Drops and re-creates the outbox table (default name) with pgoutbox's schema.
     pub async fn fresh_outbox(&self) -> anyhow::Result<()> {
         sqlx::raw_sql(
-            "DROP TABLE IF EXISTS outbox, outbox_deliveries, outbox_held_batches, outbox_destinations, outbox_attempts, pgoutbox_migrations;",
+            "DROP TABLE IF EXISTS outbox, outbox_deliveries, outbox_held_batches, outbox_destinations, outbox_attempts, outbox_history, pgoutbox_migrations;",
         )
             .execute(&self.pool)
             .await?;
@@ -480,7 +480,7 @@ pub async fn claim_and_settle(
     pool: &PgPool,
     table: &pgoutbox::OutboxTable,
     batch_size: usize,
-    delete: bool,
+    settle: pgoutbox::settle::SettleMode,
 ) -> anyhow::Result<(usize, Duration)> {
     let options = pgoutbox::claim::ClaimOptions {
         mode: pgoutbox::config::ClaimMode::Transaction,
@@ -508,6 +508,6 @@ pub async fn claim_and_settle(
         chrono::Utc::now(),
         &mut rand::thread_rng(),
     );
-    pgoutbox::settle::apply(table, pool, batch.hold, &plan, delete, &[], None).await?;
+    pgoutbox::settle::apply(table, pool, batch.hold, &plan, settle, &[], None).await?;
     Ok((batch.events.len(), claim_time))
 }

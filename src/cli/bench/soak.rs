@@ -2,10 +2,11 @@
 //!
 //! Producers (their own process) commit `--events` single-event transactions at `--rate`; a
 //! relay delivers them to a local receiver. Each mode runs on a fresh table: keep mode with
-//! cleanup running (`retention`, `cleanup_interval`), then delete mode. Every `--every` it prints
-//! the claim p99 (from the relay's histogram), the commit→publish p99 (measured here), the
-//! outbox's table and index sizes and its dead tuples; at the end, the last interval's p99 against
-//! the first's and the size growth after the first retention period. `--csv` writes the rows,
+//! cleanup running (`retention`, `cleanup_interval`), then delete mode; `partitions` (keep mode
+//! with `history = "partitions"`) on request. Every `--every` it prints the claim p99 (from the
+//! relay's histogram), the commit→publish p99 (measured here), the table and index sizes (the
+//! outbox plus its history's partitions) and dead tuples; at the end, the last interval's p99
+//! against the first's and the size growth after the first retention period. `--csv` writes the rows,
 //! `--plot` draws them as an SVG.
 
 use std::fmt::Write as _;
@@ -30,7 +31,8 @@ pub struct Args {
     /// Producer connections.
     #[arg(long, default_value_t = 8)]
     producers: usize,
-    /// Settle modes to run, in order: keep (published_at, with cleanup) and/or delete.
+    /// Settle modes to run, in order: keep (published_at, with cleanup), delete, partitions (kept
+    /// in the partitioned history, partitions dropped by cleanup).
     #[arg(long, value_delimiter = ',', default_value = "keep,delete")]
     modes: Vec<String>,
     /// Keep mode: published rows older than this are deleted by cleanup.
@@ -64,18 +66,23 @@ struct Sample {
     live_tuples: i64,
 }
 
-/// OutboxSizes. The table's heap and index sizes and the statistics' tuple counts.
+/// OutboxSizes. Heap and index sizes and the statistics' tuple counts of the outbox and of its
+/// history's partitions (empty unless `history = "partitions"`); a partition dropped meanwhile
+/// counts for nothing.
 const SIZES: &str = "
-SELECT pg_relation_size('outbox')::float8 / 1048576, pg_indexes_size('outbox')::float8 / 1048576,
-       coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0)
-FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass";
+WITH t AS (SELECT 'outbox'::regclass AS relid
+           UNION ALL SELECT relid FROM pg_partition_tree('outbox_history') WHERE isleaf)
+SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::float8 / 1048576,
+       coalesce(sum(pg_indexes_size(t.relid)), 0)::float8 / 1048576,
+       coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint
+FROM t LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid";
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let mut samples = Vec::new();
     for mode in &args.modes {
         anyhow::ensure!(
-            mode == "keep" || mode == "delete",
-            "unknown mode {mode:?}: expected keep or delete"
+            ["keep", "delete", "partitions"].contains(&mode.as_str()),
+            "unknown mode {mode:?}: expected keep, delete or partitions"
         );
         samples.extend(run_mode(scratch, out, args, mode).await?);
     }
@@ -98,7 +105,7 @@ async fn run_mode(
 ) -> anyhow::Result<Vec<Sample>> {
     scratch.fresh_outbox().await?;
     let (receiver, received) = timed_receiver().await?;
-    let retention = if mode == "keep" {
+    let retention = if mode != "delete" {
         format!("{}s", args.retention.as_secs())
     } else {
         "0s".to_owned()
@@ -108,6 +115,11 @@ async fn run_mode(
         scratch,
         &RelaySpec {
             retention: &retention,
+            history: if mode == "partitions" {
+                "partitions"
+            } else {
+                "outbox"
+            },
             cleanup_interval: &cleanup,
             ..RelaySpec::new(&receiver.url)
         },
@@ -236,14 +248,34 @@ fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], delivere
     let (Some(first), Some(last)) = (full.first(), full.iter().rev().nth(1).or(full.last())) else {
         return;
     };
-    let settled = if mode == "keep" {
-        args.retention.as_secs_f64() / 60.0 + args.cleanup_interval.as_secs_f64() / 60.0
-    } else {
-        1.0
+    let settled = match mode {
+        "keep" => args.retention.as_secs_f64() / 60.0 + args.cleanup_interval.as_secs_f64() / 60.0,
+        // Plus one partition: the oldest is dropped once its whole range is past retention.
+        "partitions" => {
+            args.retention.as_secs_f64() / 60.0
+                + args.cleanup_interval.as_secs_f64() / 60.0
+                + pgoutbox::history::width_minutes(args.retention) as f64
+        }
+        _ => 1.0,
     };
-    let after = samples.iter().find(|s| s.minute >= settled);
-    let end = samples.iter().rev().find(|s| s.delivered > 0);
+    // Dropping whole partitions makes the sizes a saw-tooth (one partition's worth): compare the
+    // largest of the first and the last few intervals rather than two points of it.
     let size = |s: &Sample| s.table_mb + s.indexes_mb;
+    // Retention keeps a varying number of rows (cleanup's phase, a partition more or less): the
+    // space each retained row takes is what grows when a table bloats.
+    let per_row = |s: &Sample| size(s) * 1_048_576.0 / s.live_tuples.max(1) as f64;
+    let running: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.minute >= settled && s.delivered > 0)
+        .collect();
+    let window = 5.min(running.len());
+    let largest = |w: &[&Sample]| -> Option<Sample> {
+        w.iter()
+            .max_by(|a, b| size(a).total_cmp(&size(b)))
+            .map(|s| (*s).clone())
+    };
+    let after = largest(&running[..window]);
+    let end = largest(&running[running.len() - window..]);
     out.row(Row {
         scenario: "soak".into(),
         variant: format!("{mode}: last / first interval p99"),
@@ -258,14 +290,16 @@ fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], delivere
         out.row(Row {
             scenario: "soak".into(),
             variant: format!("{mode}: size growth after minute {settled:.0}"),
-            value: size(end) / size(after).max(0.001),
+            value: size(&end) / size(&after).max(0.001),
             unit: "×",
             detail: format!(
-                "table + indexes {:.0} MB at minute {:.1} → {:.0} MB at minute {:.1}; dead tuples {} → {}",
-                size(after),
+                "largest table + indexes of {window} intervals: {:.0} MB at minute {:.1} → {:.0} MB at minute {:.1}; {:.0} → {:.0} bytes per live row; dead tuples {} → {}",
+                size(&after),
                 after.minute,
-                size(end),
+                size(&end),
                 end.minute,
+                per_row(&after),
+                per_row(&end),
                 after.dead_tuples,
                 end.dead_tuples
             ),

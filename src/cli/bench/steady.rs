@@ -135,6 +135,8 @@ pub struct RelaySpec<'a> {
     pub poll_interval: Option<&'a str>,
     /// `retention` ("0s": delete at settle).
     pub retention: &'a str,
+    /// `history` ("outbox" or "partitions").
+    pub history: &'a str,
     /// `cleanup_interval`.
     pub cleanup_interval: &'a str,
     /// `relay.synchronous_commit`.
@@ -159,6 +161,7 @@ impl<'a> RelaySpec<'a> {
             min_poll: "1ms",
             poll_interval: None,
             retention: "0s",
+            history: "outbox",
             cleanup_interval: "1m",
             synchronous_commit: "on",
             source: Source::Poll,
@@ -197,7 +200,7 @@ impl RelayProcess {
         std::fs::write(
             &path,
             format!(
-                "database_url = \"{url}\"\nsource = \"{source}\"\nretention = \"{retention}\"\ncleanup_interval = \"{cleanup}\"\n\
+                "database_url = \"{url}\"\nsource = \"{source}\"\nretention = \"{retention}\"\nhistory = \"{history}\"\ncleanup_interval = \"{cleanup}\"\n\
                  [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}\
                  [wal]\nslot = \"{slot}\"\n{status}{batch_wait}\
                  [observability]\nlisten = \"127.0.0.1:{port}\"\n\
@@ -206,6 +209,7 @@ impl RelayProcess {
                 source = spec.source.as_str(),
                 slot = scratch.wal_names().1.slot,
                 retention = spec.retention,
+                history = spec.history,
                 cleanup = spec.cleanup_interval,
                 min_poll = spec.min_poll,
                 sync = spec.synchronous_commit,

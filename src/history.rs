@@ -1,0 +1,302 @@
+//! History: published events kept in partitions (`history = "partitions"`).
+//!
+//! With it, settle moves each delivered row out of the outbox into `<table>_history`
+//! (OutboxMoveMany), which is range-partitioned by `published_at`. This module keeps partitions
+//! ready ahead of the clock, so that a settle always has one to land in, and drops those wholly
+//! past `retention`. Dropping a partition gives its space back at once and leaves no dead tuples,
+//! vacuum work or index creep behind, which row-by-row cleanup of a kept outbox cannot promise
+//! under a steady load (docs/performance.md, "Soak").
+//!
+//! A partition is named `<table>_h<YYYYMMDDHHMM>_<minutes>` (its UTC start and width): the name is
+//! all cleanup needs to know its range, and a table of any other name is never dropped. Its width
+//! follows `retention` ([`width_minutes`]). Each partition is created or dropped in its own short
+//! transaction under a lock timeout: the DDL locks the parent table, so settles wait for it, and
+//! it must not queue for long behind a reader of the history.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::PgPool;
+use tracing::{debug, info};
+
+use crate::error::Result;
+use crate::table::OutboxTable;
+
+/// Advisory lock key serializing partition creation (relays starting together, cleanup).
+const PARTITIONS_LOCK_KEY: i64 = 0x7067_6f62_6869_7374;
+
+/// Partition widths, in minutes: each divides a day, so partitions line up on the clock.
+const WIDTHS_MINUTES: [i64; 6] = [1, 5, 15, 60, 360, 1440];
+
+/// How long a partition's DDL may wait for its lock before giving up until the next run. Short:
+/// while it waits, every settle queues behind it (the DDL locks the parent), and partitions are
+/// kept far enough ahead that a few missed runs are harmless.
+const DDL_LOCK_TIMEOUT: &str = "250ms";
+
+/// The width of new partitions for `retention`: the widest of [`WIDTHS_MINUTES`] no wider than a
+/// quarter of it, so that at most about a quarter of a retention period's rows outlive it.
+pub fn width_minutes(retention: Duration) -> i64 {
+    let quarter = (retention.as_secs() / 60 / 4) as i64;
+    WIDTHS_MINUTES
+        .iter()
+        .copied()
+        .filter(|w| *w <= quarter)
+        .max()
+        .unwrap_or(WIDTHS_MINUTES[0])
+}
+
+/// One partition of the history, as its name gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// The table name (unqualified, unquoted).
+    pub name: String,
+    /// Where its range starts (inclusive).
+    pub start: DateTime<Utc>,
+    /// Where its range ends (exclusive).
+    pub end: DateTime<Utc>,
+}
+
+impl Partition {
+    /// The partition of `table` covering `[start, start + minutes)`.
+    fn new(table: &OutboxTable, start: DateTime<Utc>, minutes: i64) -> Self {
+        Self {
+            name: format!(
+                "{}_h{}_{minutes}",
+                table.table().as_str(),
+                start.format("%Y%m%d%H%M")
+            ),
+            start,
+            end: start + chrono::Duration::minutes(minutes),
+        }
+    }
+
+    /// Reads a partition name of `table`; `None` for any other name (not one of ours).
+    fn parse(table: &OutboxTable, name: &str) -> Option<Self> {
+        let rest = name.strip_prefix(&format!("{}_h", table.table().as_str()))?;
+        let (stamp, minutes) = rest.split_once('_')?;
+        if stamp.len() != 12 || !stamp.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let minutes: i64 = minutes.parse().ok()?;
+        if !(1..=WIDTHS_MINUTES[WIDTHS_MINUTES.len() - 1]).contains(&minutes) {
+            return None;
+        }
+        let start = chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%d%H%M").ok()?;
+        Some(Self::new(table, Utc.from_utc_datetime(&start), minutes))
+    }
+
+    /// `"schema"."name"`, ready for SQL.
+    fn qualified(&self, table: &OutboxTable) -> String {
+        format!("{}.\"{}\"", table.schema().quoted(), self.name)
+    }
+}
+
+/// HistoryPartitions. The partitions of `{qname:history}`, from the catalog (`pg_inherits`).
+const PARTITIONS: &str = "
+SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = '{qname:history}'::regclass";
+
+/// HistoryDefaultNewest. The newest row that fell into the default partition (no partition
+/// covered its time): no partition may be created over it. `{name:history_published_idx}`.
+const DEFAULT_NEWEST: &str = "SELECT max(published_at) FROM {qname:history_default}";
+
+/// The history's partitions (ours only), oldest first.
+pub async fn partitions(
+    conn: &mut sqlx::PgConnection,
+    table: &OutboxTable,
+) -> Result<Vec<Partition>> {
+    let names: Vec<String> = sqlx::query_scalar(&table.render(PARTITIONS))
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut found: Vec<Partition> = names
+        .iter()
+        .filter_map(|n| Partition::parse(table, n))
+        .collect();
+    found.sort_by_key(|p| p.start);
+    Ok(found)
+}
+
+/// The start of the `minutes`-wide slot holding `at`.
+fn slot_start(at: DateTime<Utc>, minutes: i64) -> DateTime<Utc> {
+    let width = minutes * 60;
+    let secs = at.timestamp().div_euclid(width) * width;
+    Utc.timestamp_opt(secs, 0).single().unwrap_or(at)
+}
+
+/// Creates the partitions missing from now to `ahead` from now, `retention`'s width each, one
+/// transaction per partition; returns how many were created. New partitions start after every
+/// existing one (so a change of width never overlaps) and after any row of the default
+/// partition.
+pub async fn ensure(
+    pool: &PgPool,
+    table: &OutboxTable,
+    retention: Duration,
+    ahead: Duration,
+) -> Result<u64> {
+    let minutes = width_minutes(retention);
+    let mut created = 0;
+    loop {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(PARTITIONS_LOCK_KEY)
+            .execute(&mut *tx)
+            .await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT statement_timestamp()")
+            .fetch_one(&mut *tx)
+            .await?;
+        let horizon = now + chrono::Duration::from_std(ahead).unwrap_or_default();
+        let existing = partitions(&mut tx, table).await?;
+        let newest_default: Option<DateTime<Utc>> =
+            sqlx::query_scalar(&table.render(DEFAULT_NEWEST))
+                .fetch_one(&mut *tx)
+                .await?;
+        let mut from = slot_start(now, minutes);
+        if let Some(end) = existing.iter().map(|p| p.end).max() {
+            from = from.max(end);
+        }
+        if let Some(newest) = newest_default.filter(|n| *n >= from) {
+            from = slot_start(newest, minutes) + chrono::Duration::minutes(minutes);
+        }
+        if from >= horizon {
+            tx.commit().await?;
+            return Ok(created);
+        }
+        // A start left unaligned by an older width runs to the next slot boundary (whole
+        // minutes: every width is).
+        let end = slot_start(from, minutes) + chrono::Duration::minutes(minutes);
+        let next = Partition::new(table, from, (end - from).num_minutes().max(1));
+        sqlx::query(&format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"))
+            .execute(&mut *tx)
+            .await?;
+        // Bounds are formatted from the database's own clock, never from input.
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
+            next.qualified(table),
+            table.derived("history"),
+            from.format("%Y-%m-%d %H:%M:%S+00"),
+            end.format("%Y-%m-%d %H:%M:%S+00"),
+        );
+        sqlx::query(&ddl).execute(&mut *tx).await?;
+        tx.commit().await?;
+        debug!(partition = %next.name, "history partition created");
+        created += 1;
+    }
+}
+
+/// HistoryDeleteDefault. One chunk of default-partition rows past retention (rare: only rows
+/// published while no partition covered their time land there), by row address.
+const DELETE_EXPIRED_DEFAULT: &str = "
+WITH gone AS (
+    DELETE FROM {qname:history_default}
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM {qname:history_default}
+        WHERE published_at < now() - make_interval(secs => $1)
+        LIMIT $2))
+    RETURNING 1)
+SELECT count(*) FROM gone";
+
+/// What [`expire`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Expired {
+    /// Partitions dropped (or, on a dry run, that would be).
+    pub partitions: u64,
+    /// Rows deleted from the default partition.
+    pub default_rows: u64,
+}
+
+/// Drops the partitions whose whole range is older than `retention`, each in its own short
+/// transaction, then deletes the default partition's expired rows in chunks of `chunk_rows`. A
+/// dry run only counts the partitions.
+pub async fn expire(
+    pool: &PgPool,
+    table: &OutboxTable,
+    retention: Duration,
+    chunk_rows: i64,
+    dry_run: bool,
+) -> Result<Expired> {
+    let mut done = Expired::default();
+    let mut conn = pool.acquire().await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT statement_timestamp()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let cutoff = now - chrono::Duration::from_std(retention).unwrap_or_default();
+    for p in partitions(&mut conn, table).await? {
+        if p.end > cutoff {
+            break;
+        }
+        done.partitions += 1;
+        if dry_run {
+            continue;
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::query(&format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&format!("DROP TABLE IF EXISTS {}", p.qualified(table)))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        info!(partition = %p.name, "history partition dropped (past retention)");
+    }
+    if dry_run {
+        return Ok(done);
+    }
+    drop(conn);
+    let statement = table.render(DELETE_EXPIRED_DEFAULT);
+    (done.default_rows, _) =
+        crate::cleanup::delete_in_chunks(pool, &statement, retention, chunk_rows).await?;
+    Ok(done)
+}
+
+/// How far ahead of the clock partitions are kept: two cleanup intervals (a missed run is
+/// harmless) plus two partitions.
+pub fn ahead(retention: Duration, cleanup_interval: Duration) -> Duration {
+    cleanup_interval * 2 + Duration::from_secs(width_minutes(retention) as u64 * 60 * 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn width_follows_retention() {
+        let m = |secs| width_minutes(Duration::from_secs(secs));
+        assert_eq!(m(1), 1);
+        assert_eq!(m(300), 1);
+        assert_eq!(m(3600), 15);
+        assert_eq!(m(4 * 3600), 60);
+        assert_eq!(m(7 * 86400), 1440);
+    }
+
+    #[test]
+    fn names_round_trip_and_others_are_ignored() {
+        let t = OutboxTable::default_table();
+        let start = Utc.with_ymd_and_hms(2026, 12, 2, 23, 45, 0).unwrap();
+        let p = Partition::new(&t, start, 15);
+        assert_eq!(p.name, "outbox_h202612022345_15");
+        assert_eq!(Partition::parse(&t, &p.name), Some(p.clone()));
+        assert_eq!(p.end, start + chrono::Duration::minutes(15));
+        for other in [
+            "outbox_history_default",
+            "outbox_h2026120223_15",
+            "outbox_h202612022345_0",
+            "outbox_h202612022345_x",
+            "orders_h202612022345_15",
+        ] {
+            assert_eq!(Partition::parse(&t, other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn slots_line_up_on_the_clock() {
+        let at = Utc.with_ymd_and_hms(2026, 12, 2, 23, 47, 31).unwrap();
+        assert_eq!(
+            slot_start(at, 15),
+            Utc.with_ymd_and_hms(2026, 12, 2, 23, 45, 0).unwrap()
+        );
+        assert_eq!(
+            slot_start(at, 1440),
+            Utc.with_ymd_and_hms(2026, 12, 2, 0, 0, 0).unwrap()
+        );
+    }
+}
