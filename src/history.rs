@@ -155,7 +155,9 @@ pub async fn ensure(
             from = from.max(end);
         }
         if let Some(newest) = newest_default.filter(|n| *n >= from) {
-            from = slot_start(newest, minutes) + chrono::Duration::minutes(minutes);
+            // The next whole minute: the partition then runs to its slot's end (below), so that
+            // settles leave the default partition within a minute whatever the width.
+            from = slot_start(newest, 1) + chrono::Duration::minutes(1);
         }
         if from >= horizon {
             tx.commit().await?;

@@ -1966,6 +1966,7 @@ impl Relay {
         destination::register(&self.pool, &self.table, &self.config.destinations).await?;
         destination::sync(&self.pool, &self.table, &self.health).await?;
         settle::unpark_followers(&self.table, &self.pool).await?;
+        self.ensure_history().await;
         let mut total = BatchReport::default();
         let mut failed_before: HashSet<Uuid> = HashSet::new();
         let mut unbounded_tried = false;
