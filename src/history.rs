@@ -116,6 +116,16 @@ pub async fn partitions(
     Ok(found)
 }
 
+/// Runs a partition's DDL in the open transaction `tx`, waiting at most [`DDL_LOCK_TIMEOUT`] for
+/// its lock.
+async fn ddl_in(tx: &mut sqlx::PgConnection, ddl: &str) -> Result<()> {
+    sqlx::query(&format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(ddl).execute(&mut *tx).await?;
+    Ok(())
+}
+
 /// The start of the `minutes`-wide slot holding `at`.
 fn slot_start(at: DateTime<Utc>, minutes: i64) -> DateTime<Utc> {
     let width = minutes * 60;
@@ -167,9 +177,6 @@ pub async fn ensure(
         // minutes: every width is).
         let end = slot_start(from, minutes) + chrono::Duration::minutes(minutes);
         let next = Partition::new(table, from, (end - from).num_minutes().max(1));
-        sqlx::query(&format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"))
-            .execute(&mut *tx)
-            .await?;
         // Bounds are formatted from the database's own clock, never from input.
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
@@ -178,7 +185,7 @@ pub async fn ensure(
             from.format("%Y-%m-%d %H:%M:%S+00"),
             end.format("%Y-%m-%d %H:%M:%S+00"),
         );
-        sqlx::query(&ddl).execute(&mut *tx).await?;
+        ddl_in(&mut tx, &ddl).await?;
         tx.commit().await?;
         debug!(partition = %next.name, "history partition created");
         created += 1;
@@ -231,12 +238,11 @@ pub async fn expire(
             continue;
         }
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        sqlx::query(&format!("SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"))
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(&format!("DROP TABLE IF EXISTS {}", p.qualified(table)))
-            .execute(&mut *tx)
-            .await?;
+        ddl_in(
+            &mut tx,
+            &format!("DROP TABLE IF EXISTS {}", p.qualified(table)),
+        )
+        .await?;
         tx.commit().await?;
         info!(partition = %p.name, "history partition dropped (past retention)");
     }

@@ -568,28 +568,16 @@ async fn write_rows(
 ) -> Result<u64> {
     let mut rows = 0;
     for (destination, ids) in &delivered.0 {
-        let done = match mode {
-            SettleMode::Delete => {
-                sqlx::query(&table.sql.delete_many)
-                    .bind(ids)
-                    .bind(token)
-                    .execute(&mut *conn)
-                    .await?
-            }
-            SettleMode::Mark | SettleMode::Move => {
-                let statement = if mode == SettleMode::Move {
-                    &table.sql.move_many
-                } else {
-                    &table.sql.set_published_many
-                };
-                sqlx::query(statement)
-                    .bind(ids)
-                    .bind(destination)
-                    .bind(token)
-                    .execute(&mut *conn)
-                    .await?
-            }
+        let query = match mode {
+            SettleMode::Delete => sqlx::query(&table.sql.delete_many).bind(ids),
+            SettleMode::Mark => sqlx::query(&table.sql.set_published_many)
+                .bind(ids)
+                .bind(destination),
+            SettleMode::Move => sqlx::query(&table.sql.move_many)
+                .bind(ids)
+                .bind(destination),
         };
+        let done = query.bind(token).execute(&mut *conn).await?;
         rows += done.rows_affected();
     }
     Ok(rows)

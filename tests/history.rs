@@ -235,13 +235,7 @@ async fn cleanup_drops_expired_partitions_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_least_privilege_relay_settles_into_the_default_partition_until_the_owner_runs_cleanup() {
     let db = TestDb::migrated().await;
-    let role = format!("pgoutbox_hist_{}", &db.name[11..23]);
-    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN"))
-        .execute(&db.pool)
-        .await
-        .expect("role");
-    let (code, _, err) = run(&["migrate", "--database-url", &db.url, "--grant-relay", &role]);
-    assert_eq!(code, 0, "{err}");
+    let role = relay_role(&db, "pgoutbox_hist").await;
 
     let rx = Receiver::start().await;
     let dir = scratch();
@@ -300,11 +294,5 @@ async fn a_least_privilege_relay_settles_into_the_default_partition_until_the_ow
     );
     assert_eq!(history_count(&db, "true").await, 30);
 
-    drop(db);
-    let admin = sqlx::PgPool::connect(&format!("{}/postgres", server_url()))
-        .await
-        .expect("admin");
-    let _ = sqlx::raw_sql(&format!("DROP ROLE IF EXISTS {role}"))
-        .execute(&admin)
-        .await;
+    drop_role(db, &role).await;
 }

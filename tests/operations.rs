@@ -227,14 +227,7 @@ async fn the_relay_works_under_hostile_session_defaults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_runs_under_a_least_privilege_role() {
     let db = TestDb::migrated().await;
-    let role = format!("pgoutbox_relay_{}", &db.name[11..23]);
-    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN"))
-        .execute(&db.pool)
-        .await
-        .expect("role");
-    let (code, out, err) = run(&["migrate", "--database-url", &db.url, "--grant-relay", &role]);
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains(&format!("granted {role}")), "{out}");
+    let role = relay_role(&db, "pgoutbox_relay").await;
 
     let rx = Receiver::start().await;
     db.insert_plain(25, "order.created").await;
@@ -296,13 +289,7 @@ async fn the_relay_runs_under_a_least_privilege_role() {
         "{err}"
     );
 
-    drop(db);
-    let admin = sqlx::PgPool::connect(&format!("{}/postgres", server_url()))
-        .await
-        .expect("admin");
-    let _ = sqlx::raw_sql(&format!("DROP ROLE IF EXISTS {role}"))
-        .execute(&admin)
-        .await;
+    drop_role(db, &role).await;
 }
 
 #[test]

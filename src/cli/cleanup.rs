@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pgoutbox::cleanup::{self, CleanupOptions};
 use pgoutbox::inbox::{Inbox, InboxTable};
+use pgoutbox::settle::SettleMode;
 
 use super::{parse_duration, Cli};
 
@@ -85,10 +86,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    if !args.dry_run
-        && config.history == pgoutbox::config::History::Partitions
-        && !config.retention.is_zero()
-    {
+    if !args.dry_run && SettleMode::of(&config) == SettleMode::Move {
         // The relay does this on each tick too; a relay role that does not own the history
         // cannot, and this command, run by the owner, is then what keeps partitions ahead.
         use anyhow::Context;

@@ -462,6 +462,32 @@ impl Running {
     }
 }
 
+/// A login role named `<prefix>_<part of db's name>`, granted what the relay needs on `db` by
+/// `pgoutbox migrate --grant-relay`. Roles are the server's, not the database's: end with
+/// [`drop_role`].
+pub async fn relay_role(db: &TestDb, prefix: &str) -> String {
+    let role = format!("{prefix}_{}", &db.name[11..23]);
+    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN"))
+        .execute(&db.pool)
+        .await
+        .expect("role");
+    let (code, out, err) = run(&["migrate", "--database-url", &db.url, "--grant-relay", &role]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("granted {role}")), "{out}");
+    role
+}
+
+/// Drops `db` (which holds the role's grants), then the role made by [`relay_role`].
+pub async fn drop_role(db: TestDb, role: &str) {
+    drop(db);
+    let admin = sqlx::PgPool::connect(&format!("{}/postgres", server_url()))
+        .await
+        .expect("admin");
+    let _ = sqlx::raw_sql(&format!("DROP ROLE IF EXISTS {role}"))
+        .execute(&admin)
+        .await;
+}
+
 /// A scratch directory that lives as long as the value.
 pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")

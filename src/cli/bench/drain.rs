@@ -208,9 +208,11 @@ async fn sql_limit(
     scratch.prefill(args.events, out).await?;
     let table = pgoutbox::OutboxTable::default_table();
     if settle == SettleMode::Move {
-        // As the relay does at start-up (retention 7d, as in the relay's runs below).
+        // As the relay does at start-up (retention 7d and cleanup every minute, as in the
+        // relay's runs below).
         let week = Duration::from_secs(7 * 86400);
-        pgoutbox::history::ensure(&scratch.pool, &table, week, week / 7).await?;
+        let ahead = pgoutbox::history::ahead(week, Duration::from_secs(60));
+        pgoutbox::history::ensure(&scratch.pool, &table, week, ahead).await?;
     }
     let done = Arc::new(AtomicU64::new(0));
     let bar = out.bar(args.events, "sql-limit");
