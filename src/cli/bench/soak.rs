@@ -6,8 +6,10 @@
 //! with `history = "partitions"`) on request. Every `--every` it prints the claim p99 (from the
 //! relay's histogram), the commit→publish p99 (measured here), the table and index sizes (the
 //! outbox plus its history's partitions) and dead tuples; at the end, the last interval's p99
-//! against the first's and the size growth after the first retention period. `--csv` writes the rows,
-//! `--plot` draws them as an SVG.
+//! against the first's and the size growth after the first retention period. Beside them, what
+//! the machine did in the interval (CPU busy and stolen by the hypervisor, the relay's own CPU and
+//! memory, checkpoints, vacuums of the outbox), so that a p99 that moves can be laid next to its
+//! cause. `--csv` writes the rows, `--plot` draws them as an SVG.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -64,7 +66,119 @@ struct Sample {
     indexes_mb: f64,
     dead_tuples: i64,
     live_tuples: i64,
+    machine: Machine,
 }
+
+/// What the machine and the relay did during one interval (Linux /proc; zeros elsewhere).
+#[derive(Debug, Clone, Default)]
+struct Machine {
+    /// CPU busy (not idle, not waiting on I/O), % of all cores.
+    busy_pct: f64,
+    /// CPU time the hypervisor gave to others, % of all cores.
+    steal_pct: f64,
+    /// The relay process's CPU, % of one core.
+    relay_cpu_pct: f64,
+    /// The relay's resident memory at the interval's end, MiB.
+    relay_rss_mb: f64,
+    /// Checkpoints the server started (timed or requested).
+    checkpoints: i64,
+    /// Autovacuum runs on the outbox (and its history).
+    vacuums: i64,
+}
+
+/// Cumulative counters read at each interval's end; `Machine` is the difference of two.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    cpu_total: u64,
+    cpu_idle: u64,
+    cpu_steal: u64,
+    relay_cpu: Duration,
+    at: Option<Instant>,
+    checkpoints: i64,
+    vacuums: i64,
+}
+
+impl Counters {
+    /// Reads /proc/stat's first line, the relay's CPU time and the server's counters.
+    async fn read(pool: &sqlx::PgPool, relay: &RelayProcess) -> Self {
+        let (mut cpu_total, mut cpu_idle, mut cpu_steal) = (0, 0, 0);
+        if let Some(line) = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_owned))
+        {
+            // cpu user nice system idle iowait irq softirq steal (guest time is inside user).
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .take(8)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if v.len() == 8 {
+                cpu_total = v.iter().sum();
+                cpu_idle = v[3] + v[4];
+                cpu_steal = v[7];
+            }
+        }
+        // pg_stat_bgwriter holds the checkpoint counts up to PostgreSQL 16, pg_stat_checkpointer
+        // from 17.
+        let mut checkpoints = 0;
+        for query in [CHECKPOINTS_TO_16, CHECKPOINTS_FROM_17] {
+            if let Ok(n) = sqlx::query_scalar::<_, i64>(query).fetch_one(pool).await {
+                checkpoints = n;
+                break;
+            }
+        }
+        let vacuums = sqlx::query_scalar::<_, i64>(VACUUMS)
+            .fetch_one(pool)
+            .await
+            .unwrap_or(0);
+        Self {
+            cpu_total,
+            cpu_idle,
+            cpu_steal,
+            relay_cpu: relay.cpu(),
+            at: Some(Instant::now()),
+            checkpoints,
+            vacuums,
+        }
+    }
+
+    /// What happened between `before` and `self`.
+    fn since(&self, before: &Self, relay: &RelayProcess) -> Machine {
+        let total = self.cpu_total.saturating_sub(before.cpu_total).max(1) as f64;
+        let idle = self.cpu_idle.saturating_sub(before.cpu_idle) as f64;
+        let steal = self.cpu_steal.saturating_sub(before.cpu_steal) as f64;
+        let wall = match (self.at, before.at) {
+            (Some(a), Some(b)) => a.duration_since(b).as_secs_f64().max(1e-3),
+            _ => 1.0,
+        };
+        Machine {
+            busy_pct: 100.0 * (total - idle - steal).max(0.0) / total,
+            steal_pct: 100.0 * steal / total,
+            relay_cpu_pct: 100.0
+                * self
+                    .relay_cpu
+                    .saturating_sub(before.relay_cpu)
+                    .as_secs_f64()
+                / wall,
+            relay_rss_mb: relay.rss_kib() as f64 / 1024.0,
+            checkpoints: self.checkpoints - before.checkpoints,
+            vacuums: self.vacuums - before.vacuums,
+        }
+    }
+}
+
+/// CheckpointsStarted (PostgreSQL ≤ 16).
+const CHECKPOINTS_TO_16: &str =
+    "SELECT (checkpoints_timed + checkpoints_req)::bigint FROM pg_stat_bgwriter";
+/// CheckpointsStarted (PostgreSQL ≥ 17, where the counts moved to their own view).
+const CHECKPOINTS_FROM_17: &str =
+    "SELECT (num_timed + num_requested)::bigint FROM pg_stat_checkpointer";
+/// OutboxVacuums. Autovacuum runs on the outbox and its history's partitions so far.
+const VACUUMS: &str = "
+SELECT coalesce(sum(s.autovacuum_count), 0)::bigint FROM pg_stat_user_tables s
+WHERE s.relid = 'outbox'::regclass
+   OR s.relid IN (SELECT relid FROM pg_partition_tree('outbox_history') WHERE isleaf)";
 
 /// OutboxSizes. Heap and index sizes and the statistics' tuple counts of the outbox and of its
 /// history's partitions (empty unless `history = "partitions"`); a partition dropped meanwhile
@@ -141,6 +255,7 @@ async fn run_mode(
     let mut samples = Vec::new();
     let mut metrics = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
     let mut delivered_total = 0;
+    let mut counters = Counters::read(&scratch.pool, &relay).await;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + args.every, args.every);
     let mut producer = Some(producer);
     let mut quiet_since: Option<Instant> = None;
@@ -154,6 +269,9 @@ async fn run_mode(
         metrics = now;
         let (table_mb, indexes_mb, dead_tuples, live_tuples): (f64, f64, i64, i64) =
             sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
+        let now_counters = Counters::read(&scratch.pool, &relay).await;
+        let machine = now_counters.since(&counters, &relay);
+        counters = now_counters;
         let sample = Sample {
             mode: mode.to_owned(),
             minute: started.elapsed().as_secs_f64() / 60.0,
@@ -164,6 +282,7 @@ async fn run_mode(
             indexes_mb,
             dead_tuples,
             live_tuples,
+            machine,
         };
         bar.suspend(|| out.row(row(&sample)));
         samples.push(sample);
@@ -228,7 +347,7 @@ fn row(s: &Sample) -> Row {
         value: s.latency.p99,
         unit: "ms p99",
         detail: format!(
-            "claim p99 {}, max {:.1} ms, {} delivered; table {:.0} MB + indexes {:.0} MB, {} live, {} dead tuples",
+            "claim p99 {}, max {:.1} ms, {} delivered; table {:.0} MB + indexes {:.0} MB, {} live, {} dead tuples; CPU {:.0} % busy, {:.1} % stolen, relay {:.0} % of a core, {:.0} MiB; {} checkpoints, {} vacuums",
             s.claim_p99_ms
                 .map_or("n/a".to_owned(), |ms| format!("≤ {ms} ms")),
             s.latency.max,
@@ -236,7 +355,13 @@ fn row(s: &Sample) -> Row {
             s.table_mb,
             s.indexes_mb,
             s.live_tuples,
-            s.dead_tuples
+            s.dead_tuples,
+            s.machine.busy_pct,
+            s.machine.steal_pct,
+            s.machine.relay_cpu_pct,
+            s.machine.relay_rss_mb,
+            s.machine.checkpoints,
+            s.machine.vacuums
         ),
     }
 }
@@ -282,8 +407,18 @@ fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], delivere
         value: last.latency.p99 / first.latency.p99,
         unit: "×",
         detail: format!(
-            "commit→publish p99 {:.1} → {:.1} ms (target ≤ 1.5×); {delivered} of {} delivered",
-            first.latency.p99, last.latency.p99, args.events
+            "commit→publish p99 {:.1} → {:.1} ms (target ≤ 1.5×); in those intervals {} → {} delivered, CPU {:.0} → {:.0} % busy, {:.1} → {:.1} % stolen, relay {:.0} → {:.0} % of a core; {delivered} of {} delivered",
+            first.latency.p99,
+            last.latency.p99,
+            first.delivered,
+            last.delivered,
+            first.machine.busy_pct,
+            last.machine.busy_pct,
+            first.machine.steal_pct,
+            last.machine.steal_pct,
+            first.machine.relay_cpu_pct,
+            last.machine.relay_cpu_pct,
+            args.events
         ),
     });
     if let (Some(after), Some(end)) = (after, end) {
@@ -309,12 +444,12 @@ fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], delivere
 
 fn csv(samples: &[Sample]) -> String {
     let mut s = String::from(
-        "mode,minute,delivered,claim_p99_ms,latency_p50_ms,latency_p99_ms,latency_max_ms,table_mb,indexes_mb,dead_tuples,live_tuples\n",
+        "mode,minute,delivered,claim_p99_ms,latency_p50_ms,latency_p99_ms,latency_max_ms,table_mb,indexes_mb,dead_tuples,live_tuples,cpu_busy_pct,cpu_steal_pct,relay_cpu_pct,relay_rss_mb,checkpoints,vacuums\n",
     );
     for x in samples {
         let _ = writeln!(
             s,
-            "{},{:.2},{},{},{:.3},{:.3},{:.3},{:.1},{:.1},{},{}",
+            "{},{:.2},{},{},{:.3},{:.3},{:.3},{:.1},{:.1},{},{},{:.1},{:.2},{:.1},{:.1},{},{}",
             x.mode,
             x.minute,
             x.delivered,
@@ -325,19 +460,31 @@ fn csv(samples: &[Sample]) -> String {
             x.table_mb,
             x.indexes_mb,
             x.dead_tuples,
-            x.live_tuples
+            x.live_tuples,
+            x.machine.busy_pct,
+            x.machine.steal_pct,
+            x.machine.relay_cpu_pct,
+            x.machine.relay_rss_mb,
+            x.machine.checkpoints,
+            x.machine.vacuums
         );
     }
     s
 }
 
-/// Three stacked charts over minutes: commit→publish p99 and claim p99 (ms), table + index size
-/// (MB), dead tuples; one colour per mode.
+/// Stacked charts over minutes: commit→publish p99, events delivered, CPU stolen, claim p99,
+/// table + index size, dead tuples; one colour per mode.
 fn plot(samples: &[Sample], args: &Args) -> String {
     type Metric = fn(&Sample) -> Option<f64>;
-    let panels: [(&str, Metric); 4] = [
+    let panels: [(&str, Metric); 6] = [
         ("commit→publish p99 (ms)", |s| {
             (s.delivered > 0).then_some(s.latency.p99)
+        }),
+        ("events delivered per interval (thousands)", |s| {
+            Some(s.delivered as f64 / 1000.0)
+        }),
+        ("CPU stolen by the hypervisor (% of all cores)", |s| {
+            Some(s.machine.steal_pct)
         }),
         ("claim p99 (ms, bucket bound)", |s| s.claim_p99_ms),
         ("table + indexes (MB)", |s| Some(s.table_mb + s.indexes_mb)),

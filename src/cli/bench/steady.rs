@@ -296,6 +296,11 @@ impl RelayProcess {
         proc_peak_rss_kib(self.child.id()).unwrap_or(0)
     }
 
+    /// Resident memory now, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        proc_status_kib(self.child.id(), "VmRSS:").unwrap_or(0)
+    }
+
     /// The relay's Prometheus scrape (empty when it cannot be read).
     pub async fn metrics(&self) -> String {
         match reqwest::get(&self.metrics_url).await {
@@ -574,8 +579,13 @@ pub fn proc_cpu(pid: u32) -> Option<Duration> {
 
 /// Peak resident set size of a process from /proc (Linux), KiB.
 pub fn proc_peak_rss_kib(pid: u32) -> Option<u64> {
+    proc_status_kib(pid, "VmHWM:")
+}
+
+/// One `kB` line of /proc/<pid>/status (Linux), e.g. `VmRSS:`.
+fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
