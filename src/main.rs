@@ -7,10 +7,15 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = <cli::Cli as clap::Parser>::parse();
     cli::init_logging(&cli);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The bench's producer process runs on one thread, as a pgbench thread does: its work is
+    // a few thousand small commits a second, and a multi-thread runtime's idle workers spend
+    // CPU looking for work at every wake-up, CPU the measured relay then lacks.
+    let mut builder = if cli.is_bench_producer() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

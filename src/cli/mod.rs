@@ -140,6 +140,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 impl Cli {
+    /// Whether this process is a bench's producer child (`pgoutbox bench produce`).
+    pub fn is_bench_producer(&self) -> bool {
+        matches!(&self.command, Command::Bench(args) if args.is_producer())
+    }
+
     /// The configuration: file (if any), then environment, then command-line flags.
     fn load_config(&self) -> anyhow::Result<Config> {
         let mut config = match &self.config {

@@ -74,6 +74,13 @@ enum Scenario {
     Produce(produce::Args),
 }
 
+impl Args {
+    /// Whether this is the hidden producer scenario, which the other scenarios start.
+    pub fn is_producer(&self) -> bool {
+        matches!(self.scenario, Scenario::Produce(_))
+    }
+}
+
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Scenario::Produce(a) = &args.scenario {
         return produce::run(a).await.map(|()| ExitCode::SUCCESS);

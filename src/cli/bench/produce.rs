@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::Connection as _;
 
 /// Arguments of the hidden `bench produce` (run by other scenarios, not by hand).
 #[derive(Debug, Clone, clap::Args)]
@@ -95,19 +95,23 @@ pub fn unix_micros(t: SystemTime) -> u64 {
 /// Runs the producers (in the child process).
 pub async fn run(args: &Args) -> anyhow::Result<()> {
     let statement = statement(&args.table, args.statement)?;
-    let pool = PgPoolOptions::new()
-        .max_connections(args.connections as u32)
-        .min_connections(args.connections as u32)
-        .connect(&args.url)
-        .await
-        .context("producer cannot connect")?;
+    // One connection per producer, held for the run, as pgbench holds its clients': a pool's
+    // acquire and release on every commit is work a client of the outbox need not do, and the
+    // producers are the instrument here, not the subject.
+    let mut connections = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        connections.push(
+            sqlx::PgConnection::connect(&args.url)
+                .await
+                .context("producer cannot connect")?,
+        );
+    }
     let total = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (lines, mut rx) = tokio::sync::mpsc::unbounded_channel::<(uuid::Uuid, u64)>();
     let mut tasks = Vec::new();
-    for _ in 0..args.connections {
-        let (pool, total, stop, statement) =
-            (pool.clone(), total.clone(), stop.clone(), statement.clone());
+    for mut connection in connections {
+        let (total, stop, statement) = (total.clone(), stop.clone(), statement.clone());
         let lines = args.report.then(|| lines.clone());
         let period = args
             .rate
@@ -130,12 +134,15 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 if limit.is_some_and(|l| n >= l) {
                     break;
                 }
-                let id: uuid::Uuid = sqlx::query_scalar(&statement).fetch_one(&pool).await?;
+                let id: uuid::Uuid = sqlx::query_scalar(&statement)
+                    .fetch_one(&mut connection)
+                    .await?;
                 let at = unix_micros(SystemTime::now());
                 if let Some(lines) = &lines {
                     let _ = lines.send((id, at));
                 }
             }
+            connection.close().await?;
             Ok::<_, sqlx::Error>(())
         }));
     }
@@ -172,7 +179,6 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     let commits = total.load(Ordering::Relaxed);
     let commits = args.events.map_or(commits, |l| commits.min(l));
     println!("total {commits}");
-    pool.close().await;
     Ok(())
 }
 
