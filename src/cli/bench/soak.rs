@@ -70,7 +70,7 @@ struct Sample {
 }
 
 /// What the machine and the relay did during one interval (Linux /proc; zeros elsewhere).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Machine {
     /// CPU busy (not idle, not waiting on I/O), % of all cores.
     busy_pct: f64,
@@ -87,20 +87,22 @@ struct Machine {
 }
 
 /// Cumulative counters read at each interval's end; `Machine` is the difference of two.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Counters {
     cpu_total: u64,
     cpu_idle: u64,
     cpu_steal: u64,
     relay_cpu: Duration,
-    at: Option<Instant>,
+    relay_rss_kib: u64,
+    at: Instant,
     checkpoints: i64,
     vacuums: i64,
 }
 
 impl Counters {
-    /// Reads /proc/stat's first line, the relay's CPU time and the server's counters.
-    async fn read(pool: &sqlx::PgPool, relay: &RelayProcess) -> Self {
+    /// Reads /proc/stat's first line, the relay's CPU time and memory and the server's
+    /// checkpoint count; `vacuums` is the outbox's autovacuum count, read with its sizes.
+    async fn read(pool: &sqlx::PgPool, relay: &RelayProcess, vacuums: i64) -> Self {
         let (mut cpu_total, mut cpu_idle, mut cpu_steal) = (0, 0, 0);
         if let Some(line) = std::fs::read_to_string("/proc/stat")
             .ok()
@@ -128,30 +130,24 @@ impl Counters {
                 break;
             }
         }
-        let vacuums = sqlx::query_scalar::<_, i64>(VACUUMS)
-            .fetch_one(pool)
-            .await
-            .unwrap_or(0);
         Self {
             cpu_total,
             cpu_idle,
             cpu_steal,
             relay_cpu: relay.cpu(),
-            at: Some(Instant::now()),
+            relay_rss_kib: relay.rss_kib(),
+            at: Instant::now(),
             checkpoints,
             vacuums,
         }
     }
 
     /// What happened between `before` and `self`.
-    fn since(&self, before: &Self, relay: &RelayProcess) -> Machine {
+    fn since(&self, before: &Self) -> Machine {
         let total = self.cpu_total.saturating_sub(before.cpu_total).max(1) as f64;
         let idle = self.cpu_idle.saturating_sub(before.cpu_idle) as f64;
         let steal = self.cpu_steal.saturating_sub(before.cpu_steal) as f64;
-        let wall = match (self.at, before.at) {
-            (Some(a), Some(b)) => a.duration_since(b).as_secs_f64().max(1e-3),
-            _ => 1.0,
-        };
+        let wall = self.at.duration_since(before.at).as_secs_f64().max(1e-3);
         Machine {
             busy_pct: 100.0 * (total - idle - steal).max(0.0) / total,
             steal_pct: 100.0 * steal / total,
@@ -161,7 +157,7 @@ impl Counters {
                     .saturating_sub(before.relay_cpu)
                     .as_secs_f64()
                 / wall,
-            relay_rss_mb: relay.rss_kib() as f64 / 1024.0,
+            relay_rss_mb: self.relay_rss_kib as f64 / 1024.0,
             checkpoints: self.checkpoints - before.checkpoints,
             vacuums: self.vacuums - before.vacuums,
         }
@@ -174,22 +170,21 @@ const CHECKPOINTS_TO_16: &str =
 /// CheckpointsStarted (PostgreSQL ≥ 17, where the counts moved to their own view).
 const CHECKPOINTS_FROM_17: &str =
     "SELECT (num_timed + num_requested)::bigint FROM pg_stat_checkpointer";
-/// OutboxVacuums. Autovacuum runs on the outbox and its history's partitions so far.
-const VACUUMS: &str = "
-SELECT coalesce(sum(s.autovacuum_count), 0)::bigint FROM pg_stat_user_tables s
-WHERE s.relid = 'outbox'::regclass
-   OR s.relid IN (SELECT relid FROM pg_partition_tree('outbox_history') WHERE isleaf)";
 
-/// OutboxSizes. Heap and index sizes and the statistics' tuple counts of the outbox and of its
-/// history's partitions (empty unless `history = "partitions"`); a partition dropped meanwhile
-/// counts for nothing.
+/// OutboxSizes. Heap and index sizes, the statistics' tuple counts and the autovacuum runs so far
+/// of the outbox and of its history's partitions (empty unless `history = "partitions"`); a
+/// partition dropped meanwhile counts for nothing.
 const SIZES: &str = "
 WITH t AS (SELECT 'outbox'::regclass AS relid
            UNION ALL SELECT relid FROM pg_partition_tree('outbox_history') WHERE isleaf)
 SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::float8 / 1048576,
        coalesce(sum(pg_indexes_size(t.relid)), 0)::float8 / 1048576,
-       coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint
+       coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint,
+       coalesce(sum(s.autovacuum_count), 0)::bigint
 FROM t LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid";
+
+/// One reading of [`SIZES`]: table MB, indexes MB, dead and live tuples, autovacuum runs.
+type Sizes = (f64, f64, i64, i64, i64);
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let mut samples = Vec::new();
@@ -255,7 +250,8 @@ async fn run_mode(
     let mut samples = Vec::new();
     let mut metrics = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
     let mut delivered_total = 0;
-    let mut counters = Counters::read(&scratch.pool, &relay).await;
+    let (.., vacuums): Sizes = sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
+    let mut counters = Counters::read(&scratch.pool, &relay, vacuums).await;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + args.every, args.every);
     let mut producer = Some(producer);
     let mut quiet_since: Option<Instant> = None;
@@ -267,10 +263,10 @@ async fn run_mode(
         let now = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
         let claims = now.since(&metrics);
         metrics = now;
-        let (table_mb, indexes_mb, dead_tuples, live_tuples): (f64, f64, i64, i64) =
+        let (table_mb, indexes_mb, dead_tuples, live_tuples, vacuums): Sizes =
             sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
-        let now_counters = Counters::read(&scratch.pool, &relay).await;
-        let machine = now_counters.since(&counters, &relay);
+        let now_counters = Counters::read(&scratch.pool, &relay, vacuums).await;
+        let machine = now_counters.since(&counters);
         counters = now_counters;
         let sample = Sample {
             mode: mode.to_owned(),
