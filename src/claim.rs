@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::config::ClaimMode;
 
 use crate::error::Result;
-use crate::event::OutboxEvent;
+use crate::model::event::OutboxEvent;
 use crate::table::OutboxTable;
 
 /// How a claimed batch is held until it is settled.

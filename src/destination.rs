@@ -19,7 +19,7 @@ use sqlx::PgPool;
 
 use crate::config::{BreakerConfig, DestinationConfig};
 use crate::error::Result;
-use crate::publish::Outcome;
+use crate::model::outcome::Outcome;
 use crate::table::OutboxTable;
 
 /// How often each relay re-reads the shared destination state.
@@ -286,9 +286,9 @@ pub async fn sync(
             freed |= was == Gate::Hold && h.gate() == Gate::Send;
         }
         let (breaker, paused) = h.state();
-        metrics::gauge!(crate::observe::DESTINATION_STATE, "destination" => h.name.clone())
+        metrics::gauge!(crate::model::metric::DESTINATION_STATE, "destination" => h.name.clone())
             .set(breaker.gauge());
-        metrics::gauge!(crate::observe::DESTINATION_PAUSED, "destination" => h.name.clone())
+        metrics::gauge!(crate::model::metric::DESTINATION_PAUSED, "destination" => h.name.clone())
             .set(if paused { 1.0 } else { 0.0 });
     }
     if freed {

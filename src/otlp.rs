@@ -14,7 +14,7 @@
 //! (`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME` and `OTEL_SDK_DISABLED` are honoured too).
 //! When off, the relay builds no span at all.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
@@ -25,11 +25,10 @@ use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
-use serde::Deserialize;
 
-use crate::config::Secret;
-use crate::event::OutboxEvent;
-use crate::publish::Outcome;
+use crate::config::OtlpConfig;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
 
 /// Whether spans are exported (set once, by [`start`]): the hot path checks it before building
 /// anything.
@@ -37,20 +36,6 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// The instrumentation scope of every span.
 const SCOPE: &str = "pgoutbox";
-
-/// `[observability.otlp]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OtlpConfig {
-    /// Base URL of the collector's OTLP/HTTP receiver, e.g. `http://127.0.0.1:4318`; spans go to
-    /// its `/v1/traces`. When absent, `OTEL_EXPORTER_OTLP_ENDPOINT` decides.
-    pub endpoint: Option<String>,
-    /// Extra request headers (an API key); values are secrets (`{ env = … }`, `{ file = … }`).
-    #[serde(default)]
-    pub headers: BTreeMap<String, Secret>,
-    /// `service.name` of the spans; default `OTEL_SERVICE_NAME`, else `pgoutbox`.
-    pub service_name: Option<String>,
-}
 
 /// The running exporter; [`Exporter::shutdown`] sends what is still buffered.
 pub struct Exporter {

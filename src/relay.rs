@@ -27,10 +27,11 @@ use crate::claim::{claim_due, ClaimOptions, ClaimedBatch, Hold};
 use crate::config::{Config, OnDead, Ordering, RelayConfig, Source};
 use crate::destination::{self, BreakerState, Counted, Gate, Health};
 use crate::error::{Error, Result};
-use crate::event::OutboxEvent;
-use crate::observe;
-use crate::publish::{self, Budget, Outcome, Recorder, Sink};
-use crate::retry::RetryPolicy;
+use crate::model::event::OutboxEvent;
+use crate::model::metric;
+use crate::model::outcome::Outcome;
+use crate::model::retry::RetryPolicy;
+use crate::publish::{self, Budget, Recorder, Sink};
 use crate::route::Router;
 use crate::settle;
 use crate::table::OutboxTable;
@@ -229,11 +230,11 @@ impl Relay {
         destinations: Vec<Destination>,
     ) -> Self {
         // Counters that may never move still show up at zero, so dashboards and alerts see them.
-        metrics::counter!(observe::DB_ERRORS_TOTAL).absolute(0);
+        metrics::counter!(metric::DB_ERRORS_TOTAL).absolute(0);
         for d in &destinations {
-            metrics::counter!(observe::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
+            metrics::counter!(metric::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
                 .absolute(0);
-            metrics::counter!(observe::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
+            metrics::counter!(metric::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
         }
         let health = destinations
             .iter()
@@ -464,7 +465,7 @@ impl Relay {
             rowless,
         } = batch;
         let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
-        metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
+        metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
         let items = match self.items(&events).await {
             Ok(items) => items,
             Err(e) => {
@@ -546,7 +547,7 @@ impl Relay {
         let started = Instant::now();
         let written =
             settle::write_delivered(&self.table, &self.pool, rows, self.settle_mode).await?;
-        metrics::histogram!(observe::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(metric::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(written)
     }
 
@@ -744,7 +745,7 @@ impl Relay {
             hold,
             found,
         } = claim_due(&self.pool, &self.table, &options, &self.blocking).await?;
-        metrics::histogram!(observe::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
+        metrics::histogram!(metric::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
         if self.claim.ordered {
             self.adapt_claim(found, (options.heads, options.followers));
         }
@@ -752,7 +753,7 @@ impl Relay {
             crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
-        metrics::histogram!(observe::BATCH_SIZE).record((events.len() + poison.len()) as f64);
+        metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
         crate::otlp::batch_span("claim", claim_wall, || {
             vec![
                 KeyValue::new("pgoutbox.events", events.len() as i64),
@@ -1086,7 +1087,7 @@ impl Relay {
             park,
         )
         .await?;
-        metrics::histogram!(observe::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
+        metrics::histogram!(metric::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
         record_outcomes(events, &plan);
         self.open_breakers(tripped).await;
         if settled.fenced > 0 {
@@ -1242,7 +1243,7 @@ impl Relay {
                             recorder.record(i, Outcome::retry(reason.clone()));
                         }
                     }
-                    metrics::histogram!(observe::PUBLISH_SECONDS, "destination" => dest.name.clone())
+                    metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => dest.name.clone())
                         .record(started.elapsed().as_secs_f64());
                     if crate::otlp::enabled() {
                         for &i in &members {
@@ -1473,7 +1474,7 @@ impl Relay {
         db_down: &mut bool,
         e: &crate::error::Error,
     ) -> Duration {
-        metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+        metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
         let pause = pacing.failed();
         warn!(worker, error = %crate::error_chain(e), retry_in_ms = pause.as_millis() as u64, "claim or settle failed; retrying");
         *db_down = true;
@@ -1485,7 +1486,7 @@ impl Relay {
         match result {
             Ok((report, _)) => report,
             Err(e) => {
-                metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
                 warn!(worker, error = %crate::error_chain(&e), "settling a batch's stragglers failed; they will be claimed again");
                 BatchReport::default()
             }
@@ -1864,7 +1865,7 @@ impl Relay {
                 }
                 Err(e) => {
                     db_down = true;
-                    metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                    metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
                     let pause = pacing.failed();
                     warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "deliveries claim or settle failed; retrying");
                     pause
@@ -2236,7 +2237,7 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
     let now = chrono::Utc::now();
     for (destination, ids) in plan.delivered.iter().chain(&plan.pairs_delivered) {
         let mut per_topic: HashMap<&str, u64> = HashMap::new();
-        let latency = metrics::histogram!(observe::COMMIT_TO_PUBLISH_SECONDS, "destination" => destination.clone());
+        let latency = metrics::histogram!(metric::COMMIT_TO_PUBLISH_SECONDS, "destination" => destination.clone());
         for id in ids {
             if let Some(e) = by_id.get(id) {
                 *per_topic.entry(e.topic.as_str()).or_default() += 1;
@@ -2245,9 +2246,9 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
                 );
             }
         }
-        observe::count_delivered(destination, ids.len() as u64);
+        metric::count_delivered(destination, ids.len() as u64);
         for (topic, n) in per_topic {
-            metrics::counter!(observe::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
+            metrics::counter!(metric::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
                 .increment(n);
         }
     }
@@ -2262,8 +2263,7 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
         *held.entry(b.destination.as_str()).or_default() += b.count as u64;
     }
     for (destination, n) in held {
-        metrics::counter!(observe::HELD_TOTAL, "destination" => destination.to_owned())
-            .increment(n);
+        metrics::counter!(metric::HELD_TOTAL, "destination" => destination.to_owned()).increment(n);
     }
     let mut failures: HashMap<(&str, &str, bool), u64> = HashMap::new();
     for f in &plan.failed {
@@ -2286,9 +2286,9 @@ fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
     }
     for ((destination, topic, dead), n) in failures {
         let name = if dead {
-            observe::DEAD_LETTERED_TOTAL
+            metric::DEAD_LETTERED_TOTAL
         } else {
-            observe::FAILED_TOTAL
+            metric::FAILED_TOTAL
         };
         metrics::counter!(name, "destination" => destination.to_owned(), "topic" => topic.to_owned()).increment(n);
     }

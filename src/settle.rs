@@ -17,9 +17,9 @@ use uuid::Uuid;
 
 use crate::claim::Hold;
 use crate::error::{Error, Result};
-use crate::event::OutboxEvent;
-use crate::publish::Outcome;
-use crate::retry::{Decision, Failure, RetryPolicy};
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::retry::{Decision, Failure, RetryPolicy};
 use crate::table::OutboxTable;
 
 /// What settling a delivered event does to its outbox row.

@@ -120,7 +120,7 @@ async fn metrics_are_exposed_and_move_with_the_backlog() {
     signal(&relay, libc::SIGTERM);
     relay.wait().expect("wait");
 
-    for (name, kind, _, _) in pgoutbox::observe::METRICS {
+    for (name, kind, _, _) in pgoutbox::model::metric::METRICS {
         let present = last.keys().any(|k| {
             k == name
                 || k.starts_with(&format!("{name}{{"))
@@ -313,7 +313,10 @@ fn the_dashboard_uses_only_documented_metrics() {
     let dashboard = std::fs::read_to_string("deploy/grafana-dashboard.json").expect("dashboard");
     let json: serde_json::Value = serde_json::from_str(&dashboard).expect("valid JSON");
     assert!(json["panels"].as_array().is_some_and(|p| p.len() >= 8));
-    let names: Vec<&str> = pgoutbox::observe::METRICS.iter().map(|m| m.0).collect();
+    let names: Vec<&str> = pgoutbox::model::metric::METRICS
+        .iter()
+        .map(|m| m.0)
+        .collect();
     for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         if let Some(base) = word.strip_prefix("pgoutbox_") {
             let base = format!("pgoutbox_{base}");

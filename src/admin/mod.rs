@@ -20,24 +20,11 @@ use std::sync::Arc;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::config::Secret;
+use crate::config::{AdminConfig, Secret};
 use crate::observe::Samples;
 use crate::relay::Relay;
-
-/// `[admin]`: who may use the console.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// Bearer token for the mutating calls (retry, discard, pause, resume); they are off when
-    /// absent. A secret: a string, `{ env = "NAME" }` or `{ file = "PATH" }`.
-    pub token: Option<Secret>,
-    /// Bearer token the read calls need too (the admin token also works); reads are open to
-    /// whoever reaches the listener when absent.
-    pub read_token: Option<Secret>,
-}
 
 /// What the console's handlers share.
 #[derive(Clone)]

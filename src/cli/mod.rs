@@ -169,7 +169,7 @@ impl Cli {
     }
 }
 
-pub use pgoutbox::secrets::redact_url;
+pub use pgoutbox::model::secrets::redact_url;
 
 /// How a command's pool is sized and its sessions are set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,7 +209,7 @@ pub async fn connect_with(url: &str, settings: &PoolSettings) -> anyhow::Result<
         anyhow!(
             "invalid database URL {}: {}",
             redact_url(url),
-            pgoutbox::secrets::scrub(&e.to_string(), url)
+            pgoutbox::model::secrets::scrub(&e.to_string(), url)
         )
     })?;
     let options = session_options(options, settings);

@@ -39,10 +39,11 @@ use tokio::sync::OnceCell;
 
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
-use super::{Outcome, Sink, SinkKind};
+use super::{Sink, SinkKind};
 use crate::config::{duration_str, Secret};
-use crate::event::OutboxEvent;
-use crate::route::Template;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::template::Template;
 
 /// Registry entry: `type = "kafka"`.
 pub const KIND: SinkKind = SinkKind {

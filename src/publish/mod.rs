@@ -32,40 +32,12 @@ use serde_json::value::RawValue;
 
 use crate::config::DestinationConfig;
 use crate::error::{Error, Result};
-use crate::event::OutboxEvent;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
 
 pub use null::NullSink;
 pub use stdout::StdoutSink;
 pub use webhook::WebhookSink;
-
-/// What happened to one event.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// The destination durably accepted the event.
-    Delivered,
-    /// A transient failure: try again per the retry policy.
-    Retry {
-        /// What went wrong, for `last_error`.
-        reason: String,
-        /// How long the destination asked us to wait, if it did.
-        retry_after: Option<Duration>,
-    },
-    /// A permanent failure: retrying cannot help, the event is dead-lettered.
-    Rejected {
-        /// What went wrong, for `last_error`.
-        reason: String,
-    },
-}
-
-impl Outcome {
-    /// A transient failure with no `Retry-After`.
-    pub fn retry(reason: impl Into<String>) -> Self {
-        Outcome::Retry {
-            reason: reason.into(),
-            retry_after: None,
-        }
-    }
-}
 
 /// A sink's `timeout` (per request, or per broker acknowledgement) when the destination sets none.
 pub(crate) fn default_timeout() -> Duration {

@@ -37,11 +37,12 @@ use tokio::sync::{oneshot, Mutex};
 
 use super::reserved::Reserved;
 use super::tls::{TlsConfig, TlsFiles};
-use super::{Outcome, Sink, SinkKind};
+use super::{Sink, SinkKind};
 use crate::config::duration_str;
-use crate::event::OutboxEvent;
-use crate::route::Template;
-use crate::secrets;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::secrets;
+use crate::model::template::Template;
 
 /// The largest MQTT packet (remaining length is at most 268,435,455 bytes).
 const MQTT_MAX_PACKET: usize = 268_435_455;

@@ -36,12 +36,13 @@ use tokio::sync::OnceCell;
 
 use super::reserved::Reserved;
 use super::tls::{TlsConfig, TlsFiles};
-use super::{Outcome, Sink, SinkKind};
+use super::{Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
-use crate::event::OutboxEvent;
-use crate::route::Template;
-use crate::secrets::{self, redact_url, Credentials};
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::secrets::{self, redact_url, Credentials};
+use crate::model::template::Template;
 
 /// Events sent before their PubAcks are awaited. async-nats holds one permit per unacknowledged
 /// publish (5,000 by default) and blocks the next send when they run out: a batch larger than

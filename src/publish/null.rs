@@ -4,8 +4,9 @@ use async_trait::async_trait;
 
 use std::sync::Arc;
 
-use super::{Outcome, Sink, SinkKind};
-use crate::event::OutboxEvent;
+use super::{Sink, SinkKind};
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
 
 /// Delivers everything instantly, nowhere.
 #[derive(Debug, Default)]

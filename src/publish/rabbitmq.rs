@@ -27,11 +27,12 @@ use tokio::sync::Mutex;
 
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
-use super::{Outcome, Sink, SinkKind};
+use super::{Sink, SinkKind};
 use crate::config::duration_str;
-use crate::event::OutboxEvent;
-use crate::route::Template;
-use crate::secrets;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::secrets;
+use crate::model::template::Template;
 
 /// AMQP short strings (routing keys, header names, message ids) are at most this long.
 const SHORT_STRING_MAX: usize = 255;

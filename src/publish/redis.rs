@@ -23,11 +23,12 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::tls::TlsConfig;
-use super::{Outcome, Sink, SinkKind};
+use super::{Sink, SinkKind};
 use crate::config::duration_str;
-use crate::event::OutboxEvent;
-use crate::route::Template;
-use crate::secrets;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::secrets;
+use crate::model::template::Template;
 
 /// Server error codes that say this event's `XADD` cannot succeed, however often it is tried.
 const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];

@@ -7,8 +7,9 @@ use tokio::sync::Mutex;
 
 use std::sync::Arc;
 
-use super::{Envelope, Outcome, Sink, SinkKind};
-use crate::event::OutboxEvent;
+use super::{Envelope, Sink, SinkKind};
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
 
 /// Writes each event as a JSON line: the webhook envelope plus its headers.
 pub struct StdoutSink {

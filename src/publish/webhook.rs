@@ -24,12 +24,13 @@ use serde::Deserialize;
 
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
-use super::{Budget, Envelope, Latency, Outcome, Recorder, Sink, SinkKind};
+use super::{Budget, Envelope, Latency, Recorder, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
-use crate::event::OutboxEvent;
-use crate::retry::parse_retry_after;
-use crate::secrets::{redact_url, scrub};
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::retry::parse_retry_after;
+use crate::model::secrets::{redact_url, scrub};
 
 /// How much of a failed response's body goes into `last_error`.
 const BODY_EXCERPT_BYTES: usize = 256;

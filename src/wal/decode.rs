@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::event::{parse_headers, OutboxEvent};
+use crate::model::event::{parse_headers, OutboxEvent};
 use crate::table::OutboxTable;
 
 /// What one record of the stream holds for the relay.

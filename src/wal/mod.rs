@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::event::OutboxEvent;
-use crate::observe;
+use crate::model::event::OutboxEvent;
+use crate::model::metric;
 use crate::relay::{BatchReport, Relay};
 use crate::settle::DeliveredRows;
 use decode::{Decoded, Decoder};
@@ -124,13 +124,13 @@ pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport 
                     info!(slot = %names.slot, "standby: {why}; taking over when it is free");
                     standby_logged = true;
                 }
-                metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(0.0);
+                metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
                 config.wal.standby_retry
             }
             End::Failed(why) => {
-                metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
                 warn!(slot = %names.slot, error = %why, retry_in_ms = pause.as_millis() as u64, "WAL session ended; reconnecting");
-                metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(0.0);
+                metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
                 let p = pause;
                 pause = (pause * 2).min(Duration::from_secs(5));
                 p
@@ -274,7 +274,7 @@ async fn session(
     }
     info!(slot = %names.slot, from = %settled, "streaming the replication slot");
     *streamed = true;
-    metrics::gauge!(observe::WAL_SLOT_ACTIVE).set(1.0);
+    metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(1.0);
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(64);
     let (confirm_tx, mut confirm_rx) = watch::channel(*settled);
@@ -499,7 +499,7 @@ async fn process(
                         }
                         Decoded::Poison(id, reason) => batch.poison.push((id, reason)),
                         Decoded::Undecodable(reason) => {
-                            metrics::counter!(observe::WAL_UNDECODABLE_TOTAL).increment(1);
+                            metrics::counter!(metric::WAL_UNDECODABLE_TOTAL).increment(1);
                             warn!(error = %reason, "skipping an outbox message that is not an event");
                         }
                     }
@@ -776,24 +776,24 @@ pub async fn refresh_gauges(relay: Arc<Relay>, interval: Duration, stop: Cancell
     loop {
         match slot::status(relay.pool(), &names).await {
             Ok(Some(s)) => {
-                metrics::gauge!(observe::WAL_SLOT_LAG_BYTES).set(s.lag_bytes.unwrap_or(0) as f64);
+                metrics::gauge!(metric::WAL_SLOT_LAG_BYTES).set(s.lag_bytes.unwrap_or(0) as f64);
                 // NULL when max_slot_wal_keep_size is unset: no bound, shown as -1.
-                metrics::gauge!(observe::WAL_SLOT_SAFE_WAL_SIZE_BYTES)
+                metrics::gauge!(metric::WAL_SLOT_SAFE_WAL_SIZE_BYTES)
                     .set(s.safe_wal_size.map_or(-1.0, |v| v as f64));
                 let status = s.wal_status.unwrap_or_else(|| "unknown".into());
                 if let Some(old) = known.replace(status.clone()).filter(|o| *o != status) {
-                    metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => old).set(0.0);
+                    metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => old).set(0.0);
                 }
-                metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => status).set(1.0);
+                metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => status).set(1.0);
             }
             Ok(None) => {
                 if let Some(old) = known.take() {
-                    metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => old).set(0.0);
+                    metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => old).set(0.0);
                 }
-                metrics::gauge!(observe::WAL_SLOT_STATUS, "status" => "missing").set(1.0);
+                metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => "missing").set(1.0);
             }
             Err(e) => {
-                metrics::counter!(observe::DB_ERRORS_TOTAL).increment(1);
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
                 warn!(error = %crate::error_chain(&e), "cannot read the replication slot's status");
             }
         }

@@ -570,7 +570,7 @@ pub async fn serve_console(
     samples: Arc<pgoutbox::observe::Samples>,
     admin: &str,
 ) -> String {
-    let config: pgoutbox::admin::AdminConfig = toml::from_str(admin).expect("admin config");
+    let config: pgoutbox::config::AdminConfig = toml::from_str(admin).expect("admin config");
     let console = pgoutbox::admin::Console::new(relay, samples, &config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

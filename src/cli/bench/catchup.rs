@@ -450,7 +450,10 @@ async fn relay(
     }
     let elapsed = started.elapsed();
     bar.finish_and_clear();
-    let published = counter(&relay.metrics().await, pgoutbox::observe::PUBLISHED_TOTAL);
+    let published = counter(
+        &relay.metrics().await,
+        pgoutbox::model::metric::PUBLISHED_TOTAL,
+    );
     Ok(RelayRun {
         elapsed,
         cpu: relay.cpu(),

@@ -83,7 +83,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     // so each call's index use is read exactly.
     let console_pool = crate::cli::connect(&scratch.url, 1).await?;
     let relay = Arc::new(pgoutbox::relay::Relay::new(console_pool.clone(), &config)?);
-    let admin: pgoutbox::admin::AdminConfig = toml::from_str("token = \"bench\"")?;
+    let admin: pgoutbox::config::AdminConfig = toml::from_str("token = \"bench\"")?;
     let console = pgoutbox::admin::Console::new(
         relay,
         Arc::new(pgoutbox::observe::Samples::default()),

@@ -505,8 +505,8 @@ pub async fn claim_and_settle(
         pgoutbox::claim::release(pool, table, batch.hold, &[]).await?;
         return Ok((0, claim_time));
     }
-    let policy = pgoutbox::retry::RetryPolicy::default();
-    let delivered = pgoutbox::publish::Outcome::Delivered;
+    let policy = pgoutbox::model::retry::RetryPolicy::default();
+    let delivered = pgoutbox::model::outcome::Outcome::Delivered;
     let plan = pgoutbox::settle::plan(
         batch
             .events

@@ -248,7 +248,10 @@ async fn run_mode(
     let bar = out.bar(args.events, mode);
     let started = Instant::now();
     let mut samples = Vec::new();
-    let mut metrics = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
+    let mut metrics = Histogram::parse(
+        &relay.metrics().await,
+        pgoutbox::model::metric::CLAIM_SECONDS,
+    );
     let mut delivered_total = 0;
     let (.., vacuums): Sizes = sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
     let mut counters = Counters::read(&scratch.pool, &relay, vacuums).await;
@@ -260,7 +263,10 @@ async fn run_mode(
         let latencies = take_delivered(&committed, &received);
         delivered_total += latencies.len();
         bar.set_position(delivered_total as u64);
-        let now = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
+        let now = Histogram::parse(
+            &relay.metrics().await,
+            pgoutbox::model::metric::CLAIM_SECONDS,
+        );
         let claims = now.since(&metrics);
         metrics = now;
         let (table_mb, indexes_mb, dead_tuples, live_tuples, vacuums): Sizes =

@@ -694,11 +694,11 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             relay.peak_rss_kib() / 1024
         ),
     });
-    let claim = Histogram::parse(&metrics_after, pgoutbox::observe::CLAIM_SECONDS).since(
-        &Histogram::parse(&metrics_before, pgoutbox::observe::CLAIM_SECONDS),
+    let claim = Histogram::parse(&metrics_after, pgoutbox::model::metric::CLAIM_SECONDS).since(
+        &Histogram::parse(&metrics_before, pgoutbox::model::metric::CLAIM_SECONDS),
     );
-    let settle = Histogram::parse(&metrics_after, pgoutbox::observe::SETTLE_SECONDS).since(
-        &Histogram::parse(&metrics_before, pgoutbox::observe::SETTLE_SECONDS),
+    let settle = Histogram::parse(&metrics_after, pgoutbox::model::metric::SETTLE_SECONDS).since(
+        &Histogram::parse(&metrics_before, pgoutbox::model::metric::SETTLE_SECONDS),
     );
     let bound = |h: &Histogram, q: f64| {
         h.quantile_ms(q)
@@ -722,10 +722,10 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         }),
         // No claims: batches come from the stream (the batch-size histogram counts them).
         Source::Wal => {
-            let batches = Histogram::parse(&metrics_after, pgoutbox::observe::BATCH_SIZE)
+            let batches = Histogram::parse(&metrics_after, pgoutbox::model::metric::BATCH_SIZE)
                 .since(&Histogram::parse(
                     &metrics_before,
-                    pgoutbox::observe::BATCH_SIZE,
+                    pgoutbox::model::metric::BATCH_SIZE,
                 ));
             let events = |q: f64| {
                 batches

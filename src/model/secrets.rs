@@ -27,7 +27,7 @@ const MIN_SCRUBBED_QUERY_VALUE: usize = 6;
 /// then everything before the last `@` is treated as userinfo: in doubt, more is masked.
 ///
 /// ```
-/// use pgoutbox::secrets::redact_url;
+/// use pgoutbox::model::secrets::redact_url;
 /// assert_eq!(
 ///     redact_url("https://bob:hunter2@example.com/hook?token=abc&v=1"),
 ///     "https://bob:***@example.com/hook?token=***&v=***"
@@ -77,7 +77,7 @@ pub fn redact_url(url: &str) -> String {
 /// the percent-decoded spelling: for the text of a client error that may quote its URL.
 ///
 /// ```
-/// use pgoutbox::secrets::scrub;
+/// use pgoutbox::model::secrets::scrub;
 /// let url = "amqp://guest:p%40ss-word@127.0.0.1:5672/%2f";
 /// assert_eq!(
 ///     scrub("login as guest with p@ss-word refused", url),

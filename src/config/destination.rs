@@ -1,0 +1,267 @@
+//! `[[destinations]]`: where events go. The keys every destination has (routing, retry policy,
+//! ordering, breaker) are parsed and checked here; the sink's own keys stay a table that the sink
+//! checks when it is built.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::duration::{duration_str, parse_duration_key};
+use super::error::ConfigError;
+use crate::model::retry::RetryPolicy;
+
+/// One destination: its routing, its retry policy and its sink.
+#[derive(Debug, Clone)]
+pub struct DestinationConfig {
+    /// Unique name, recorded on each row it handles.
+    pub name: String,
+    /// Topic globs (`order.*`); empty matches every topic.
+    pub topics: Vec<String>,
+    /// A CEL expression an event must also satisfy to go here.
+    pub filter: Option<crate::model::filter::Filter>,
+    /// Retry schedule and limits.
+    pub retry: RetryPolicy,
+    /// Per-key ordering of this destination's events.
+    pub ordering: Ordering,
+    /// Ordered mode: what a dead-lettered event does to the later events of its key.
+    pub on_dead: OnDead,
+    /// When the destination counts as down, and how it is probed until it is back.
+    pub breaker: BreakerConfig,
+    /// The sink and its own settings.
+    pub sink: SinkConfig,
+}
+
+impl DestinationConfig {
+    /// Whether a dead event of this destination holds back the later events of its key.
+    pub fn dead_blocks(&self) -> bool {
+        self.ordering == Ordering::Key && self.on_dead == OnDead::Block
+    }
+}
+
+/// `breaker`: a destination's circuit breaker.
+///
+/// After `failures` failed attempts in a row the breaker opens: the destination's events wait
+/// (held, no attempt counted, not moving toward dead) while one probe at a time, first after
+/// `probe_interval` and then at doubling intervals up to `max_probe_interval`, tries one event.
+/// The first probe the destination answers closes it, and its events are due again.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failed attempts that open the breaker; 0 turns the breaker off.
+    pub failures: u32,
+    /// Wait before the first probe.
+    #[serde(with = "duration_str")]
+    pub probe_interval: Duration,
+    /// Longest wait between probes.
+    #[serde(with = "duration_str")]
+    pub max_probe_interval: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 10,
+            probe_interval: Duration::from_secs(1),
+            max_probe_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// `ordering`: whether events of one key are published in insert order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ordering {
+    /// No ordering: events are published concurrently (fastest).
+    #[default]
+    None,
+    /// Events with the same `key` are published in `seq` order; keyless events are unordered.
+    Key,
+}
+
+/// `on_dead`: what happens to a key's later events when its head event is dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDead {
+    /// Later events wait until the dead event is retried (`dead retry`) or discarded (default).
+    #[default]
+    Block,
+    /// Later events go on; the dead event stays in the dead letters.
+    Skip,
+}
+
+/// A sink's type and its own settings (the destination table minus the common keys).
+///
+/// The settings are checked at load time by the sink's registry entry ([`crate::publish::registry`]),
+/// so a typo is reported before the relay starts.
+#[derive(Clone)]
+pub struct SinkConfig {
+    /// The `type` key: a name from the sink registry.
+    pub kind: String,
+    /// The sink's own keys.
+    pub settings: toml::Table,
+}
+
+impl SinkConfig {
+    /// A sink with no settings of its own (`stdout`, `null`).
+    pub fn bare(kind: &str) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            settings: toml::Table::new(),
+        }
+    }
+}
+
+impl fmt::Debug for SinkConfig {
+    // Settings may hold secrets: show the keys only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkConfig")
+            .field("kind", &self.kind)
+            .field("keys", &self.settings.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Deserializes a sink's settings, rejecting unknown keys with the serde message.
+pub fn sink_settings<T: DeserializeOwned>(settings: &toml::Table) -> Result<T, String> {
+    deserialize(settings.clone())
+}
+
+/// The settings of a sink that has none: any key is an error.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoSettings {}
+
+/// Keys every destination has, whatever its type.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommonDestination {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    topics: Vec<String>,
+    filter: Option<String>,
+    retry_schedule: Option<Vec<String>>,
+    max_attempts: Option<u32>,
+    max_age: Option<String>,
+    #[serde(default)]
+    ordering: Ordering,
+    #[serde(default)]
+    on_dead: OnDead,
+    #[serde(default)]
+    breaker: BreakerConfig,
+}
+
+const COMMON_KEYS: &[&str] = &[
+    "name",
+    "type",
+    "topics",
+    "filter",
+    "retry_schedule",
+    "max_attempts",
+    "max_age",
+    "ordering",
+    "on_dead",
+    "breaker",
+];
+
+pub(crate) fn parse_destination(
+    index: usize,
+    mut table: toml::Table,
+) -> Result<DestinationConfig, ConfigError> {
+    let mut common = toml::Table::new();
+    for key in COMMON_KEYS {
+        if let Some(v) = table.remove(*key) {
+            common.insert((*key).to_owned(), v);
+        }
+    }
+    let at = |key: &str| format!("destinations[{index}].{key}");
+    let common: CommonDestination =
+        deserialize(common).map_err(|m| ConfigError::at(format!("destinations[{index}]"), m))?;
+    let label = format!("destinations[{index}] ({:?})", common.name);
+    if common.name.trim().is_empty() {
+        return Err(ConfigError::at(at("name"), "must not be empty"));
+    }
+
+    let Some(kind) = crate::publish::registry()
+        .into_iter()
+        .find(|k| k.name == common.kind)
+    else {
+        let known: Vec<&str> = crate::publish::registry().iter().map(|k| k.name).collect();
+        return Err(ConfigError::at(
+            at("type"),
+            format!(
+                "unknown destination type {:?}; known types: {}",
+                common.kind,
+                known.join(", ")
+            ),
+        ));
+    };
+    (kind.build)(&common.name, &table).map_err(|m| ConfigError::at(&label, m))?;
+    let sink = SinkConfig {
+        kind: common.kind.clone(),
+        settings: table,
+    };
+
+    for glob in &common.topics {
+        glob::Pattern::new(glob)
+            .map_err(|e| ConfigError::at(at("topics"), format!("invalid glob {glob:?}: {e}")))?;
+    }
+
+    let filter = common
+        .filter
+        .as_deref()
+        .map(crate::model::filter::Filter::compile)
+        .transpose()
+        .map_err(|m| ConfigError::at(at("filter"), m))?;
+
+    let mut retry = RetryPolicy::default();
+    if let Some(schedule) = common.retry_schedule {
+        if schedule.is_empty() {
+            return Err(ConfigError::at(
+                at("retry_schedule"),
+                "must list at least one delay",
+            ));
+        }
+        retry.schedule = schedule
+            .iter()
+            .map(|s| parse_duration_key(&at("retry_schedule"), s))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(max) = common.max_attempts {
+        if max == 0 {
+            return Err(ConfigError::at(at("max_attempts"), "must be at least 1"));
+        }
+        retry.max_attempts = Some(max);
+    }
+    if let Some(age) = common.max_age {
+        retry.max_age = Some(parse_duration_key(&at("max_age"), &age)?);
+    }
+
+    if common.breaker.probe_interval.is_zero()
+        || common.breaker.max_probe_interval < common.breaker.probe_interval
+    {
+        return Err(ConfigError::at(
+            at("breaker"),
+            "probe_interval must be more than zero and at most max_probe_interval",
+        ));
+    }
+
+    Ok(DestinationConfig {
+        name: common.name,
+        topics: common.topics,
+        filter,
+        retry,
+        ordering: common.ordering,
+        on_dead: common.on_dead,
+        breaker: common.breaker,
+        sink,
+    })
+}
+
+/// Deserializes a table, keeping serde's message.
+pub(crate) fn deserialize<T: DeserializeOwned>(table: toml::Table) -> Result<T, String> {
+    T::deserialize(toml::Value::Table(table)).map_err(|e| e.message().to_owned())
+}
