@@ -47,6 +47,7 @@ pub mod relay;
 pub mod route;
 pub mod settle;
 pub mod status;
+pub mod store;
 pub mod wal;
 
 // The application side lives in `pgoutbox-core` (what an application links); the relay uses it

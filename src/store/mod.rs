@@ -1,0 +1,61 @@
+//! The store: every SQL statement the relay and its commands run, and the binds that go with it.
+//!
+//! No other module of the relay writes SQL or binds a parameter: they call the functions here,
+//! one per statement (River's driver interface), each taking named parameters (a params struct
+//! where there are more than a few) and returning typed rows. Statements are rendered for the
+//! configured outbox table once, when the [`Store`] is built; each says which index it uses and
+//! which locks it takes. What an application runs itself (enqueue, the inbox, migrations) lives
+//! in `pgoutbox-core`.
+
+pub mod attempts;
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::table::OutboxTable;
+
+/// The relay's database: a connection pool, the outbox table, and its statements.
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+    table: OutboxTable,
+    sql: Arc<Statements>,
+}
+
+/// Every statement, rendered for one outbox table.
+struct Statements {
+    attempts: attempts::Sql,
+}
+
+impl Statements {
+    fn render(table: &OutboxTable) -> Self {
+        Self {
+            attempts: attempts::Sql::render(table),
+        }
+    }
+}
+
+impl Store {
+    /// The store of `table`, reached through `pool`.
+    pub fn new(pool: PgPool, table: OutboxTable) -> Self {
+        let sql = Arc::new(Statements::render(&table));
+        Self { pool, table, sql }
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({})", self.table)
+    }
+}
