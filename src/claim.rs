@@ -10,14 +10,16 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::config::ClaimMode;
 
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
-use crate::table::OutboxTable;
+use crate::store::deliveries::{self, ClaimPairs, ClaimedPair};
+use crate::store::outbox::{self, Claim, OrderedClaim};
+use crate::store::Store;
 
 /// How a claimed batch is held until it is settled.
 pub enum Hold {
@@ -79,102 +81,69 @@ pub const FOLLOWERS_PER_KEY: usize = 100;
 /// Claims due events per `options`. Ordered claims: `blocking` names the destinations whose dead
 /// events hold back the later events of their key (`on_dead = "block"`).
 pub async fn claim_due(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     options: &ClaimOptions,
     blocking: &[String],
 ) -> Result<ClaimedBatch> {
-    let limit = i64::try_from(options.limit).unwrap_or(i64::MAX);
-    let lease = options.lease.as_secs_f64();
-    let heads = i64::try_from(options.heads.clamp(1, options.limit.max(1))).unwrap_or(1);
-    let followers = i64::try_from(options.followers.min(FOLLOWERS_PER_KEY)).unwrap_or(0);
     let window = if options.window >= WINDOW_UNBOUNDED_FROM {
         i64::MAX
     } else {
         i64::try_from(options.window).unwrap_or(i64::MAX)
     };
-    let (rows, hold) = match (options.mode, options.ordered) {
-        (ClaimMode::Transaction, false) => {
-            let mut tx = pool.begin().await?;
-            let rows = sqlx::query(&table.sql.claim_due)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?;
-            (rows, Hold::Transaction(tx))
+    let ordered = options.ordered.then_some(OrderedClaim {
+        heads: options.heads.clamp(1, options.limit.max(1)),
+        followers: options.followers.min(FOLLOWERS_PER_KEY),
+        window,
+        blocking,
+    });
+    let lease = match options.mode {
+        ClaimMode::Transaction => None,
+        ClaimMode::Lease => Some((options.lease, Uuid::new_v4())),
+    };
+    let claim = Claim {
+        limit: options.limit,
+        ordered,
+        lease,
+    };
+    let (claimed, hold) = match lease {
+        None => {
+            let mut tx = store.pool().begin().await?;
+            let claimed = outbox::claim(store, &mut tx, &claim).await?;
+            (claimed, Hold::Transaction(tx))
         }
-        (ClaimMode::Transaction, true) => {
-            let mut tx = pool.begin().await?;
-            let rows = sqlx::query(&table.sql.claim_due_ordered)
-                .bind(limit)
-                .bind(followers)
-                .bind(blocking)
-                .bind(heads)
-                .bind(window)
-                .fetch_all(&mut *tx)
-                .await?;
-            (rows, Hold::Transaction(tx))
-        }
-        (ClaimMode::Lease, false) => {
-            let token = Uuid::new_v4();
-            let rows = sqlx::query(&table.sql.claim_lease)
-                .bind(limit)
-                .bind(lease)
-                .bind(token)
-                .fetch_all(pool)
-                .await?;
-            (rows, Hold::Lease(token))
-        }
-        (ClaimMode::Lease, true) => {
-            let token = Uuid::new_v4();
-            let rows = sqlx::query(&table.sql.claim_lease_ordered)
-                .bind(limit)
-                .bind(followers)
-                .bind(blocking)
-                .bind(heads)
-                .bind(window)
-                .bind(lease)
-                .bind(token)
-                .fetch_all(pool)
-                .await?;
-            (rows, Hold::Lease(token))
+        Some((_, token)) => {
+            let mut conn = store.pool().acquire().await?;
+            (
+                outbox::claim(store, &mut conn, &claim).await?,
+                Hold::Lease(token),
+            )
         }
     };
-    let found = match (options.ordered, rows.first()) {
-        (true, Some(row)) => Some((
-            sqlx::Row::try_get::<i64, _>(row, "heads_found")?,
-            sqlx::Row::try_get::<i64, _>(row, "followers_found")?,
-        )),
-        _ => None,
-    };
-    let mut events = Vec::with_capacity(rows.len());
+    let mut events = Vec::with_capacity(claimed.rows.len());
     let mut poison = Vec::new();
     let mut held_back = Vec::new();
     // Ordered mode: a key's chain stops at its first row that is not due or dead; the rows behind
     // it must wait for it, whatever their own state.
     let mut stopped_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
-    for row in &rows {
-        let key: Option<String> = sqlx::Row::try_get(row, "key").ok().flatten();
+    for row in claimed.rows {
         if options.ordered {
-            let due: bool = sqlx::Row::try_get(row, "due")?;
-            let stopped = key.as_ref().is_some_and(|k| stopped_keys.contains(k));
-            if !due || stopped {
-                if let Some(k) = key {
+            let stopped = row.key.as_ref().is_some_and(|k| stopped_keys.contains(k));
+            if !row.due || stopped {
+                if let Some(k) = row.key {
                     stopped_keys.insert(k);
                 }
-                held_back.push(sqlx::Row::try_get(row, "id")?);
+                held_back.push(row.id);
                 continue;
             }
         }
-        match OutboxEvent::from_row(row) {
+        match row.event {
             Ok(event) => events.push(event),
-            Err(e) => {
-                // The primary key always decodes; whatever else is wrong is this row's alone.
-                let id: Uuid = sqlx::Row::try_get(row, "id")?;
-                if let Some(k) = key {
+            Err(reason) => {
+                if let Some(k) = row.key {
                     // Its later rows wait for the next claim, which sees it dead.
                     stopped_keys.insert(k);
                 }
-                poison.push((id, crate::error_chain(&e)));
+                poison.push((row.id, reason));
             }
         }
     }
@@ -185,21 +154,18 @@ pub async fn claim_due(
         poison,
         held_back,
         hold,
-        found,
+        found: claimed.found,
     })
 }
 
 /// Gives a claimed batch back untouched: rolls the claiming transaction back, or ends the lease.
-pub async fn release(pool: &PgPool, table: &OutboxTable, hold: Hold, ids: &[Uuid]) -> Result<()> {
+pub async fn release(store: &Store, hold: Hold, ids: &[Uuid]) -> Result<()> {
     match hold {
         Hold::Transaction(tx) => tx.rollback().await?,
         Hold::Nothing => {}
         Hold::Lease(token) => {
-            sqlx::query(&table.sql.release_lease)
-                .bind(ids)
-                .bind(token)
-                .execute(pool)
-                .await?;
+            let mut conn = store.pool().acquire().await?;
+            outbox::release_lease(store, &mut conn, ids, token).await?;
         }
     }
     Ok(())
@@ -226,61 +192,54 @@ pub struct ClaimedDeliveries {
 /// Claims due deliveries (DeliveriesClaim), leased for `lease`. `ordered` names the destinations
 /// whose pairs keep key order, `blocking` those whose dead pairs hold back their key.
 pub async fn claim_deliveries(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     limit: usize,
     lease: Duration,
     ordered: &[String],
     blocking: &[String],
 ) -> Result<ClaimedDeliveries> {
     let token = Uuid::new_v4();
-    let rows = sqlx::query(&table.sql.deliveries_claim)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .bind(lease.as_secs_f64())
-        .bind(token)
-        .bind(ordered)
-        .bind(blocking)
-        .fetch_all(pool)
-        .await?;
-    delivery_rows(&rows, token)
+    let pairs = deliveries::claim(
+        store,
+        &ClaimPairs {
+            limit,
+            lease: (lease, token),
+            ordered,
+            blocking,
+        },
+    )
+    .await?;
+    Ok(delivery_rows(pairs, token))
 }
 
 /// Claims one held delivery of `destination` for its probe (DeliveriesClaimProbe).
 pub async fn claim_delivery_probe(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     destination: &str,
     lease: Duration,
 ) -> Result<ClaimedDeliveries> {
     let token = Uuid::new_v4();
-    let rows = sqlx::query(&table.sql.deliveries_claim_probe)
-        .bind(destination)
-        .bind(lease.as_secs_f64())
-        .bind(token)
-        .fetch_all(pool)
-        .await?;
-    delivery_rows(&rows, token)
+    let pairs = deliveries::claim_probe(store, destination, (lease, token)).await?;
+    Ok(delivery_rows(pairs, token))
 }
 
-/// Decodes leased delivery rows; `token` is their lease's.
-fn delivery_rows(rows: &[sqlx::postgres::PgRow], token: Uuid) -> Result<ClaimedDeliveries> {
-    let mut deliveries = Vec::with_capacity(rows.len());
+/// Sorts claimed pairs into deliveries and poison; `token` is their lease's.
+fn delivery_rows(pairs: Vec<ClaimedPair>, token: Uuid) -> ClaimedDeliveries {
+    let mut deliveries = Vec::with_capacity(pairs.len());
     let mut poison = Vec::new();
-    for row in rows {
-        let destination: String = sqlx::Row::try_get(row, "destination")?;
-        match OutboxEvent::from_row(row) {
-            Ok(event) => deliveries.push(ClaimedDelivery { destination, event }),
-            Err(e) => poison.push((
-                sqlx::Row::try_get(row, "id")?,
-                destination,
-                crate::error_chain(&e),
-            )),
+    for pair in pairs {
+        match pair.row.event {
+            Ok(event) => deliveries.push(ClaimedDelivery {
+                destination: pair.destination,
+                event,
+            }),
+            Err(reason) => poison.push((pair.row.id, pair.destination, reason)),
         }
     }
     deliveries.sort_by_key(|d| d.event.seq);
-    Ok(ClaimedDeliveries {
+    ClaimedDeliveries {
         deliveries,
         poison,
         token,
-    })
+    }
 }

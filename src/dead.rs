@@ -192,7 +192,8 @@ async fn apply(
     }
     tx.commit().await?;
     // Ordered keys: rows parked behind these dead events are due again (retry: behind them).
-    crate::settle::unpark_followers(table, pool).await?;
+    crate::store::waiting::unpark_followers(&crate::store::Store::new(pool.clone(), table.clone()))
+        .await?;
     Ok(n)
 }
 

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
 
 use crate::config::{BreakerConfig, DestinationConfig};
 use crate::error::Result;
 use crate::model::outcome::Outcome;
-use crate::table::OutboxTable;
+pub use crate::store::destinations::DestinationState;
+use crate::store::{destinations, waiting, Store};
 
 /// How often each relay re-reads the shared destination state.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
@@ -65,25 +65,6 @@ impl fmt::Display for BreakerState {
             Self::HalfOpen => "half_open",
         })
     }
-}
-
-/// One destination's shared state, as stored.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct DestinationState {
-    /// The destination.
-    pub name: String,
-    /// When an operator paused it; `None` when running.
-    pub paused_at: Option<DateTime<Utc>>,
-    /// `closed`, `open` or `half_open`.
-    pub breaker: String,
-    /// When the breaker last changed state.
-    pub breaker_since: DateTime<Utc>,
-    /// The failure that opened the breaker, or the last failed probe.
-    pub last_error: Option<String>,
-    /// Probes failed since the breaker opened.
-    pub failed_probes: i32,
-    /// When the next probe may go (open), or when the current one counts as lost (half-open).
-    pub probe_at: Option<DateTime<Utc>>,
 }
 
 /// What happens to an event routed to a destination.
@@ -247,37 +228,20 @@ impl Health {
 }
 
 /// Makes sure every configured destination has its row, with whether its dead events block.
-pub async fn register(
-    pool: &PgPool,
-    table: &OutboxTable,
-    destinations: &[DestinationConfig],
-) -> Result<()> {
+pub async fn register(store: &Store, destinations: &[DestinationConfig]) -> Result<()> {
     let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
     let blocks: Vec<bool> = destinations.iter().map(|d| d.dead_blocks()).collect();
-    sqlx::query(&table.sql.destinations_register)
-        .bind(names)
-        .bind(blocks)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
-/// Every destination's stored state.
-pub async fn read(pool: &PgPool, table: &OutboxTable) -> Result<Vec<DestinationState>> {
-    Ok(sqlx::query_as(&table.sql.destinations_read)
-        .fetch_all(pool)
-        .await?)
+    destinations::register(store, &names, &blocks).await
 }
 
 /// Re-reads the shared state into each destination's [`Health`]. When a destination this relay
 /// held is free again (resumed, or closed by another relay's probe), the events held for it are
 /// made due: a claim of this relay may have held some again just before it saw the change.
 pub async fn sync(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     health: &[std::sync::Arc<Health>],
 ) -> Result<Vec<DestinationState>> {
-    let stored = read(pool, table).await?;
+    let stored = destinations::read(store).await?;
     let mut freed = false;
     for h in health {
         if let Some(s) = stored.iter().find(|s| s.name == h.name) {
@@ -292,90 +256,34 @@ pub async fn sync(
             .set(if paused { 1.0 } else { 0.0 });
     }
     if freed {
-        crate::settle::unpark_followers(table, pool).await?;
+        waiting::unpark_followers(store).await?;
     }
     Ok(stored)
 }
 
 /// Stores that this relay's failures opened the breaker (a no-op if another relay was first).
-pub async fn store_open(
-    pool: &PgPool,
-    table: &OutboxTable,
-    health: &Health,
-    error: &str,
-) -> Result<()> {
-    sqlx::query(&table.sql.destination_open)
-        .bind(&health.name)
-        .bind(error)
-        .bind(health.config.probe_interval.as_secs_f64())
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
-/// Takes the probe of `name` if it is due and no other relay has it; returns the failed probes so
-/// far when taken. The probe counts as lost (another relay may take it) after `hold`.
-pub async fn take_probe(
-    pool: &PgPool,
-    table: &OutboxTable,
-    name: &str,
-    hold: Duration,
-) -> Result<Option<i32>> {
-    Ok(sqlx::query_scalar(&table.sql.destination_take_probe)
-        .bind(name)
-        .bind(hold.as_secs_f64())
-        .fetch_optional(pool)
-        .await?)
-}
-
-/// Stores a probe's failure (`error`), or that it found no held event to send (`None`): the
-/// breaker is open again, the next probe after `delay`.
-pub async fn store_probe_failed(
-    pool: &PgPool,
-    table: &OutboxTable,
-    name: &str,
-    error: Option<&str>,
-    delay: Duration,
-) -> Result<()> {
-    sqlx::query(&table.sql.destination_probe_failed)
-        .bind(name)
-        .bind(error)
-        .bind(delay.as_secs_f64())
-        .bind(error.is_some())
-        .execute(pool)
-        .await?;
-    Ok(())
+pub async fn store_open(store: &Store, health: &Health, error: &str) -> Result<()> {
+    destinations::open(store, &health.name, error, health.config.probe_interval).await
 }
 
 /// Stores that the destination is back (its breaker closed); its held events become due.
-pub async fn store_closed(pool: &PgPool, table: &OutboxTable, name: &str) -> Result<u64> {
-    sqlx::query(&table.sql.destination_close)
-        .bind(name)
-        .execute(pool)
-        .await?;
-    crate::settle::unpark_followers(table, pool).await
+pub async fn store_closed(store: &Store, name: &str) -> Result<u64> {
+    destinations::close(store, name).await?;
+    waiting::unpark_followers(store).await
 }
 
 /// Pauses a destination for every relay: its events are held until [`resume`].
-pub async fn pause(pool: &PgPool, table: &OutboxTable, name: &str) -> Result<()> {
-    sqlx::query(&table.sql.destination_pause)
-        .bind(name)
-        .execute(pool)
-        .await?;
-    Ok(())
+pub async fn pause(store: &Store, name: &str) -> Result<()> {
+    destinations::pause(store, name).await
 }
 
 /// Resumes a paused destination; returns how many held events are due again (`None` when it was
 /// not paused).
-pub async fn resume(pool: &PgPool, table: &OutboxTable, name: &str) -> Result<Option<u64>> {
-    let done = sqlx::query(&table.sql.destination_resume)
-        .bind(name)
-        .execute(pool)
-        .await?;
-    if done.rows_affected() == 0 {
+pub async fn resume(store: &Store, name: &str) -> Result<Option<u64>> {
+    if !destinations::resume(store, name).await? {
         return Ok(None);
     }
-    Ok(Some(crate::settle::unpark_followers(table, pool).await?))
+    Ok(Some(waiting::unpark_followers(store).await?))
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ use crate::model::retry::RetryPolicy;
 use crate::publish::{self, Budget, Recorder, Sink};
 use crate::route::Router;
 use crate::settle;
+use crate::store::{deliveries, destinations, outbox, waiting, Store};
 use crate::table::OutboxTable;
 
 /// Ordered mode: followers per head of the first claim (adapted from then on).
@@ -168,7 +169,7 @@ impl std::ops::AddAssign for BatchReport {
 
 /// The relay engine.
 pub struct Relay {
-    pool: PgPool,
+    store: Store,
     table: OutboxTable,
     router: Router,
     destinations: Vec<Destination>,
@@ -249,7 +250,7 @@ impl Relay {
             })
             .collect();
         Self {
-            pool,
+            store: Store::new(pool, config.table.clone()),
             table: config.table.clone(),
             router: Router::new(&config.destinations),
             destinations,
@@ -302,7 +303,12 @@ impl Relay {
 
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.store.pool()
+    }
+
+    /// The store: the database and its statements.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The configuration the relay was built from.
@@ -338,7 +344,7 @@ impl Relay {
         let limit = Duration::from_secs(2);
         let mut lines = Vec::new();
         let mut ready = true;
-        let db = tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(&self.pool)).await;
+        let db = tokio::time::timeout(limit, self.store.ping()).await;
         let line = match db {
             Ok(Ok(_)) => "ok".to_owned(),
             Ok(Err(e)) => format!("not ready: {}", crate::error_chain(&e)),
@@ -545,8 +551,7 @@ impl Relay {
     /// everywhere, several batches' at once (the processor confirms their positions after).
     pub async fn write_wal_rows(&self, rows: &settle::DeliveredRows) -> Result<u64> {
         let started = Instant::now();
-        let written =
-            settle::write_delivered(&self.table, &self.pool, rows, self.settle_mode).await?;
+        let written = settle::write_delivered(&self.store, rows, self.settle_mode).await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(written)
     }
@@ -576,12 +581,12 @@ impl Relay {
             return;
         }
         // Only pairs still due later exist for these (event, destination)s: the ones just written.
-        let done = sqlx::query(&self.table.sql.deliveries_delete)
-            .bind(delivered.iter().map(|(id, _)| *id).collect::<Vec<_>>())
-            .bind(delivered.iter().map(|(_, d)| *d).collect::<Vec<_>>())
-            .bind(None::<Uuid>)
-            .execute(&self.pool)
-            .await;
+        let ids: Vec<Uuid> = delivered.iter().map(|(id, _)| *id).collect();
+        let names: Vec<&str> = delivered.iter().map(|(_, d)| *d).collect();
+        let done = match self.store.pool().acquire().await {
+            Ok(mut conn) => deliveries::delete(&self.store, &mut conn, (&ids, &names), None).await,
+            Err(e) => Err(e.into()),
+        };
         if let Err(e) = done {
             // The pairs stay: delivered again when due (at least once).
             warn!(error = %crate::error_chain(&e), "cannot record late deliveries of a WAL batch; they will be sent again");
@@ -620,8 +625,8 @@ impl Relay {
         let hold = if materialize.is_empty() {
             Hold::Nothing
         } else {
-            let mut tx = self.pool.begin().await?;
-            settle::materialize(&self.table, &mut tx, &materialize).await?;
+            let mut tx = self.store.pool().begin().await?;
+            outbox::wal_materialize(&self.store, &mut tx, &materialize).await?;
             Hold::Transaction(tx)
         };
         let linger = (!linger.is_zero()).then_some(linger);
@@ -685,18 +690,13 @@ impl Relay {
                 )
                 .collect();
             if !keyed.is_empty() {
-                let waiting: Vec<(String, String)> =
-                    sqlx::query_as(&self.table.sql.deliveries_keys_waiting)
-                        .bind(
-                            keyed
-                                .iter()
-                                .map(|(_, d, _)| self.destinations[*d].name.as_str())
-                                .collect::<Vec<_>>(),
-                        )
-                        .bind(keyed.iter().map(|(_, _, k)| *k).collect::<Vec<_>>())
-                        .bind(&self.blocking)
-                        .fetch_all(&self.pool)
-                        .await?;
+                let names: Vec<&str> = keyed
+                    .iter()
+                    .map(|(_, d, _)| self.destinations[*d].name.as_str())
+                    .collect();
+                let keys: Vec<&str> = keyed.iter().map(|(_, _, k)| *k).collect();
+                let waiting =
+                    deliveries::keys_waiting(&self.store, (&names, &keys), &self.blocking).await?;
                 if !waiting.is_empty() {
                     let waiting: HashSet<(&str, &str)> = waiting
                         .iter()
@@ -744,13 +744,13 @@ impl Relay {
             held_back,
             hold,
             found,
-        } = claim_due(&self.pool, &self.table, &options, &self.blocking).await?;
+        } = claim_due(&self.store, &options, &self.blocking).await?;
         metrics::histogram!(metric::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
         if self.claim.ordered {
             self.adapt_claim(found, (options.heads, options.followers));
         }
         if events.is_empty() && poison.is_empty() {
-            crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
+            crate::claim::release(&self.store, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
@@ -764,7 +764,7 @@ impl Relay {
         let items = match self.items(&events).await {
             Ok(items) => items,
             Err(e) => {
-                crate::claim::release(&self.pool, &self.table, hold, &held_back).await?;
+                crate::claim::release(&self.store, hold, &held_back).await?;
                 return Err(e);
             }
         };
@@ -1059,12 +1059,7 @@ impl Relay {
         let hold = match (lease_rest, hold) {
             (None, hold) => hold,
             (Some((ids, token, length)), Hold::Transaction(mut tx)) => {
-                sqlx::query(&self.table.sql.lease_many)
-                    .bind(&ids)
-                    .bind(length.as_secs_f64())
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await?;
+                outbox::lease_many(&self.store, &mut tx, &ids, (length, token)).await?;
                 Hold::Transaction(tx)
             }
             // Lease mode: the stragglers are leased already, for longer than the batch may last.
@@ -1077,16 +1072,8 @@ impl Relay {
         if let Some(wal) = &mut wal {
             wal.rows = plan.delivered_rows();
         }
-        let settled = settle::apply(
-            &self.table,
-            &self.pool,
-            hold,
-            &plan,
-            self.settle_mode,
-            &untouched,
-            park,
-        )
-        .await?;
+        let settled =
+            settle::apply(&self.store, hold, &plan, self.settle_mode, &untouched, park).await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
         record_outcomes(events, &plan);
         self.open_breakers(tripped).await;
@@ -1341,9 +1328,9 @@ impl Relay {
     /// operator's pause, an open breaker), and releases rows whose wait is over.
     async fn prepare(&self) {
         let steps = async {
-            destination::register(&self.pool, &self.table, &self.config.destinations).await?;
-            destination::sync(&self.pool, &self.table, &self.health).await?;
-            settle::unpark_followers(&self.table, &self.pool).await
+            destination::register(&self.store, &self.config.destinations).await?;
+            destination::sync(&self.store, &self.health).await?;
+            waiting::unpark_followers(&self.store).await
         };
         if let Err(e) = steps.await {
             warn!(error = %crate::error_chain(&e), "cannot read the destinations' state yet; will try again");
@@ -1361,7 +1348,8 @@ impl Relay {
         }
         let ahead = crate::history::ahead(self.config.retention, self.config.cleanup_interval);
         if let Err(e) =
-            crate::history::ensure(&self.pool, &self.table, self.config.retention, ahead).await
+            crate::history::ensure(self.store.pool(), &self.table, self.config.retention, ahead)
+                .await
         {
             warn!(error = %crate::error_chain(&e), "cannot create the history's next partitions (the relay's role must own the history, or run `pgoutbox cleanup` as its owner); settles land in its default partition until then");
         }
@@ -1460,9 +1448,7 @@ impl Relay {
 
     /// OutboxAnyDue: is a row due now?
     async fn any_due(&self) -> Result<bool> {
-        Ok(sqlx::query_scalar(&self.table.sql.any_due)
-            .fetch_one(&self.pool)
-            .await?)
+        outbox::any_due(&self.store).await
     }
 
     /// A claim loop's database error (poll, claim or settle): counted, logged, and the pause
@@ -1502,12 +1488,12 @@ impl Relay {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(destination::SYNC_INTERVAL) => {}
             }
-            if let Err(e) = destination::sync(&self.pool, &self.table, &self.health).await {
+            if let Err(e) = destination::sync(&self.store, &self.health).await {
                 warn!(error = %crate::error_chain(&e), "cannot read the destinations' state; will try again");
                 continue;
             }
             // Held batches written by a batch that began before its destination came back.
-            if let Err(e) = settle::unbundle(&self.table, &self.pool, None, None).await {
+            if let Err(e) = waiting::unbundle(&self.store, None, None).await {
                 warn!(error = %crate::error_chain(&e), "cannot release held batches; will try again");
             }
             for d in 0..self.destinations.len() {
@@ -1530,33 +1516,20 @@ impl Relay {
         let dest = &self.destinations[d];
         let hold_for = self.settings.publish_timeout * 2;
         let Some(failed_probes) =
-            destination::take_probe(&self.pool, &self.table, &dest.name, hold_for).await?
+            destinations::take_probe(&self.store, &dest.name, hold_for).await?
         else {
             return Ok(());
         };
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&self.table.sql.claim_probe)
-            .bind(&dest.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let event = match row.map(|row| (OutboxEvent::from_row(&row), row)) {
-            Some((Ok(event), _)) => event,
-            Some((Err(e), row)) => {
+        let mut tx = self.store.pool().begin().await?;
+        let row = waiting::claim_probe(&self.store, &mut tx, &dest.name).await?;
+        let event = match row.map(|row| (row.id, row.event)) {
+            Some((_, Ok(event))) => event,
+            Some((id, Err(reason))) => {
                 // A poison row: dead-lettered; the next probe takes another, as scheduled.
-                let id: Uuid = sqlx::Row::try_get(&row, "id")?;
                 let mut plan = settle::SettlePlan::default();
-                plan.poison(id, &crate::error_chain(&e));
+                plan.poison(id, &reason);
                 let hold = Hold::Transaction(tx);
-                settle::apply(
-                    &self.table,
-                    &self.pool,
-                    hold,
-                    &plan,
-                    self.settle_mode,
-                    &[],
-                    None,
-                )
-                .await?;
+                settle::apply(&self.store, hold, &plan, self.settle_mode, &[], None).await?;
                 return self.probe_skipped(d, failed_probes).await;
             }
             None => {
@@ -1575,8 +1548,7 @@ impl Relay {
                     &mut rand::thread_rng(),
                 );
                 settle::apply(
-                    &self.table,
-                    &self.pool,
+                    &self.store,
                     Hold::Transaction(tx),
                     &plan,
                     self.settle_mode,
@@ -1597,23 +1569,12 @@ impl Relay {
     /// The probe of `d` found no held event row: it takes a held pair from the deliveries table.
     async fn probe_delivery(&self, d: usize, failed_probes: i32) -> Result<()> {
         let dest = &self.destinations[d];
-        let claimed = crate::claim::claim_delivery_probe(
-            &self.pool,
-            &self.table,
-            &dest.name,
-            self.claim.lease,
-        )
-        .await?;
+        let claimed =
+            crate::claim::claim_delivery_probe(&self.store, &dest.name, self.claim.lease).await?;
         // Its held pairs may all be in held batches: one becomes held rows to take the probe from.
         let claimed = if claimed.deliveries.is_empty() && claimed.poison.is_empty() {
-            settle::unbundle(&self.table, &self.pool, Some((&dest.name, 1)), None).await?;
-            crate::claim::claim_delivery_probe(
-                &self.pool,
-                &self.table,
-                &dest.name,
-                self.claim.lease,
-            )
-            .await?
+            waiting::unbundle(&self.store, Some((&dest.name, 1)), None).await?;
+            crate::claim::claim_delivery_probe(&self.store, &dest.name, self.claim.lease).await?
         } else {
             claimed
         };
@@ -1621,7 +1582,7 @@ impl Relay {
         if let Some((id, name, reason)) = claimed.poison.into_iter().next() {
             let mut plan = settle::SettlePlan::default();
             plan.poison_pair(id, &name, &reason);
-            settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
+            settle::apply_deliveries(&self.store, token, &plan, &[]).await?;
             return self.probe_skipped(d, failed_probes).await;
         }
         let Some(delivery) = claimed.deliveries.into_iter().next() else {
@@ -1644,14 +1605,14 @@ impl Relay {
                     }
                     Some(failed) => plan.failed.push(failed),
                 }
-                settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
+                settle::apply_deliveries(&self.store, token, &plan, &[]).await?;
                 record_outcomes(std::slice::from_ref(&event), &plan);
                 self.probe_answered(d).await
             }
             failed => {
                 // Back to held, no attempt counted.
                 plan.hold(event.id, &dest.name, None);
-                settle::apply_deliveries(&self.table, &self.pool, token, &plan, &[]).await?;
+                settle::apply_deliveries(&self.store, token, &plan, &[]).await?;
                 self.probe_failed(d, failed_probes, failed).await
             }
         }
@@ -1661,14 +1622,14 @@ impl Relay {
     async fn probe_skipped(&self, d: usize, failed_probes: i32) -> Result<()> {
         let delay = self.health[d].probe_delay(failed_probes);
         let name = &self.destinations[d].name;
-        destination::store_probe_failed(&self.pool, &self.table, name, None, delay).await
+        destinations::probe_failed(&self.store, name, None, delay).await
     }
 
     /// The destination answered its probe: the breaker closes and its held events are due again.
     async fn probe_answered(&self, d: usize) -> Result<()> {
         let name = &self.destinations[d].name;
         self.health[d].close();
-        let released = destination::store_closed(&self.pool, &self.table, name).await?;
+        let released = destination::store_closed(&self.store, name).await?;
         info!(destination = %name, released, "probe answered: circuit breaker closed, held events are due again");
         Ok(())
     }
@@ -1687,7 +1648,7 @@ impl Relay {
         };
         let delay = self.health[d].probe_delay(failed_probes + 1);
         info!(destination = %name, error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
-        destination::store_probe_failed(&self.pool, &self.table, name, Some(&reason), delay).await
+        destinations::probe_failed(&self.store, name, Some(&reason), delay).await
     }
 
     /// Publishes events that have one item each (`routes`) within one `publish_timeout`; returns
@@ -1729,8 +1690,7 @@ impl Relay {
                 error = %reason,
                 "circuit breaker open: holding this destination's events, probing until it answers"
             );
-            if let Err(e) = destination::store_open(&self.pool, &self.table, health, &reason).await
-            {
+            if let Err(e) = destination::store_open(&self.store, health, &reason).await {
                 warn!(destination = health.name(), error = %crate::error_chain(&e), "cannot store the breaker state");
             }
         }
@@ -1741,8 +1701,7 @@ impl Relay {
     /// dead-lettered like an event with that one destination.
     pub async fn run_deliveries_batch(&self) -> Result<BatchReport> {
         let claimed = crate::claim::claim_deliveries(
-            &self.pool,
-            &self.table,
+            &self.store,
             self.settings.batch_size,
             self.claim.lease,
             &self.ordered,
@@ -1814,8 +1773,7 @@ impl Relay {
                 }
             }
         }
-        let settled =
-            settle::apply_deliveries(&self.table, &self.pool, token, &plan, &untouched).await?;
+        let settled = settle::apply_deliveries(&self.store, token, &plan, &untouched).await?;
         record_outcomes(&events, &plan);
         self.open_breakers(tripped).await;
         if settled.fenced > 0 {
@@ -1887,7 +1845,7 @@ impl Relay {
             }
             self.ensure_history().await;
             let options = crate::cleanup::CleanupOptions::from_config(&self.config);
-            match crate::cleanup::run_if_leader(&self.pool, &self.table, &options).await {
+            match crate::cleanup::run_if_leader(self.store.pool(), &self.table, &options).await {
                 Ok(Some(r)) if r.deleted() + r.dropped_partitions > 0 => info!(
                     published = r.deleted_published,
                     dead = r.deleted_dead,
@@ -1904,26 +1862,18 @@ impl Relay {
                 let Some(max_age) = dest.retry.max_age else {
                     continue;
                 };
-                self.expire_held(
-                    &self.table.sql.expire_held,
-                    &dest.name,
-                    max_age,
-                    "held events",
-                )
-                .await;
+                let rows = waiting::expire_held(&self.store, &dest.name, max_age).await;
+                expired(&dest.name, rows, "held events");
                 let expiring = Some((dest.name.as_str(), i64::MAX));
-                if let Err(e) =
-                    settle::unbundle(&self.table, &self.pool, expiring, Some(max_age)).await
-                {
+                if let Err(e) = waiting::unbundle(&self.store, expiring, Some(max_age)).await {
                     warn!(error = %crate::error_chain(&e), "expiring held batches failed; will try again");
                 }
-                let sql = &self.table.sql.deliveries_expire_held;
-                self.expire_held(sql, &dest.name, max_age, "held deliveries")
-                    .await;
+                let pairs = deliveries::expire_held(&self.store, &dest.name, max_age).await;
+                expired(&dest.name, pairs, "held deliveries");
             }
             // Rows whose wait is over (a dead row ahead was retried, discarded or cleaned up; an
             // `on_dead` that is now "skip"; a destination resumed) are due again.
-            match settle::unpark_followers(&self.table, &self.pool).await {
+            match waiting::unpark_followers(&self.store).await {
                 Ok(n) if n > 0 => {
                     info!(rows = n, "rows no longer held back are due again")
                 }
@@ -1935,38 +1885,15 @@ impl Relay {
         }
     }
 
-    /// Runs an expiry statement (OutboxExpireHeld, DeliveriesExpireHeld) for one destination's
-    /// held `what`: those older than `max_age` are dead-lettered.
-    async fn expire_held(&self, sql: &str, destination: &str, max_age: Duration, what: &str) {
-        match sqlx::query(sql)
-            .bind(destination)
-            .bind(max_age.as_secs_f64())
-            .execute(&self.pool)
-            .await
-        {
-            Ok(done) if done.rows_affected() > 0 => {
-                warn!(
-                    destination,
-                    rows = done.rows_affected(),
-                    "{what} reached max_age: dead-lettered"
-                )
-            }
-            Ok(_) => {}
-            Err(e) => {
-                warn!(error = %crate::error_chain(&e), "expiring {what} failed; will try again")
-            }
-        }
-    }
-
     /// Processes everything due now, then returns: for cron-style runs (`relay --once`).
     ///
     /// Destinations paused or with an open breaker keep their events held (no probe is sent).
     /// Events that fail are scheduled per their policy; one that comes due again within the run
     /// (a zero retry delay) is not retried in a loop: the run ends when a batch holds only such.
     pub async fn run_once(&self) -> Result<BatchReport> {
-        destination::register(&self.pool, &self.table, &self.config.destinations).await?;
-        destination::sync(&self.pool, &self.table, &self.health).await?;
-        settle::unpark_followers(&self.table, &self.pool).await?;
+        destination::register(&self.store, &self.config.destinations).await?;
+        destination::sync(&self.store, &self.health).await?;
+        waiting::unpark_followers(&self.store).await?;
         self.ensure_history().await;
         let mut total = BatchReport::default();
         let mut failed_before: HashSet<Uuid> = HashSet::new();
@@ -2014,6 +1941,20 @@ struct WalSettle {
     /// For a batch settled without its stragglers: how long their pairs wait (their requests are
     /// still out).
     linger: Option<Duration>,
+}
+
+/// Logs what an expiry (OutboxExpireHeld, DeliveriesExpireHeld) of `destination`'s held `what`
+/// did: those older than `max_age` were dead-lettered.
+fn expired(destination: &str, done: Result<u64>, what: &str) {
+    match done {
+        Ok(rows) if rows > 0 => {
+            warn!(destination, rows, "{what} reached max_age: dead-lettered")
+        }
+        Ok(_) => {}
+        Err(e) => {
+            warn!(error = %crate::error_chain(&e), "expiring {what} failed; will try again")
+        }
+    }
 }
 
 /// Where one (event, destination) item of a batch goes.

@@ -16,11 +16,19 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::claim::Hold;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::retry::{Decision, Failure, RetryPolicy};
-use crate::table::OutboxTable;
+use crate::store::attempts::{self, Attempt};
+pub use crate::store::deliveries::PairRow;
+use crate::store::deliveries::{self, PairKind, PairUpdate};
+pub use crate::store::held_batches::HeldBatch;
+pub use crate::store::outbox::FailedRow;
+use crate::store::outbox::{self, Delivered};
+use crate::store::waiting;
+pub use crate::store::waiting::HeldRow;
+use crate::store::Store;
 
 /// What settling a delivered event does to its outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +42,15 @@ pub enum SettleMode {
 }
 
 impl SettleMode {
+    /// What the store does with delivered rows in this mode.
+    pub fn rows(self) -> Delivered {
+        match self {
+            Self::Mark => Delivered::Mark,
+            Self::Delete => Delivered::Delete,
+            Self::Move => Delivered::Move,
+        }
+    }
+
     /// The configuration's mode: retention zero deletes, else `history` decides.
     pub fn of(config: &crate::config::Config) -> Self {
         if config.retention.is_zero() {
@@ -48,65 +65,6 @@ impl SettleMode {
 
 /// Longest `last_error` kept, so a chatty receiver cannot bloat the table.
 const MAX_ERROR_LEN: usize = 1024;
-
-/// One failed event's new state.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FailedRow {
-    /// The event.
-    pub id: Uuid,
-    /// What went wrong, for `last_error`.
-    pub error: String,
-    /// The destination that failed, if the event was routed.
-    pub destination: Option<String>,
-    /// Delay until the next attempt (ignored when dead).
-    pub delay_secs: f64,
-    /// Dead-lettered instead of retried.
-    pub dead: bool,
-}
-
-impl FailedRow {
-    /// This failure as a row of the attempt history (see [`log_attempts`]).
-    fn attempt(&self) -> Attempt<'_> {
-        (
-            self.id,
-            self.destination.as_deref(),
-            self.error.as_str(),
-            self.dead,
-        )
-    }
-}
-
-/// One event held for its destination (paused, or breaker open): it waits, no attempt counted.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HeldRow {
-    /// The event.
-    pub id: Uuid,
-    /// The destination it waits for.
-    pub destination: String,
-    /// The failure that was not counted as an attempt (the breaker was open), if any.
-    pub error: Option<String>,
-}
-
-/// One undelivered pair of a split event, written to the deliveries table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PairRow {
-    /// The event.
-    pub event_id: Uuid,
-    /// The destination.
-    pub destination: String,
-    /// Attempts counted so far.
-    pub attempts: i32,
-    /// Delay until it is due (ignored when held or dead).
-    pub delay_secs: f64,
-    /// Its last error, if any.
-    pub error: Option<String>,
-    /// Dead-lettered.
-    pub dead: bool,
-    /// Held for its destination (paused, breaker open): due at 'infinity'.
-    pub held: bool,
-    /// This settle counted a failed attempt for it (metrics).
-    pub failed: bool,
-}
 
 /// What a batch's settle writes.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -155,89 +113,6 @@ impl DeliveredRows {
         for (destination, mut ids) in other.0 {
             self.0.entry(destination).or_default().append(&mut ids);
         }
-    }
-}
-
-/// A destination's held pairs of one batch, as one `<table>_held_batches` row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HeldBatch {
-    /// The destination that is down or paused.
-    pub destination: String,
-    /// The oldest event's creation time (`max_age`).
-    pub oldest: DateTime<Utc>,
-    /// How many events.
-    pub count: i32,
-    /// Events per topic, as a JSON object (status, gauges).
-    pub topics: String,
-    /// The events, one JSON array (DeliveriesUnbundle reads it back).
-    pub events: Vec<u8>,
-}
-
-impl HeldBatch {
-    /// Encodes `events` held for `destination`.
-    pub fn encode(destination: &str, events: &[&OutboxEvent]) -> Result<Self> {
-        let mut topics: BTreeMap<&str, u64> = BTreeMap::new();
-        let mut body = Vec::with_capacity(events.len() * 192);
-        body.push(b'[');
-        for (i, e) in events.iter().enumerate() {
-            if i > 0 {
-                body.push(b',');
-            }
-            *topics.entry(e.topic.as_str()).or_default() += 1;
-            serde_json::to_writer(&mut body, &Held(e)).map_err(Error::Payload)?;
-        }
-        body.push(b']');
-        Ok(Self {
-            destination: destination.to_owned(),
-            oldest: events
-                .iter()
-                .map(|e| e.created_at)
-                .min()
-                .unwrap_or_else(Utc::now),
-            count: i32::try_from(events.len()).unwrap_or(i32::MAX),
-            topics: serde_json::to_string(&topics).map_err(Error::Payload)?,
-            events: body,
-        })
-    }
-}
-
-/// An event as a held batch stores it: the columns of a deliveries row, under one-letter names
-/// (`i` id, `s` seq, `t` topic, `k` key, `p` payload, `h` headers, `c` created_at in microseconds
-/// since the epoch), an absent key and empty headers left out: the batch is written on the settle
-/// path of the other destinations, so every byte counts (DeliveriesUnbundle reads it back).
-struct Held<'a>(&'a OutboxEvent);
-
-impl serde::Serialize for Held<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let e = self.0;
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("i", &e.id)?;
-        m.serialize_entry("s", &e.seq)?;
-        m.serialize_entry("t", &e.topic)?;
-        if let Some(key) = &e.key {
-            m.serialize_entry("k", key)?;
-        }
-        m.serialize_entry("p", &e.payload)?;
-        if !e.headers.is_empty() {
-            m.serialize_entry("h", &Headers(&e.headers))?;
-        }
-        m.serialize_entry("c", &e.created_at.timestamp_micros())?;
-        m.end()
-    }
-}
-
-/// Headers as the JSON object they came from.
-struct Headers<'a>(&'a [(String, String)]);
-
-impl serde::Serialize for Headers<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in self.0 {
-            m.serialize_entry(k, v)?;
-        }
-        m.end()
     }
 }
 
@@ -477,8 +352,7 @@ pub struct SettleReport {
 /// `park`: ordered mode, `Some(names of the destinations whose dead rows block)`: the later rows of
 /// each failed or held event's key wait behind it (OutboxParkFollowers).
 pub async fn apply(
-    table: &OutboxTable,
-    pool: &sqlx::PgPool,
+    store: &Store,
     hold: Hold,
     plan: &SettlePlan,
     mode: SettleMode,
@@ -489,19 +363,15 @@ pub async fn apply(
         Hold::Transaction(tx) => tx,
         // A WAL batch whose events all arrived (the usual case) costs no round trip here.
         Hold::Nothing if plan.writes_nothing() => return Ok(SettleReport { rows: 0, fenced: 0 }),
-        Hold::Nothing => pool.begin().await?,
+        Hold::Nothing => store.pool().begin().await?,
         Hold::Lease(token) => {
-            let mut conn = pool.acquire().await?;
-            let rows = write(table, &mut conn, plan, mode, Some(token)).await?;
+            let mut conn = store.pool().acquire().await?;
+            let rows = write(store, &mut conn, plan, mode, Some(token)).await?;
             if !untouched.is_empty() {
-                sqlx::query(&table.sql.release_lease)
-                    .bind(untouched)
-                    .bind(token)
-                    .execute(&mut *conn)
-                    .await?;
+                outbox::release_lease(store, &mut conn, untouched, token).await?;
             }
             // After the release, which makes the given-back rows due now.
-            park_followers(table, &mut conn, plan, park).await?;
+            park_followers(store, &mut conn, plan, park).await?;
             let expected =
                 (plan.delivered_count() + plan.failed.len() + plan.held.len() + plan.fanned.len())
                     as u64;
@@ -512,55 +382,16 @@ pub async fn apply(
         }
     };
     // Untouched rows need nothing: their locks end with the transaction.
-    let rows = write(table, &mut tx, plan, mode, None).await?;
-    park_followers(table, &mut tx, plan, park).await?;
+    let rows = write(store, &mut tx, plan, mode, None).await?;
+    park_followers(store, &mut tx, plan, park).await?;
     tx.commit().await?;
     Ok(SettleReport { rows, fenced: 0 })
 }
 
-/// WAL source: gives `emit()` events that a destination did not take a row, pending, in the
-/// settle's transaction (WalMaterialize), so that the settle can fan them out or dead-letter them
-/// like any row. A row that is already there (the batch read again after a crash) is kept.
-pub async fn materialize(
-    table: &OutboxTable,
-    conn: &mut sqlx::PgConnection,
-    events: &[&OutboxEvent],
-) -> Result<()> {
-    let headers: Vec<String> = events
-        .iter()
-        .map(|e| {
-            serde_json::Value::Object(
-                e.headers
-                    .iter()
-                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                    .collect(),
-            )
-            .to_string()
-        })
-        .collect();
-    let inserted: Vec<Uuid> = sqlx::query_scalar(&table.sql.wal_materialize)
-        .bind(events.iter().map(|e| e.id).collect::<Vec<_>>())
-        .bind(events.iter().map(|e| e.topic.as_str()).collect::<Vec<_>>())
-        .bind(events.iter().map(|e| e.key.as_deref()).collect::<Vec<_>>())
-        .bind(events.iter().map(|e| e.payload.get()).collect::<Vec<_>>())
-        .bind(headers)
-        .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
-        .await?;
-    if !inserted.is_empty() {
-        sqlx::query(&table.sql.wal_unmark)
-            .bind(&inserted)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
-
 /// Marks published, deletes or moves to the history the delivered rows, as `mode` says: one
-/// statement per destination (SetPublishedMany, DeleteMany, MoveMany: by primary key), fenced by
-/// the lease's `token` if any.
+/// statement per destination, fenced by the lease's `token` if any.
 async fn write_rows(
-    table: &OutboxTable,
+    store: &Store,
     conn: &mut sqlx::PgConnection,
     delivered: &DeliveredRows,
     mode: SettleMode,
@@ -568,17 +399,8 @@ async fn write_rows(
 ) -> Result<u64> {
     let mut rows = 0;
     for (destination, ids) in &delivered.0 {
-        let query = match mode {
-            SettleMode::Delete => sqlx::query(&table.sql.delete_many).bind(ids),
-            SettleMode::Mark => sqlx::query(&table.sql.set_published_many)
-                .bind(ids)
-                .bind(destination),
-            SettleMode::Move => sqlx::query(&table.sql.move_many)
-                .bind(ids)
-                .bind(destination),
-        };
-        let done = query.bind(token).execute(&mut *conn).await?;
-        rows += done.rows_affected();
+        rows +=
+            outbox::settle_delivered(store, conn, mode.rows(), (destination, ids), token).await?;
     }
     Ok(rows)
 }
@@ -586,27 +408,26 @@ async fn write_rows(
 /// WAL: writes the delivered rows that [`apply`] deferred, several batches' at once, in one
 /// transaction.
 pub async fn write_delivered(
-    table: &OutboxTable,
-    pool: &sqlx::PgPool,
+    store: &Store,
     delivered: &DeliveredRows,
     mode: SettleMode,
 ) -> Result<u64> {
     if delivered.is_empty() {
         return Ok(0);
     }
-    let mut conn = pool.acquire().await?;
+    let mut conn = store.pool().acquire().await?;
     if delivered.0.len() == 1 {
         // One statement: no transaction to open and commit.
-        return write_rows(table, &mut conn, delivered, mode, None).await;
+        return write_rows(store, &mut conn, delivered, mode, None).await;
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let rows = write_rows(table, &mut tx, delivered, mode, None).await?;
+    let rows = write_rows(store, &mut tx, delivered, mode, None).await?;
     tx.commit().await?;
     Ok(rows)
 }
 
 async fn park_followers(
-    table: &OutboxTable,
+    store: &Store,
     conn: &mut sqlx::PgConnection,
     plan: &SettlePlan,
     park: Option<&[String]>,
@@ -623,101 +444,24 @@ async fn park_followers(
         .map(|f| f.id)
         .chain(plan.held.iter().map(|h| h.id))
         .collect();
-    sqlx::query(&table.sql.park_followers)
-        .bind(ids)
-        .bind(blocking)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    waiting::park_followers(store, conn, &ids, blocking).await
 }
 
-/// Makes rows waiting at 'infinity' due again once nothing holds them back: no dead row of a
-/// blocking destination and no held row ahead of them in their key, and their own destination
-/// neither paused nor with its breaker open (OutboxUnparkFollowers). Returns how many.
-/// Held deliveries whose destination is back are due again too (DeliveriesUnpark), as are its held
-/// batches (DeliveriesUnbundle).
-pub async fn unpark_followers(table: &OutboxTable, pool: &sqlx::PgPool) -> Result<u64> {
-    let done = sqlx::query(&table.sql.unpark_followers)
-        .execute(pool)
-        .await?;
-    let pairs = sqlx::query(&table.sql.deliveries_unpark)
-        .execute(pool)
-        .await?;
-    let unbundled = unbundle(table, pool, None, None).await?;
-    Ok(done.rows_affected() + pairs.rows_affected() + unbundled)
-}
-
-/// Held batches turned into deliveries per round trip: bounds each statement's size.
-const UNBUNDLE_BATCHES: i64 = 50;
-
-/// Turns held batches into deliveries rows (DeliveriesUnbundle), in rounds until none is left:
-/// with `destination` `None`, those of every destination that is back (due now); with
-/// `Some((name, limit))`, up to `limit` batches of that destination, still held (for its probe),
-/// or, with `older_than`, those holding an event older than that (for `max_age`). Returns the
-/// number of pairs.
-pub async fn unbundle(
-    table: &OutboxTable,
-    pool: &sqlx::PgPool,
-    destination: Option<(&str, i64)>,
-    older_than: Option<std::time::Duration>,
-) -> Result<u64> {
-    let mut pairs = 0;
-    loop {
-        let limit = destination.map_or(UNBUNDLE_BATCHES, |(_, n)| n.min(UNBUNDLE_BATCHES));
-        let (batches, moved): (i64, i64) = sqlx::query_as(&table.sql.deliveries_unbundle)
-            .bind(limit)
-            .bind(destination.map(|(name, _)| name))
-            .bind(destination.is_some())
-            .bind(older_than.map(|d| d.as_secs_f64()))
-            .fetch_one(pool)
-            .await?;
-        pairs += moved as u64;
-        // A destination's probe needs one batch only; the rest go on in rounds.
-        if batches < limit || destination.is_some_and(|(_, n)| n <= limit) {
-            return Ok(pairs);
-        }
+/// A failure as a row of the attempt history.
+fn attempt(f: &FailedRow) -> Attempt<'_> {
+    Attempt {
+        event_id: f.id,
+        destination: f.destination.as_deref(),
+        error: &f.error,
+        dead: f.dead,
     }
 }
-
-/// One failed attempt for the history: (event id, destination, error, dead-lettered).
-type Attempt<'a> = (Uuid, Option<&'a str>, &'a str, bool);
-
-/// AttemptsLog: records failed attempts for the history, in the settle's transaction. Nothing is
-/// written when nothing failed.
-async fn log_attempts<'a>(
-    table: &OutboxTable,
-    conn: &mut sqlx::PgConnection,
-    failed: impl Iterator<Item = Attempt<'a>>,
-) -> Result<()> {
-    let (mut ids, mut destinations, mut errors, mut dead) = (vec![], vec![], vec![], vec![]);
-    for (id, destination, error, is_dead) in failed {
-        ids.push(id);
-        destinations.push(destination);
-        errors.push(error);
-        dead.push(is_dead);
-    }
-    if ids.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(&table.sql.attempts_log)
-        .bind(ids)
-        .bind(destinations)
-        .bind(errors)
-        .bind(dead)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// One pair's new state in DeliveriesSettle: (event id, destination, kind, error, delay, dead).
-type PairUpdate<'a> = (Uuid, &'a str, &'static str, Option<&'a str>, f64, bool);
 
 /// Writes a deliveries batch's `plan` under its lease `token`: delivered pairs are deleted, failed
 /// and held ones updated, `untouched` ones (event id, destination) given back due now. Returns how
 /// the settle went (pairs the token no longer holds are fenced).
 pub async fn apply_deliveries(
-    table: &OutboxTable,
-    pool: &sqlx::PgPool,
+    store: &Store,
     token: Uuid,
     plan: &SettlePlan,
     untouched: &[(Uuid, String)],
@@ -730,49 +474,46 @@ pub async fn apply_deliveries(
             destinations.push(destination);
         }
     }
-    let mut conn = pool.acquire().await?;
+    let mut conn = store.pool().acquire().await?;
     let mut rows = 0;
     if !ids.is_empty() {
-        rows += sqlx::query(&table.sql.deliveries_delete)
-            .bind(&ids)
-            .bind(&destinations)
-            .bind(token)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+        rows += deliveries::delete(store, &mut conn, (&ids, &destinations), Some(token)).await?;
     }
     let mut settle: Vec<PairUpdate<'_>> = Vec::new();
     for f in &plan.failed {
-        let destination = f.destination.as_deref().unwrap_or_default();
-        settle.push((
-            f.id,
-            destination,
-            "failed",
-            Some(&f.error),
-            f.delay_secs,
-            f.dead,
-        ));
+        settle.push(PairUpdate {
+            event_id: f.id,
+            destination: f.destination.as_deref().unwrap_or_default(),
+            kind: PairKind::Failed,
+            error: Some(&f.error),
+            delay_secs: f.delay_secs,
+            dead: f.dead,
+        });
     }
     for h in &plan.held {
-        settle.push((h.id, &h.destination, "held", h.error.as_deref(), 0.0, false));
+        settle.push(PairUpdate {
+            event_id: h.id,
+            destination: &h.destination,
+            kind: PairKind::Held,
+            error: h.error.as_deref(),
+            delay_secs: 0.0,
+            dead: false,
+        });
     }
     for (id, destination) in untouched {
-        settle.push((*id, destination, "release", None, 0.0, false));
+        settle.push(PairUpdate {
+            event_id: *id,
+            destination,
+            kind: PairKind::Release,
+            error: None,
+            delay_secs: 0.0,
+            dead: false,
+        });
     }
     if !settle.is_empty() {
-        rows += sqlx::query(&table.sql.deliveries_settle)
-            .bind(settle.iter().map(|s| s.0).collect::<Vec<_>>())
-            .bind(settle.iter().map(|s| s.1).collect::<Vec<_>>())
-            .bind(settle.iter().map(|s| s.2).collect::<Vec<_>>())
-            .bind(settle.iter().map(|s| s.3).collect::<Vec<_>>())
-            .bind(settle.iter().map(|s| s.4).collect::<Vec<_>>())
-            .bind(settle.iter().map(|s| s.5).collect::<Vec<_>>())
-            .bind(token)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+        rows += deliveries::settle(store, &mut conn, &settle, Some(token)).await?;
     }
-    log_attempts(table, &mut conn, plan.failed.iter().map(FailedRow::attempt)).await?;
+    attempts::log(store, &mut conn, plan.failed.iter().map(attempt)).await?;
     let expected = (ids.len() + settle.len()) as u64;
     Ok(SettleReport {
         rows,
@@ -781,90 +522,54 @@ pub async fn apply_deliveries(
 }
 
 async fn write(
-    table: &OutboxTable,
+    store: &Store,
     conn: &mut sqlx::PgConnection,
     plan: &SettlePlan,
     mode: SettleMode,
     token: Option<Uuid>,
 ) -> Result<u64> {
     let mut rows = 0;
-    let with_rows = |ids: &[Uuid]| -> Vec<Uuid> {
-        ids.iter()
-            .filter(|id| !plan.rowless.contains(id))
-            .copied()
-            .collect()
-    };
     if !plan.defer_delivered {
-        rows += write_rows(table, &mut *conn, &plan.delivered_rows(), mode, token).await?;
+        rows += write_rows(store, &mut *conn, &plan.delivered_rows(), mode, token).await?;
     }
     if !plan.failed.is_empty() {
-        let f = &plan.failed;
-        let done = sqlx::query(&table.sql.set_failed_many)
-            .bind(f.iter().map(|r| r.id).collect::<Vec<_>>())
-            .bind(f.iter().map(|r| r.error.as_str()).collect::<Vec<_>>())
-            .bind(
-                f.iter()
-                    .map(|r| r.destination.as_deref())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(f.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
-            .bind(f.iter().map(|r| r.dead).collect::<Vec<_>>())
-            .bind(token)
-            .execute(&mut *conn)
-            .await?;
-        rows += done.rows_affected();
-        log_attempts(table, conn, f.iter().map(FailedRow::attempt)).await?;
+        rows += outbox::set_failed_many(store, &mut *conn, &plan.failed, token).await?;
+        attempts::log(store, conn, plan.failed.iter().map(attempt)).await?;
     }
-    let fanned = with_rows(&plan.fanned);
+    let fanned: Vec<Uuid> = plan
+        .fanned
+        .iter()
+        .filter(|id| !plan.rowless.contains(id))
+        .copied()
+        .collect();
     if !fanned.is_empty() {
-        let p = &plan.pairs;
-        let statement = match mode {
-            SettleMode::Mark => &table.sql.deliveries_fan_out,
-            SettleMode::Delete => &table.sql.deliveries_fan_out_delete,
-            SettleMode::Move => &table.sql.deliveries_fan_out_move,
-        };
-        let b = &plan.bundles;
-        let (settled, _pairs): (i64, i64) = sqlx::query_as(statement)
-            .bind(&fanned)
-            .bind(p.iter().map(|r| r.event_id).collect::<Vec<_>>())
-            .bind(p.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
-            .bind(p.iter().map(|r| r.attempts).collect::<Vec<_>>())
-            .bind(p.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
-            .bind(p.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
-            .bind(p.iter().map(|r| r.dead).collect::<Vec<_>>())
-            .bind(p.iter().map(|r| r.held).collect::<Vec<_>>())
-            .bind(token)
-            .bind(b.iter().map(|b| b.destination.as_str()).collect::<Vec<_>>())
-            .bind(b.iter().map(|b| b.oldest).collect::<Vec<_>>())
-            .bind(b.iter().map(|b| b.count).collect::<Vec<_>>())
-            .bind(b.iter().map(|b| b.topics.as_str()).collect::<Vec<_>>())
-            .bind(b.iter().map(|b| b.events.as_slice()).collect::<Vec<_>>())
-            .fetch_one(&mut *conn)
-            .await?;
-        rows += settled as u64;
-        // Pairs whose first attempt failed (held ones were not tried).
-        log_attempts(
-            table,
-            conn,
-            p.iter()
-                .filter(|r| !r.held && r.attempts > 0)
-                .filter_map(|r| {
-                    let error = r.error.as_deref()?;
-                    Some((r.event_id, Some(r.destination.as_str()), error, r.dead))
-                }),
+        let (settled, _pairs) = deliveries::fan_out(
+            store,
+            &mut *conn,
+            &deliveries::FanOut {
+                rows: mode.rows(),
+                events: &fanned,
+                pairs: &plan.pairs,
+                bundles: &plan.bundles,
+                token,
+            },
         )
         .await?;
+        rows += settled as u64;
+        // Pairs whose first attempt failed (held ones were not tried).
+        let failed = plan.pairs.iter().filter(|r| !r.held && r.attempts > 0);
+        let failed = failed.filter_map(|r| {
+            Some(Attempt {
+                event_id: r.event_id,
+                destination: Some(r.destination.as_str()),
+                error: r.error.as_deref()?,
+                dead: r.dead,
+            })
+        });
+        attempts::log(store, conn, failed).await?;
     }
     if !plan.held.is_empty() {
-        let h = &plan.held;
-        let done = sqlx::query(&table.sql.hold_many)
-            .bind(h.iter().map(|r| r.id).collect::<Vec<_>>())
-            .bind(h.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
-            .bind(h.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
-            .bind(token)
-            .execute(&mut *conn)
-            .await?;
-        rows += done.rows_affected();
+        rows += waiting::hold_many(store, &mut *conn, &plan.held, token).await?;
     }
     Ok(rows)
 }

@@ -162,7 +162,11 @@ pub async fn read(
         generated_at: Utc::now(),
         totals,
         rows,
-        destinations: crate::destination::read(pool, table).await?,
+        destinations: crate::store::destinations::read(&crate::store::Store::new(
+            pool.clone(),
+            table.clone(),
+        ))
+        .await?,
     })
 }
 

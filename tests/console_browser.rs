@@ -132,9 +132,12 @@ async fn retry_a_dead_event_from_the_page() {
     })
     .await;
     assert!(dead, "four events dead-lettered");
-    pgoutbox::destination::pause(&db.pool, &config.table, "audit")
-        .await
-        .expect("pause audit");
+    pgoutbox::destination::pause(
+        &pgoutbox::store::Store::new(db.pool.clone(), config.table.clone()),
+        "audit",
+    )
+    .await
+    .expect("pause audit");
     // A few samples for the chart.
     tokio::time::sleep(Duration::from_secs(2)).await;
 

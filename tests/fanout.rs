@@ -456,9 +456,12 @@ async fn a_paused_destination_gets_its_events_on_resume() {
             webhook("paused", &paused.url, ""),
         ],
     );
-    pgoutbox::destination::pause(&db.pool, &table, "paused")
-        .await
-        .expect("pause");
+    pgoutbox::destination::pause(
+        &pgoutbox::store::Store::new(db.pool.clone(), table.clone()),
+        "paused",
+    )
+    .await
+    .expect("pause");
     let relay = Running::start(&db, &text);
     db.insert_plain(490, "order.created").await;
     // Keys and headers come back from a held batch as they went in (unordered destination).
@@ -485,9 +488,12 @@ async fn a_paused_destination_gets_its_events_on_resume() {
         rows < 500,
         "held in batches, not a row per event ({rows} rows)"
     );
-    pgoutbox::destination::resume(&db.pool, &table, "paused")
-        .await
-        .expect("resume");
+    pgoutbox::destination::resume(
+        &pgoutbox::store::Store::new(db.pool.clone(), table.clone()),
+        "paused",
+    )
+    .await
+    .expect("resume");
     let resumed = wait_for(Duration::from_secs(30), || async {
         paused.delivered_ids().len() == 500
     })
@@ -513,9 +519,12 @@ async fn held_pairs_reach_max_age() {
     let live = Receiver::start().await;
     let paused = Receiver::start().await;
     let table = OutboxTable::default_table();
-    pgoutbox::destination::pause(&db.pool, &table, "paused")
-        .await
-        .expect("pause");
+    pgoutbox::destination::pause(
+        &pgoutbox::store::Store::new(db.pool.clone(), table.clone()),
+        "paused",
+    )
+    .await
+    .expect("pause");
     let text = config(
         &db,
         &[

@@ -81,7 +81,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
     let backlog = crate::observe::backlog(&c.relay)
         .await
         .map_err(crate::Error::from)?;
-    let states = crate::destination::read(c.relay.pool(), &config.table).await?;
+    let states = crate::store::destinations::read(c.relay.store()).await?;
     let last = c.samples.last();
     let mut totals = Counts::default();
     for b in backlog.values() {
@@ -356,16 +356,12 @@ async fn set_paused(
 ) -> ApiResult<Paused> {
     c.authorize(headers, true)?;
     known(c, &name)?;
-    let (pool, table) = (c.relay.pool(), &c.relay.config().table);
+    let store = c.relay.store();
     let released = if pause {
-        crate::destination::pause(pool, table, &name).await?;
+        crate::destination::pause(store, &name).await?;
         None
     } else {
-        Some(
-            crate::destination::resume(pool, table, &name)
-                .await?
-                .unwrap_or(0),
-        )
+        Some(crate::destination::resume(store, &name).await?.unwrap_or(0))
     };
     tracing::info!(destination = %name, pause, ?released, "console: destination paused or resumed");
     Ok(Json(Paused {

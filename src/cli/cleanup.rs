@@ -103,7 +103,11 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if !args.dry_run {
         // Rows waiting behind a dead event that this cleanup removed (or on a destination that is
         // back) are due again, as the long-running relay's cleanup would make them.
-        let released = pgoutbox::settle::unpark_followers(&config.table, &pool).await?;
+        let released = pgoutbox::store::waiting::unpark_followers(&pgoutbox::store::Store::new(
+            pool.clone(),
+            config.table.clone(),
+        ))
+        .await?;
         if released > 0 {
             println!("{released} rows no longer held back are due again");
         }

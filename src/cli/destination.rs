@@ -28,7 +28,7 @@ pub struct NameArg {
 pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect_checked(&config, 1).await?;
-    let table = &config.table;
+    let store = pgoutbox::store::Store::new(pool.clone(), config.table.clone());
     let check = |name: &str| -> anyhow::Result<()> {
         // Without a config file the names cannot be checked: the state row is kept as given.
         if !config.destinations.is_empty() && !config.destinations.iter().any(|d| d.name == name) {
@@ -47,12 +47,12 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Pause(NameArg { name }) => {
             check(name)?;
-            pgoutbox::destination::pause(&pool, table, name).await?;
+            pgoutbox::destination::pause(&store, name).await?;
             eprintln!("destination {name} paused: every relay holds its events from now on (within about a second); `pgoutbox destination resume {name}` lets them flow again");
         }
         Command::Resume(NameArg { name }) => {
             check(name)?;
-            match pgoutbox::destination::resume(&pool, table, name).await? {
+            match pgoutbox::destination::resume(&store, name).await? {
                 Some(released) => {
                     eprintln!("destination {name} resumed: {released} held events are due again")
                 }
@@ -60,7 +60,7 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::List => {
-            let states = pgoutbox::destination::read(&pool, table).await?;
+            let states = pgoutbox::store::destinations::read(&store).await?;
             if states.is_empty() {
                 println!("no destination state recorded yet (a relay records its destinations when it starts)");
             }

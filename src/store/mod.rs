@@ -8,6 +8,11 @@
 //! in `pgoutbox-core`.
 
 pub mod attempts;
+pub mod deliveries;
+pub mod destinations;
+pub mod held_batches;
+pub mod outbox;
+pub mod waiting;
 
 use std::sync::Arc;
 
@@ -26,12 +31,22 @@ pub struct Store {
 /// Every statement, rendered for one outbox table.
 struct Statements {
     attempts: attempts::Sql,
+    deliveries: deliveries::Sql,
+    destinations: destinations::Sql,
+    held_batches: held_batches::Sql,
+    outbox: outbox::Sql,
+    waiting: waiting::Sql,
 }
 
 impl Statements {
     fn render(table: &OutboxTable) -> Self {
         Self {
             attempts: attempts::Sql::render(table),
+            deliveries: deliveries::Sql::render(table),
+            destinations: destinations::Sql::render(table),
+            held_batches: held_batches::Sql::render(table),
+            outbox: outbox::Sql::render(table),
+            waiting: waiting::Sql::render(table),
         }
     }
 }
@@ -51,6 +66,12 @@ impl Store {
     /// The outbox table.
     pub fn table(&self) -> &OutboxTable {
         &self.table
+    }
+
+    /// Whether the database answers (readiness): one trivial statement.
+    pub async fn ping(&self) -> crate::error::Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
     }
 }
 

@@ -219,11 +219,12 @@ async fn sql_limit(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.workers {
-        let (pool, table, done) = (scratch.pool.clone(), table.clone(), done.clone());
+        let store = pgoutbox::store::Store::new(scratch.pool.clone(), table.clone());
+        let done = done.clone();
         let batch_size = args.batch_size;
         tasks.push(tokio::spawn(async move {
             loop {
-                let (n, _) = super::claim_and_settle(&pool, &table, batch_size, settle).await?;
+                let (n, _) = super::claim_and_settle(&store, batch_size, settle).await?;
                 if n == 0 {
                     return Ok::<_, anyhow::Error>(());
                 }

@@ -77,16 +77,13 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
 
 /// Drains the pending rows claim by claim (keep mode) and returns the median claim duration.
 async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration> {
-    let table = pgoutbox::OutboxTable::default_table();
+    let store =
+        pgoutbox::store::Store::new(scratch.pool.clone(), pgoutbox::OutboxTable::default_table());
     let mut times = Vec::new();
     loop {
-        let (n, claim_time) = super::claim_and_settle(
-            &scratch.pool,
-            &table,
-            args.batch_size,
-            pgoutbox::settle::SettleMode::Mark,
-        )
-        .await?;
+        let (n, claim_time) =
+            super::claim_and_settle(&store, args.batch_size, pgoutbox::settle::SettleMode::Mark)
+                .await?;
         times.push(claim_time);
         if n == 0 {
             break;

@@ -484,8 +484,7 @@ pub fn rate(events: u64, elapsed: Duration) -> f64 {
 /// statements with a sink that accepts everything instantly. Returns the events settled (0 when
 /// nothing was due) and how long the claim statement took.
 pub async fn claim_and_settle(
-    pool: &PgPool,
-    table: &pgoutbox::OutboxTable,
+    store: &pgoutbox::store::Store,
     batch_size: usize,
     settle: pgoutbox::settle::SettleMode,
 ) -> anyhow::Result<(usize, Duration)> {
@@ -499,10 +498,10 @@ pub async fn claim_and_settle(
         window: u64::MAX,
     };
     let started = std::time::Instant::now();
-    let batch = pgoutbox::claim::claim_due(pool, table, &options, &[]).await?;
+    let batch = pgoutbox::claim::claim_due(store, &options, &[]).await?;
     let claim_time = started.elapsed();
     if batch.events.is_empty() {
-        pgoutbox::claim::release(pool, table, batch.hold, &[]).await?;
+        pgoutbox::claim::release(store, batch.hold, &[]).await?;
         return Ok((0, claim_time));
     }
     let policy = pgoutbox::model::retry::RetryPolicy::default();
@@ -515,6 +514,6 @@ pub async fn claim_and_settle(
         chrono::Utc::now(),
         &mut rand::thread_rng(),
     );
-    pgoutbox::settle::apply(table, pool, batch.hold, &plan, settle, &[], None).await?;
+    pgoutbox::settle::apply(store, batch.hold, &plan, settle, &[], None).await?;
     Ok((batch.events.len(), claim_time))
 }

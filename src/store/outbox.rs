@@ -1,0 +1,511 @@
+//! The outbox table: claiming due rows, settling them (published, failed, held, dead), the
+//! ordered claim's parking of a key's later rows, probes and `max_age` of held rows, and the rows
+//! the WAL source writes for `emit()` events.
+//!
+//! Reads return events already decoded ([`ClaimedRow`]): a row that cannot be read as an event
+//! (a NULL topic, headers that are not an object) comes back as such, with the reason, so that
+//! the caller dead-letters it alone.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::Store;
+use crate::error::Result;
+use crate::model::event::OutboxEvent;
+use crate::table::OutboxTable;
+
+/// Columns the relay reads for each claimed event, in the order [`crate::OutboxEvent`] decodes them.
+pub(super) const EVENT_COLUMNS: &str =
+    "id, seq, topic, key, payload::text AS payload, headers::text AS headers, created_at, attempts";
+
+/// OutboxAnyDue. What an idle relay polls instead of a claim: the first entry of the due range
+/// of `{name:pending_idx}`, one statement and no transaction or row lock, so a short
+/// `poll_interval` (the wait of the first event after a quiet spell) costs little when idle.
+const ANY_DUE: &str = "
+SELECT EXISTS (
+    SELECT 1 FROM {outbox}
+    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now())";
+
+/// OutboxClaimDue. Range scan of the partial index `{name:pending_idx}` on (next_attempt_at, seq):
+/// published, dead and backing-off rows are not in that range, so the cost does not grow with
+/// history or with events waiting for a retry. `FOR UPDATE SKIP LOCKED` takes row locks that last
+/// until the claiming transaction settles, and lets concurrent relays take disjoint rows without
+/// waiting on each other.
+const CLAIM_DUE: &str = "
+SELECT {columns}
+FROM {outbox}
+WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+ORDER BY next_attempt_at, seq
+LIMIT $1
+FOR UPDATE SKIP LOCKED";
+
+/// OutboxClaimLease. Same index and row choice as OutboxClaimDue, but commits at once: the lease is
+/// `next_attempt_at` pushed to the lease expiry (so the row leaves the due range until then) plus a
+/// fresh `lease_token` that every later settle must present (fencing).
+const CLAIM_LEASE: &str = "
+WITH due AS (
+    SELECT id FROM {outbox}
+    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {outbox} AS o
+SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
+FROM due
+WHERE o.id = due.id
+RETURNING o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::text AS headers,
+          o.created_at, o.attempts";
+
+/// The shared head of the ordered claims. `heads`: due rows with no earlier unsettled row of the
+/// same key (`{name:key_idx}` answers the NOT EXISTS with one index probe), locked SKIP LOCKED, so a
+/// key is held by at most one relay at a time: its head row's lock (or lease) is the key's lock.
+/// At most `$4` heads are taken (the relay adapts it to how many events a key carries).
+/// The heads scan only looks at the first `$5` due rows (the window: its end is found by an
+/// index-only walk of `{name:pending_idx}` and becomes an index condition). Without it, a claim that
+/// finds every key held by other relays would probe every due row of the table before giving up;
+/// the relay widens the window when it comes back empty, so keys beyond a long run of held-back
+/// rows are still reached.
+/// `followers`: up to `$2` later rows of each head's key, in seq order, so a hot key moves many
+/// events per round trip. Rows that are not due (backoff) or dead for a destination with
+/// `on_dead = "block"` (`$3`, their names) are returned with `due = false`; the relay cuts each key's chain there. `picked` keeps a seq
+/// prefix of at most `$1` rows, so every kept follower keeps its head. Rows are read once, with
+/// the event columns, in the CTEs themselves.
+const ORDERED_PICK: &str = "
+WITH heads AS (
+    SELECT o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::text AS headers,
+           o.created_at, o.attempts, true AS due
+    FROM {outbox} o
+    WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= now()
+      AND (o.next_attempt_at, o.seq) < (
+            SELECT b.t, b.s FROM (
+                (SELECT w.next_attempt_at AS t, w.seq AS s, 0 AS last FROM {outbox} w
+                 WHERE w.published_at IS NULL AND w.dead_at IS NULL AND w.next_attempt_at <= now()
+                 ORDER BY w.next_attempt_at, w.seq
+                 OFFSET $5 LIMIT 1)
+                UNION ALL SELECT 'infinity'::timestamptz, 0, 1) b
+            ORDER BY b.last LIMIT 1)
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {outbox} p
+            WHERE p.key = o.key AND p.seq < o.seq AND p.published_at IS NULL
+              AND (p.dead_at IS NULL OR p.destination = ANY($3::text[]))))
+    ORDER BY o.next_attempt_at, o.seq
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+),
+followers AS (
+    SELECT f.* FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT f.id, f.seq, f.topic, f.key, f.payload::text AS payload, f.headers::text AS headers,
+               f.created_at, f.attempts, (f.next_attempt_at <= now() AND f.dead_at IS NULL) AS due
+        FROM {outbox} f
+        WHERE h.key IS NOT NULL AND f.key = h.key AND f.seq > h.seq AND f.published_at IS NULL
+          AND (f.dead_at IS NULL OR f.destination = ANY($3::text[]))
+        ORDER BY f.seq
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) f
+),
+picked AS (
+    SELECT * FROM heads UNION ALL SELECT * FROM followers
+    ORDER BY seq
+    LIMIT $1
+)";
+
+/// OutboxClaimDueOrdered. See ORDERED_PICK; the locks last until the claiming transaction ends.
+const CLAIM_DUE_ORDERED: &str = "
+SELECT picked.*, (SELECT count(*) FROM heads) AS heads_found, (SELECT count(*) FROM followers) AS followers_found
+FROM picked ORDER BY seq";
+
+/// OutboxClaimLeaseOrdered. See ORDERED_PICK; due rows are leased like OutboxClaimLease.
+const CLAIM_LEASE_ORDERED: &str = ",
+leased AS (
+    UPDATE {outbox} AS o
+    SET next_attempt_at = now() + make_interval(secs => $6), lease_token = $7
+    FROM picked
+    WHERE o.id = picked.id AND picked.due
+    RETURNING o.id
+)
+SELECT picked.*, (SELECT count(*) FROM heads) AS heads_found, (SELECT count(*) FROM followers) AS followers_found
+FROM picked ORDER BY seq";
+
+/// OutboxSetPublishedMany. Primary-key lookups; the row leaves the pending index. `$3` is the
+/// lease token in lease mode (NULL in transaction mode, where the row lock already fences).
+const SET_PUBLISHED_MANY: &str = "
+UPDATE {outbox}
+SET published_at = statement_timestamp(), destination = $2, lease_token = NULL
+WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)";
+
+/// OutboxDeleteMany. Primary-key lookups; used when retention is zero, the cheapest settle.
+const DELETE_MANY: &str = "
+DELETE FROM {outbox}
+WHERE id = ANY($1) AND ($2::uuid IS NULL OR lease_token = $2)";
+
+/// OutboxMoveMany. `history = "partitions"`: the rows leave the outbox as in OutboxDeleteMany (no
+/// dead row version left behind for vacuum beyond the delete) and are appended to the current
+/// partition of `{qname:history}`, which cleanup drops whole. Binds as OutboxSetPublishedMany;
+/// the count is the rows moved.
+const MOVE_MANY: &str = "
+WITH moved AS (
+    DELETE FROM {outbox}
+    WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)
+    RETURNING id, seq, topic, key, payload, headers, created_at, attempts, last_error
+)
+INSERT INTO {qname:history} (id, seq, topic, key, payload, headers, created_at, published_at,
+                             destination, attempts, last_error)
+SELECT id, seq, topic, key, payload, headers, created_at, statement_timestamp(), $2, attempts,
+       last_error
+FROM moved";
+
+/// OutboxSetFailedMany. One statement for every failure of a batch: the delay and the dead flag
+/// are decided by the retry policy in Rust, the clock is the database's. `statement_timestamp()`,
+/// not `now()`: in transaction mode `now()` is the claim's start, before the publish, and a delay
+/// must count from the failure.
+const SET_FAILED_MANY: &str = "
+UPDATE {outbox} AS o
+SET attempts = o.attempts + 1,
+    last_error = f.error,
+    destination = f.destination,
+    next_attempt_at = statement_timestamp() + make_interval(secs => f.delay_secs),
+    dead_at = CASE WHEN f.dead THEN statement_timestamp() END,
+    lease_token = NULL
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::float8[], $5::bool[])
+     AS f(id, error, destination, delay_secs, dead)
+WHERE o.id = f.id AND ($6::uuid IS NULL OR o.lease_token = $6)";
+
+/// OutboxReleaseLease. Primary-key lookups, fenced by the token; used on shutdown so another
+/// relay need not wait for the lease to expire.
+const RELEASE_LEASE: &str = "
+UPDATE {outbox} SET next_attempt_at = now(), lease_token = NULL
+WHERE id = ANY($1) AND lease_token = $2";
+
+/// OutboxLeaseMany. Transaction mode, a batch settled but for a few stragglers: they go under a
+/// lease (expiry + fencing token) in the claim's transaction, which then commits, releasing the row
+/// locks of everything else; their settle comes later, fenced by the token, like lease mode's.
+/// Primary-key lookups.
+const LEASE_MANY: &str = "
+UPDATE {outbox} SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
+WHERE id = ANY($1)";
+
+/// WalMaterialize. WAL source: rows for `emit()` events a destination did not take, inserted in
+/// the settle's transaction just before the settle fans them out or dead-letters them (the
+/// deliveries table and the console work from rows). Inserted *published*, which the WAL decoder
+/// skips (the insert comes back through the slot), then made pending by WalUnmark: an UPDATE, which
+/// the publication does not publish. Invisible to claims until that transaction commits, by which
+/// time they are settled. In commit order, so that their `seq` (the retry path's per-key order)
+/// follows it. `ON CONFLICT`: a batch read again after a crash keeps the row of its first settle.
+const WAL_MATERIALIZE: &str = "
+INSERT INTO {outbox} (id, topic, key, payload, headers, created_at, published_at)
+SELECT m.id, m.topic, m.key, m.payload::jsonb, m.headers::jsonb, m.created_at, statement_timestamp()
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[])
+     WITH ORDINALITY AS m(id, topic, key, payload, headers, created_at, n)
+ORDER BY m.n
+ON CONFLICT (id) DO NOTHING
+RETURNING id";
+
+/// WalUnmark. See WalMaterialize: primary-key lookups of the rows it just inserted.
+const WAL_UNMARK: &str = "UPDATE {outbox} SET published_at = NULL WHERE id = ANY($1)";
+
+/// The outbox table's statements, rendered.
+pub(super) struct Sql {
+    any_due: String,
+    claim_due: String,
+    claim_lease: String,
+    claim_due_ordered: String,
+    claim_lease_ordered: String,
+    set_published_many: String,
+    delete_many: String,
+    move_many: String,
+    set_failed_many: String,
+    release_lease: String,
+    lease_many: String,
+    wal_materialize: String,
+    wal_unmark: String,
+}
+
+impl Sql {
+    pub(super) fn render(table: &OutboxTable) -> Self {
+        let r = |t: &str| table.render(&t.replace("{columns}", EVENT_COLUMNS));
+        Self {
+            any_due: r(ANY_DUE),
+            claim_due: r(CLAIM_DUE),
+            claim_lease: r(CLAIM_LEASE),
+            claim_due_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_DUE_ORDERED}")),
+            claim_lease_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_LEASE_ORDERED}")),
+            set_published_many: r(SET_PUBLISHED_MANY),
+            delete_many: r(DELETE_MANY),
+            move_many: r(MOVE_MANY),
+            set_failed_many: r(SET_FAILED_MANY),
+            release_lease: r(RELEASE_LEASE),
+            lease_many: r(LEASE_MANY),
+            wal_materialize: r(WAL_MATERIALIZE),
+            wal_unmark: r(WAL_UNMARK),
+        }
+    }
+}
+
+/// One claimed row: its event, or why it cannot be read as one.
+#[derive(Debug)]
+pub struct ClaimedRow {
+    /// The primary key (it always decodes).
+    pub id: Uuid,
+    /// The key, when it could be read (ordered claims cut a key's chain at a bad row).
+    pub key: Option<String>,
+    /// Ordered claims: whether the row is due now (a follower may be in backoff or dead).
+    pub due: bool,
+    /// The event, or the reason the row cannot be read as one.
+    pub event: std::result::Result<OutboxEvent, String>,
+}
+
+/// What a claim asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// Most rows.
+    pub limit: usize,
+    /// `Some`: per-key ordered (heads and their followers).
+    pub ordered: Option<OrderedClaim<'a>>,
+    /// `Some((length, token))`: leased (committed at once) rather than held by the transaction.
+    pub lease: Option<(Duration, Uuid)>,
+}
+
+/// The ordered claim's sizing.
+#[derive(Debug, Clone, Copy)]
+pub struct OrderedClaim<'a> {
+    /// Most keys (chain heads).
+    pub heads: usize,
+    /// Most later rows per head.
+    pub followers: usize,
+    /// Due rows, from the oldest, that the search for heads looks at (`i64::MAX`: all).
+    pub window: i64,
+    /// Destinations whose dead rows hold back their key.
+    pub blocking: &'a [String],
+}
+
+/// What a claim found: its rows and, ordered, how many heads and followers (before the cut).
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The rows, in the statement's order.
+    pub rows: Vec<ClaimedRow>,
+    /// Ordered claims: heads and followers found.
+    pub found: Option<(i64, i64)>,
+}
+
+fn to_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// OutboxAnyDue: is a row due now?
+pub async fn any_due(store: &Store) -> Result<bool> {
+    Ok(sqlx::query_scalar(&store.sql.outbox.any_due)
+        .fetch_one(store.pool())
+        .await?)
+}
+
+/// OutboxClaimDue, OutboxClaimLease, OutboxClaimDueOrdered or OutboxClaimLeaseOrdered, as
+/// `claim` asks, on `conn` (the claiming transaction, or any connection for a lease).
+pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) -> Result<Claimed> {
+    let sql = &store.sql.outbox;
+    let limit = to_i64(claim.limit);
+    let rows = match (claim.ordered, claim.lease) {
+        (None, None) => {
+            sqlx::query(&sql.claim_due)
+                .bind(limit)
+                .fetch_all(conn)
+                .await?
+        }
+        (None, Some((length, token))) => {
+            sqlx::query(&sql.claim_lease)
+                .bind(limit)
+                .bind(length.as_secs_f64())
+                .bind(token)
+                .fetch_all(conn)
+                .await?
+        }
+        (Some(o), lease) => {
+            let statement = match lease {
+                None => &sql.claim_due_ordered,
+                Some(_) => &sql.claim_lease_ordered,
+            };
+            let query = sqlx::query(statement)
+                .bind(limit)
+                .bind(to_i64(o.followers))
+                .bind(o.blocking)
+                .bind(to_i64(o.heads))
+                .bind(o.window);
+            match lease {
+                None => query.fetch_all(conn).await?,
+                Some((length, token)) => {
+                    query
+                        .bind(length.as_secs_f64())
+                        .bind(token)
+                        .fetch_all(conn)
+                        .await?
+                }
+            }
+        }
+    };
+    let found = match (claim.ordered, rows.first()) {
+        (Some(_), Some(row)) => Some((
+            row.try_get::<i64, _>("heads_found")?,
+            row.try_get::<i64, _>("followers_found")?,
+        )),
+        _ => None,
+    };
+    let ordered = claim.ordered.is_some();
+    let rows = rows
+        .iter()
+        .map(|row| claimed_row(row, ordered))
+        .collect::<Result<_>>()?;
+    Ok(Claimed { rows, found })
+}
+
+/// Decodes a row selected with the event columns (`due` too when `ordered`).
+pub(super) fn claimed_row(row: &PgRow, ordered: bool) -> Result<ClaimedRow> {
+    Ok(ClaimedRow {
+        id: row.try_get("id")?,
+        key: row.try_get("key").ok().flatten(),
+        due: if ordered { row.try_get("due")? } else { true },
+        event: OutboxEvent::from_row(row).map_err(|e| crate::error_chain(&e)),
+    })
+}
+
+/// What delivered rows become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// Marked published (kept for `retention`).
+    Mark,
+    /// Deleted (`retention = "0s"`).
+    Delete,
+    /// Moved to the partitioned history.
+    Move,
+}
+
+/// OutboxSetPublishedMany, OutboxDeleteMany or OutboxMoveMany (as `how` says): `ids`, delivered to
+/// `destination`, fenced by the lease `token` if any. Returns the rows written.
+pub async fn settle_delivered(
+    store: &Store,
+    conn: &mut PgConnection,
+    how: Delivered,
+    (destination, ids): (&str, &[Uuid]),
+    token: Option<Uuid>,
+) -> Result<u64> {
+    let sql = &store.sql.outbox;
+    let query = match how {
+        Delivered::Delete => sqlx::query(&sql.delete_many).bind(ids),
+        Delivered::Mark => sqlx::query(&sql.set_published_many)
+            .bind(ids)
+            .bind(destination),
+        Delivered::Move => sqlx::query(&sql.move_many).bind(ids).bind(destination),
+    };
+    Ok(query.bind(token).execute(conn).await?.rows_affected())
+}
+
+/// One failed event's new state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedRow {
+    /// The event.
+    pub id: Uuid,
+    /// What went wrong, for `last_error`.
+    pub error: String,
+    /// The destination that failed, if the event was routed.
+    pub destination: Option<String>,
+    /// Delay until the next attempt (ignored when dead).
+    pub delay_secs: f64,
+    /// Dead-lettered instead of retried.
+    pub dead: bool,
+}
+
+/// OutboxSetFailedMany: every failure of a batch in one statement, fenced by `token` if any.
+pub async fn set_failed_many(
+    store: &Store,
+    conn: &mut PgConnection,
+    failed: &[FailedRow],
+    token: Option<Uuid>,
+) -> Result<u64> {
+    let f = failed;
+    let done = sqlx::query(&store.sql.outbox.set_failed_many)
+        .bind(f.iter().map(|r| r.id).collect::<Vec<_>>())
+        .bind(f.iter().map(|r| r.error.as_str()).collect::<Vec<_>>())
+        .bind(
+            f.iter()
+                .map(|r| r.destination.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(f.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
+        .bind(f.iter().map(|r| r.dead).collect::<Vec<_>>())
+        .bind(token)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// OutboxReleaseLease: leased rows given back, due now (fenced by their `token`).
+pub async fn release_lease(
+    store: &Store,
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+    token: Uuid,
+) -> Result<u64> {
+    let done = sqlx::query(&store.sql.outbox.release_lease)
+        .bind(ids)
+        .bind(token)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// OutboxLeaseMany: rows go under a lease of `length` with `token` (in the claim's transaction).
+pub async fn lease_many(
+    store: &Store,
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+    (length, token): (Duration, Uuid),
+) -> Result<()> {
+    sqlx::query(&store.sql.outbox.lease_many)
+        .bind(ids)
+        .bind(length.as_secs_f64())
+        .bind(token)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// WalMaterialize then WalUnmark: rows for `emit()` events that a destination did not take, in
+/// the settle's transaction (see the statements). A row already there is kept.
+pub async fn wal_materialize(
+    store: &Store,
+    conn: &mut PgConnection,
+    events: &[&OutboxEvent],
+) -> Result<()> {
+    let headers: Vec<String> = events
+        .iter()
+        .map(|e| {
+            serde_json::Value::Object(
+                e.headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                    .collect(),
+            )
+            .to_string()
+        })
+        .collect();
+    let inserted: Vec<Uuid> = sqlx::query_scalar(&store.sql.outbox.wal_materialize)
+        .bind(events.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.topic.as_str()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.key.as_deref()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.payload.get()).collect::<Vec<_>>())
+        .bind(headers)
+        .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+    if !inserted.is_empty() {
+        sqlx::query(&store.sql.outbox.wal_unmark)
+            .bind(&inserted)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
