@@ -1,5 +1,6 @@
 //! The `pgoutbox` command: migrate the schema, run the relay, inspect and repair the outbox.
 
+mod bench;
 mod cli;
 
 use std::process::ExitCode;

@@ -1,6 +1,5 @@
 //! Command-line interface: argument parsing, configuration layering and one module per command.
 
-mod bench;
 mod cleanup;
 mod dead;
 mod demo;
@@ -86,7 +85,7 @@ enum Command {
     /// Delete published rows older than the retention, in short batches.
     Cleanup(cleanup::Args),
     /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history, ordering, migrate.
-    Bench(bench::Args),
+    Bench(crate::bench::Args),
     /// End-to-end demo on the local database: commit and roll back orders, relay them to stdout.
     Demo(demo::Args),
 }
@@ -135,7 +134,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Slot(cmd) => slot::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
-        Command::Bench(args) => bench::run(&cli, args).await,
+        Command::Bench(args) => crate::bench::run(&cli, args).await,
     }
 }
 
@@ -146,7 +145,7 @@ impl Cli {
     }
 
     /// The configuration: file (if any), then environment, then command-line flags.
-    fn load_config(&self) -> anyhow::Result<Config> {
+    pub(crate) fn load_config(&self) -> anyhow::Result<Config> {
         let mut config = match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::from_env()?,

@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::{Executor, PgPool};
 
-use super::Cli;
+use crate::cli::Cli;
 
 /// Arguments of `bench`.
 #[derive(Debug, clap::Args)]
@@ -159,7 +159,7 @@ pub struct Scratch {
 impl Scratch {
     async fn create(url: &str) -> anyhow::Result<Self> {
         let name = format!("pgoutbox_bench_{}", std::process::id());
-        let admin = super::connect(url, 1).await?;
+        let admin = crate::cli::connect(url, 1).await?;
         admin
             .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
             .await?;
@@ -170,7 +170,7 @@ impl Scratch {
         admin.close().await;
         let mut scratch_url = url::Url::parse(url).context("invalid database URL")?;
         scratch_url.set_path(&format!("/{name}"));
-        let pool = super::connect(scratch_url.as_str(), 16).await?;
+        let pool = crate::cli::connect(scratch_url.as_str(), 16).await?;
         Ok(Self {
             url: scratch_url.to_string(),
             pool,
@@ -181,7 +181,7 @@ impl Scratch {
 
     async fn drop_database(&self) {
         self.pool.close().await;
-        if let Ok(admin) = super::connect(&self.admin_url, 1).await {
+        if let Ok(admin) = crate::cli::connect(&self.admin_url, 1).await {
             // A database with a replication slot cannot be dropped, and a slot left behind pins
             // WAL on the server for ever: the slots go first.
             if let Err(e) = drop_slots(&admin, &self.name).await {
