@@ -2,6 +2,8 @@
 
 mod bench;
 mod cli;
+mod connect;
+mod flags;
 
 use std::process::ExitCode;
 

@@ -21,11 +21,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use pgoutbox::config::Config;
 use serde::Serialize;
 use serde_json::json;
 use sqlx::{Executor, PgPool};
-
-use crate::cli::Cli;
 
 /// Arguments of `bench`.
 #[derive(Debug, clap::Args)]
@@ -81,7 +80,12 @@ impl Args {
     }
 }
 
-pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+/// Runs the scenario `args` asks for; `load_config` gives the configuration (the command line's
+/// layering of file, environment and flags), called only once the arguments are known to run.
+pub async fn run(
+    args: &Args,
+    load_config: impl FnOnce() -> anyhow::Result<Config>,
+) -> anyhow::Result<ExitCode> {
     if let Scenario::Produce(a) = &args.scenario {
         return produce::run(a).await.map(|()| ExitCode::SUCCESS);
     }
@@ -89,7 +93,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if let Scenario::Steady(a) = &args.scenario {
         a.validate()?;
     }
-    let config = cli.load_config()?;
+    let config = load_config()?;
     let url = config
         .database_url
         .as_ref()
@@ -159,7 +163,7 @@ pub struct Scratch {
 impl Scratch {
     async fn create(url: &str) -> anyhow::Result<Self> {
         let name = format!("pgoutbox_bench_{}", std::process::id());
-        let admin = crate::cli::connect(url, 1).await?;
+        let admin = crate::connect::connect(url, 1).await?;
         admin
             .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
             .await?;
@@ -170,7 +174,7 @@ impl Scratch {
         admin.close().await;
         let mut scratch_url = url::Url::parse(url).context("invalid database URL")?;
         scratch_url.set_path(&format!("/{name}"));
-        let pool = crate::cli::connect(scratch_url.as_str(), 16).await?;
+        let pool = crate::connect::connect(scratch_url.as_str(), 16).await?;
         Ok(Self {
             url: scratch_url.to_string(),
             pool,
@@ -181,7 +185,7 @@ impl Scratch {
 
     async fn drop_database(&self) {
         self.pool.close().await;
-        if let Ok(admin) = crate::cli::connect(&self.admin_url, 1).await {
+        if let Ok(admin) = crate::connect::connect(&self.admin_url, 1).await {
             // A database with a replication slot cannot be dropped, and a slot left behind pins
             // WAL on the server for ever: the slots go first.
             if let Err(e) = drop_slots(&admin, &self.name).await {

@@ -38,13 +38,13 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "keep,delete")]
     modes: Vec<String>,
     /// Keep mode: published rows older than this are deleted by cleanup.
-    #[arg(long, default_value = "5m", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = crate::flags::parse_duration)]
     retention: Duration,
     /// Keep mode: how often cleanup runs.
-    #[arg(long, default_value = "1m", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "1m", value_parser = crate::flags::parse_duration)]
     cleanup_interval: Duration,
     /// How often a line is printed.
-    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::flags::parse_duration)]
     every: Duration,
     /// Write every interval's figures to this CSV file.
     #[arg(long)]

@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     producers: usize,
     /// How long producers run.
-    #[arg(long, default_value = "20s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = crate::flags::parse_duration)]
     duration: Duration,
     /// Producer connections for the producer-cost measurement (0 skips it).
     #[arg(long, default_value_t = 32)]
@@ -50,14 +50,14 @@ pub struct Args {
     #[arg(long, default_value = "webhook", value_parser = ["webhook", "null"])]
     cost_sink: String,
     /// How long each producer-cost run lasts.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
     cost_duration: Duration,
     /// Pairs of (minimal table, pgoutbox table) runs for the schema cost; the median ratio is
     /// reported.
     #[arg(long, default_value_t = 3)]
     cost_pairs: usize,
     /// How long the idle relay's CPU is measured (0s skips it).
-    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::flags::parse_duration)]
     idle: Duration,
     /// `relay.synchronous_commit` of the measured relay (on: every settle waits for the disk).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
