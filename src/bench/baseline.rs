@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::Row as _;
 
-use super::{rate, Output, Row, Scratch};
+use super::output::{rate, Output, Row};
+use super::scratch::Scratch;
 
 /// Arguments of `bench baseline`.
 #[derive(Debug, clap::Args)]

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use super::output::{rate, Output, Row};
 use super::produce::Statement;
+use super::scratch::{Scratch, Source};
 use super::steady::{RelayProcess, RelaySpec};
-use super::{Output, Row, Scratch, Source};
 
 /// Arguments of `bench catchup`.
 #[derive(Debug, Clone, clap::Args)]
@@ -190,7 +191,7 @@ async fn round(
     } else {
         "pg_recvlogical first"
     };
-    let recv_rate = super::rate(args.events, recv.elapsed);
+    let recv_rate = rate(args.events, recv.elapsed);
     out.row(Row {
         scenario: "catchup".into(),
         variant: "pg_recvlogical → /dev/null".into(),
@@ -205,7 +206,7 @@ async fn round(
         ),
     });
 
-    let relay_rate = super::rate(args.events, relay.elapsed);
+    let relay_rate = rate(args.events, relay.elapsed);
     out.row(Row {
         scenario: "catchup".into(),
         variant: format!("relay wal → null, batch {batch_size}, {}", args.settle),

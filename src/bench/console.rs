@@ -11,7 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Output, Row, Scratch};
+use super::output::{Output, Row};
+use super::scratch::Scratch;
 
 /// Arguments of `bench console`.
 #[derive(Debug, Clone, clap::Args)]

@@ -9,7 +9,9 @@ use pgoutbox::relay::Relay;
 use pgoutbox::settle::SettleMode;
 use tokio_util::sync::CancellationToken;
 
-use super::{rate, Output, Row, Scratch};
+use super::claim_settle::claim_and_settle;
+use super::output::{rate, Output, Row};
+use super::scratch::Scratch;
 
 /// Arguments of `bench drain` / `bench sql-limit`.
 #[derive(Debug, Clone, clap::Args)]
@@ -223,7 +225,7 @@ async fn sql_limit(
         let batch_size = args.batch_size;
         tasks.push(tokio::spawn(async move {
             loop {
-                let (n, _) = super::claim_and_settle(&pool, &table, batch_size, settle).await?;
+                let (n, _) = claim_and_settle(&pool, &table, batch_size, settle).await?;
                 if n == 0 {
                     return Ok::<_, anyhow::Error>(());
                 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::{Output, Row, Scratch};
+use super::claim_settle::claim_and_settle;
+use super::output::{Output, Row};
+use super::scratch::Scratch;
 
 /// Arguments of `bench history`.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,7 +82,7 @@ async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration>
     let table = pgoutbox::OutboxTable::default_table();
     let mut times = Vec::new();
     loop {
-        let (n, claim_time) = super::claim_and_settle(
+        let (n, claim_time) = claim_and_settle(
             &scratch.pool,
             &table,
             args.batch_size,

@@ -11,7 +11,8 @@ use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 use tracing::{debug, warn};
 
-use super::{Output, Row, Scratch};
+use super::output::{Output, Row};
+use super::scratch::Scratch;
 
 /// Arguments of `bench migrate`.
 #[derive(Debug, Clone, clap::Args)]

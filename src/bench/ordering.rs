@@ -9,7 +9,8 @@ use pgoutbox::relay::Relay;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
-use super::{rate, Output, Row, Scratch};
+use super::output::{rate, Output, Row};
+use super::scratch::Scratch;
 
 /// Arguments of `bench ordering`.
 #[derive(Debug, Clone, clap::Args)]

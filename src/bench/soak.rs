@@ -15,11 +15,12 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::output::{Output, Row};
 use super::produce::Spec;
+use super::scratch::Scratch;
 use super::steady::{
     follow_producer, timed_receiver, Histogram, RelayProcess, RelaySpec, Summary, Times,
 };
-use super::{Output, Row, Scratch};
 
 /// Arguments of `bench soak`.
 #[derive(Debug, Clone, clap::Args)]

@@ -27,8 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::drain::Receiver;
+use super::output::{rate, Output, Row};
 use super::produce::{unix_micros, Producer, Spec, Statement};
-use super::{Output, Row, Scratch, Source};
+use super::scratch::{Scratch, Source};
 
 /// Arguments of `bench steady`.
 #[derive(Debug, Clone, clap::Args)]
@@ -687,7 +688,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             all.p99,
             all.p999,
             all.max,
-            super::rate(count, produce_elapsed),
+            rate(count, produce_elapsed),
             all.count,
             count,
             cpu,
@@ -799,7 +800,7 @@ async fn unthrottled_with(
         statement,
     })
     .await?;
-    Ok(super::rate(n, args.cost_duration))
+    Ok(rate(n, args.cost_duration))
 }
 
 /// One setting of the WAL source's producer-cost runs: what the producers write and what runs
