@@ -7,14 +7,21 @@
 
 mod baseline;
 mod catchup;
+mod checkpoints;
 mod claim_settle;
 mod console;
 mod drain;
 mod history;
+mod latency;
+mod metrics;
 mod migrate;
 mod ordering;
 mod output;
+mod process;
 mod produce;
+mod producer;
+mod receiver;
+mod recvlogical;
 mod scratch;
 mod soak;
 mod steady;

@@ -15,12 +15,12 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::latency::{follow_producer, timed_receiver, Summary, Times};
+use super::metrics::Histogram;
 use super::output::{Output, Row};
-use super::produce::Spec;
+use super::process::{RelayProcess, RelaySpec};
+use super::producer::{Spec, Statement};
 use super::scratch::Scratch;
-use super::steady::{
-    follow_producer, timed_receiver, Histogram, RelayProcess, RelaySpec, Summary, Times,
-};
 
 /// Arguments of `bench soak`.
 #[derive(Debug, Clone, clap::Args)]
@@ -244,7 +244,7 @@ async fn run_mode(
         duration: expected * 2 + Duration::from_secs(60),
         events: Some(args.events),
         report: true,
-        statement: super::produce::Statement::Insert,
+        statement: Statement::Insert,
     })?;
     let bar = out.bar(args.events, mode);
     let started = Instant::now();
