@@ -9,6 +9,7 @@ use sqlx::Row as _;
 
 use super::output::{rate, Output, Row};
 use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench baseline`.
 #[derive(Debug, clap::Args)]
@@ -44,38 +45,21 @@ pub async fn measure(
     sample: Duration,
 ) -> anyhow::Result<f64> {
     scratch.minimal_table("baseline_outbox").await?;
-    sqlx::query(
-        "INSERT INTO baseline_outbox (topic, payload, created_at)
-         SELECT 'bench.event', jsonb_build_object('n', g), now() + g * interval '1 microsecond'
-         FROM generate_series(1, $1) g",
-    )
-    .bind(events as i64)
-    .execute(&scratch.pool)
-    .await?;
-    sqlx::query("VACUUM ANALYZE baseline_outbox")
-        .execute(&scratch.pool)
-        .await?;
+    sql::load::fill_baseline(&scratch.pool, events as i64).await?;
+    sql::setup::vacuum_analyze(&scratch.pool, "baseline_outbox").await?;
 
     let bar = out.bar(sample.as_secs(), "baseline");
     let started = Instant::now();
     let mut done = 0u64;
     while started.elapsed() < sample {
         let mut tx = scratch.pool.begin().await?;
-        let rows = sqlx::query(
-            "SELECT id, topic, payload FROM baseline_outbox WHERE published_at IS NULL
-             ORDER BY created_at LIMIT 10 FOR UPDATE SKIP LOCKED",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
+        let rows = sql::load::claim_baseline(&mut *tx).await?;
         if rows.is_empty() {
             break;
         }
         for row in &rows {
             let id: uuid::Uuid = row.try_get("id")?;
-            sqlx::query("UPDATE baseline_outbox SET published_at = now() WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+            sql::load::settle_baseline(&mut *tx, id).await?;
         }
         tx.commit().await?;
         done += rows.len() as u64;

@@ -23,6 +23,7 @@ use super::process::{proc_cpu, RelayProcess, RelaySpec};
 use super::producer::Statement;
 use super::recvlogical::{pg_recvlogical, recvlogical_command};
 use super::scratch::{Scratch, Source};
+use super::sql;
 
 /// Arguments of `bench catchup`.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,54 +90,25 @@ async fn round(
     let second = format!("{}_recvlogical", names.slot);
     scratch.fresh_source(Source::Wal).await?;
     // The copy starts where the relay's slot does: both read exactly the same WAL.
-    sqlx::query("SELECT pg_copy_logical_replication_slot($1, $2)")
-        .bind(&names.slot)
-        .bind(&second)
-        .execute(&scratch.pool)
+    sql::setup::copy_replication_slot(&scratch.pool, &names.slot, &second)
         .await
         .context("cannot copy the relay's replication slot for pg_recvlogical")?;
-    let start: String = sqlx::query_scalar(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-    )
-    .bind(&names.slot)
-    .fetch_one(&scratch.pool)
-    .await?;
+    let start = sql::watch::confirmed_flush_lsn(&scratch.pool, &names.slot).await?;
 
     // The backlog: the same events as `bench drain`'s prefill, as rows or as emit() messages.
     let written = Instant::now();
     let (insert, what) = match args.producer {
-        Statement::Insert => (
-            table.render(
-                "INSERT INTO {outbox} (topic, payload)
-                 SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
-                 FROM generate_series(1, $1) g",
-            ),
-            "outbox rows",
-        ),
-        Statement::Emit => (
-            // count() only makes the function run once per row and the result one value.
-            table.render(
-                "SELECT count({qname:emit}('bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')))
-                 FROM generate_series(1, $1) g",
-            ),
-            "emit() messages",
-        ),
+        Statement::Insert => (sql::load::backlog_rows(&table), "outbox rows"),
+        Statement::Emit => (sql::load::backlog_emits(&table), "emit() messages"),
     };
     scratch
         .generate(&insert, args.events, args.per_transaction, "backlog", out)
         .await?;
     let write_time = written.elapsed();
-    let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-        .fetch_one(&scratch.pool)
-        .await?;
-    let wal_bytes: i64 =
-        sqlx::query_scalar("SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint")
-            .bind(&end)
-            .bind(&start)
-            .fetch_one(&scratch.pool)
-            .await?;
+    let end = sql::watch::current_wal_lsn(&scratch.pool).await?;
+    let wal_bytes = sql::watch::wal_bytes(&scratch.pool, &end, &start).await?;
     // Neither run should meet a checkpoint the other did not (the backlog's dirty pages).
-    sqlx::query("CHECKPOINT").execute(&scratch.pool).await?;
+    sql::setup::checkpoint(&scratch.pool).await?;
     let transactions = args.events.div_ceil(args.per_transaction);
     out.row(Row {
         scenario: "catchup".into(),
@@ -163,10 +135,7 @@ async fn round(
         )
         .await?;
         // Its slot holds WAL back and has done its part.
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&second)
-            .execute(&scratch.pool)
-            .await?;
+        sql::setup::drop_replication_slot(&scratch.pool, &second).await?;
         Ok::<_, anyhow::Error>(run)
     };
     let relay = relay(
@@ -319,14 +288,11 @@ impl CpuWatch {
         if self.pid.is_some() {
             return;
         }
-        let pid: Option<i32> =
-            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
-                .bind(slot)
-                .fetch_optional(&scratch.pool)
-                .await
-                .ok()
-                .flatten()
-                .flatten();
+        let pid = sql::watch::slot_active_pid(&scratch.pool, slot)
+            .await
+            .ok()
+            .flatten()
+            .flatten();
         self.pid = pid.map(|p| p as u32).filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("walsender"))
@@ -391,14 +357,7 @@ async fn relay(
         walsender.find(scratch, slot).await;
         walsender.sample();
         // The relay's confirmed position, as the server has it.
-        let (confirmed, done): (Option<String>, Option<bool>) = sqlx::query_as(
-            "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn >= $2::pg_lsn
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot)
-        .bind(end)
-        .fetch_one(&scratch.pool)
-        .await?;
+        let (confirmed, done) = sql::watch::slot_confirmed(&scratch.pool, slot, end).await?;
         if done == Some(true) {
             break;
         }
@@ -432,18 +391,11 @@ async fn relay(
 /// WAL bytes the walsender of `slot` has sent since `start` (0 when it is not streaming): the
 /// progress shown while waiting.
 async fn sent(scratch: &Scratch, slot: &str, start: &str) -> u64 {
-    sqlx::query_scalar::<_, Option<i64>>(
-        "SELECT pg_wal_lsn_diff(r.sent_lsn, $2::pg_lsn)::bigint
-         FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-         WHERE s.slot_name = $1",
-    )
-    .bind(slot)
-    .bind(start)
-    .fetch_optional(&scratch.pool)
-    .await
-    .ok()
-    .flatten()
-    .flatten()
-    .unwrap_or(0)
-    .max(0) as u64
+    sql::watch::sent_bytes(&scratch.pool, slot, start)
+        .await
+        .ok()
+        .flatten()
+        .flatten()
+        .unwrap_or(0)
+        .max(0) as u64
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::producer::unix_micros;
+use super::sql;
 
 /// What the checkpointer did, second by second (since the epoch): its wait events other than
 /// `CheckpointerMain` (idle), sampled every 100 ms. A spread checkpoint shows as
@@ -25,14 +26,10 @@ impl CheckpointWatch {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             loop {
                 tick.tick().await;
-                let event: Option<String> = sqlx::query_scalar(
-                    "SELECT coalesce(wait_event, 'running') FROM pg_stat_activity
-                     WHERE backend_type = 'checkpointer'",
-                )
-                .fetch_optional(&pool)
-                .await
-                .ok()
-                .flatten();
+                let event = sql::watch::checkpointer_wait_event(&pool)
+                    .await
+                    .ok()
+                    .flatten();
                 if let Some(event) = event.filter(|e| e != "CheckpointerMain") {
                     if let Ok(mut s) = out.lock() {
                         s.entry(unix_micros(SystemTime::now()) / 1_000_000)

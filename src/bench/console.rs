@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::output::{Output, Row};
 use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench console`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,12 +36,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     // Topics t0..t19, keys k0..k9999, destinations by topic: what a shop's outbox looks like.
     scratch
         .generate(
-            "INSERT INTO outbox (topic, key, payload, created_at, published_at, destination, attempts)
-             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g, 'total', g % 997),
-                    now() - interval '1 hour' + g * interval '1 millisecond',
-                    now() - interval '59 minutes' + g * interval '1 millisecond',
-                    (ARRAY['billing','crm','audit'])[1 + g % 3], 1
-             FROM generate_series(1, $1) g",
+            sql::load::CONSOLE_PUBLISHED,
             published,
             200_000,
             "published",
@@ -48,29 +44,10 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         )
         .await?;
     scratch
-        .generate(
-            "INSERT INTO outbox (topic, key, payload, destination, attempts, last_error, dead_at)
-             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g),
-                    (ARRAY['billing','crm','audit'])[1 + g % 3], 8,
-                    'attempt 8 to billing: HTTP 500 Internal Server Error', now() - (g || ' seconds')::interval
-             FROM generate_series(1, $1) g",
-            dead,
-            200_000,
-            "dead",
-            out,
-        )
+        .generate(sql::load::CONSOLE_DEAD, dead, 200_000, "dead", out)
         .await?;
     scratch
-        .generate(
-            "INSERT INTO outbox (topic, key, payload, next_attempt_at)
-             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g),
-                    now() + interval '1 hour'
-             FROM generate_series(1, $1) g",
-            pending,
-            200_000,
-            "pending",
-            out,
-        )
+        .generate(sql::load::CONSOLE_PENDING, pending, 200_000, "pending", out)
         .await?;
 
     let mut text = String::from("database_url = \"unused\"\n");
@@ -96,10 +73,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
     });
 
-    let some_dead: String =
-        sqlx::query_scalar("SELECT id::text FROM outbox WHERE dead_at IS NOT NULL LIMIT 1")
-            .fetch_one(&scratch.pool)
-            .await?;
+    let some_dead = sql::watch::some_dead_event(&scratch.pool).await?;
     let client = reqwest::Client::new();
     // Keyset pages cost the same at any depth: the second page stands for all of them.
     let next = |url: String| {
@@ -150,9 +124,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     ];
     for phase in ["no statistics", "after VACUUM ANALYZE"] {
         if phase != "no statistics" {
-            sqlx::query("VACUUM ANALYZE outbox")
-                .execute(&scratch.pool)
-                .await?;
+            sql::setup::vacuum_analyze(&scratch.pool, "outbox").await?;
         }
         for (name, url, body) in &calls {
             let before = index_use(scratch, &console_pool).await?;
@@ -209,17 +181,7 @@ async fn index_use(
     scratch: &Scratch,
     console: &sqlx::PgPool,
 ) -> anyhow::Result<std::collections::BTreeMap<String, i64>> {
-    // A backend publishes its counters when idle, at most once a second, unless asked.
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(console)
-        .await?;
-    sqlx::query("SELECT 1").execute(console).await?;
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT indexrelname::text, idx_scan FROM pg_stat_user_indexes WHERE relname LIKE 'outbox%'
-         UNION ALL
-         SELECT 'seq scan of ' || relname, seq_scan FROM pg_stat_user_tables WHERE relname LIKE 'outbox%'",
-    )
-    .fetch_all(&scratch.pool)
-    .await?;
+    sql::watch::flush_stats(console).await?;
+    let rows = sql::watch::index_use(&scratch.pool).await?;
     Ok(rows.into_iter().collect())
 }

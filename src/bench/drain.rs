@@ -13,6 +13,7 @@ use super::claim_settle::claim_and_settle;
 use super::output::{rate, Output, Row};
 use super::receiver::Receiver;
 use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench drain` / `bench sql-limit`.
 #[derive(Debug, Clone, clap::Args)]
@@ -301,13 +302,7 @@ async fn drain(
     }
     if layout.one_down {
         // The last destination is down: its breaker is open, with no probe before the run ends.
-        sqlx::query(
-            "INSERT INTO outbox_destinations (name, breaker, breaker_since, last_error, probe_at)
-             VALUES ($1, 'open', now(), 'down for the benchmark', now() + interval '1 day')",
-        )
-        .bind(format!("{sink}-{}", layout.destinations))
-        .execute(&scratch.pool)
-        .await?;
+        sql::load::open_breaker(&scratch.pool, &format!("{sink}-{}", layout.destinations)).await?;
     }
     let config = Config::parse(&text, |_| None)?;
     let relay = if sink == "stdout" {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::claim_settle::claim_and_settle;
 use super::output::{Output, Row};
 use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench history`.
 #[derive(Debug, Clone, clap::Args)]
@@ -40,9 +41,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     scratch.fresh_outbox().await?;
     scratch
         .generate(
-            "INSERT INTO outbox (topic, payload, created_at, published_at)
-             SELECT 'bench.old', jsonb_build_object('n', g), now() - interval '2 days', now() - interval '2 days'
-             FROM generate_series(1, $1) g",
+            sql::load::HISTORY,
             args.history_rows,
             1_000_000,
             "history",

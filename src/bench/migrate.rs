@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 
 use super::output::{Output, Row};
 use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench migrate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -103,28 +104,17 @@ impl Window {
 }
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
-    sqlx::raw_sql("DROP TABLE IF EXISTS pgoutbox_migrations")
-        .execute(&scratch.pool)
-        .await?;
+    sql::setup::drop_migrations_record(&scratch.pool).await?;
     scratch.minimal_table("outbox").await?;
     // A month of history, oldest first, with pending rows spread through it.
-    let insert = format!(
-        "INSERT INTO outbox (topic, payload, created_at, published_at)
-         SELECT 'bench.old', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload'),
-                t, CASE WHEN g % {every} <> 0 THEN t + interval '1 second' END
-         FROM (SELECT g, now() - interval '30 days' + g * interval '1 ms' AS t
-               FROM generate_series((SELECT count(*) FROM outbox) + 1, (SELECT count(*) FROM outbox) + $1) g) s",
-        every = args.pending_every.max(1)
-    );
+    let insert = sql::load::minimal_history(args.pending_every.max(1));
     scratch
         .generate(&insert, args.rows, 100_000, "minimal", out)
         .await?;
-    sqlx::query("VACUUM ANALYZE outbox")
-        .execute(&scratch.pool)
-        .await?;
+    sql::setup::vacuum_analyze(&scratch.pool, "outbox").await?;
     // Start from a clean buffer pool, so that writing out the table just built is not part of
     // the measurement (needs superuser or pg_checkpoint: without, a checkpoint may come during it).
-    if let Err(e) = sqlx::query("CHECKPOINT").execute(&scratch.pool).await {
+    if let Err(e) = sql::setup::checkpoint(&scratch.pool).await {
         warn!(error = %e, "cannot CHECKPOINT before the measurement");
     }
 
@@ -139,9 +129,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             let mut inserts = Inserts::new();
             while !stop.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                sqlx::query("INSERT INTO outbox (topic, payload) VALUES ('bench.live', '{\"order_id\": 1}')")
-                    .execute(&mut conn)
-                    .await?;
+                sql::load::insert_live(&mut conn).await?;
                 inserts.push((started, started.elapsed()));
                 tokio::time::sleep(interval).await;
             }
@@ -161,15 +149,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             let mut waits = LockWaits::default();
             let mut last = Instant::now();
             while !stop.load(Ordering::Relaxed) {
-                let waiting: Vec<(bool, f64)> = sqlx::query_as(
-                    "SELECT wait_event = 'relation',
-                            extract(epoch FROM clock_timestamp() - query_start)::float8
-                     FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'
-                       AND query LIKE 'INSERT INTO outbox%'",
-                )
-                .fetch_all(&mut conn)
-                .await?;
+                let waiting = sql::watch::lock_waits(&mut conn).await?;
                 waits.samples += 1;
                 let since = last.elapsed();
                 last = Instant::now();
@@ -217,12 +197,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let during = Window::of(&all, started, ended, args.stall);
 
     // The upgrade kept every row and numbered the old ones before the new ones.
-    let (total, old_max, new_min): (i64, Option<i64>, Option<i64>) = sqlx::query_as(
-        "SELECT count(*), max(seq) FILTER (WHERE topic = 'bench.old'), min(seq) FILTER (WHERE topic = 'bench.live')
-         FROM outbox",
-    )
-    .fetch_one(&scratch.pool)
-    .await?;
+    let (total, old_max, new_min) = sql::watch::upgrade_check(&scratch.pool).await?;
     let inserts: u64 = all.iter().map(|p| p.len() as u64).sum();
     anyhow::ensure!(
         total as u64 == args.rows + inserts,

@@ -24,6 +24,7 @@ mod receiver;
 mod recvlogical;
 mod scratch;
 mod soak;
+mod sql;
 mod steady;
 
 use std::process::ExitCode;

@@ -8,6 +8,8 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
 
+use super::sql;
+
 /// Where results go: a table on stdout, or JSON lines.
 pub struct Output {
     json: bool,
@@ -36,16 +38,7 @@ impl Output {
 
     /// Prints the run's header: the server's version and the settings that move the numbers.
     pub async fn header(&self, pool: &PgPool) -> anyhow::Result<()> {
-        let version: String = sqlx::query_scalar("SHOW server_version")
-            .fetch_one(pool)
-            .await?;
-        let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(pool)
-            .await?;
-        let buffers: String = sqlx::query_scalar("SHOW shared_buffers")
-            .fetch_one(pool)
-            .await?;
-        let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(pool).await?;
+        let (version, sync, buffers, fsync) = sql::watch::settings(pool).await?;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);

@@ -18,6 +18,7 @@ use anyhow::Context;
 use sqlx::Connection as _;
 
 use super::producer::{unix_micros, Statement};
+use super::sql;
 
 /// Arguments of the hidden `bench produce` (run by other scenarios, not by hand).
 #[derive(Debug, Clone, clap::Args)]
@@ -51,19 +52,10 @@ pub struct Args {
 /// The statement every producer runs: what an application in any language writes. Both return
 /// the event's id, which the sinks forward (the receiver matches arrivals by it).
 fn statement(table: &str, statement: Statement) -> anyhow::Result<String> {
-    Ok(match statement {
-        Statement::Insert => {
-            let table = pgoutbox::table::Ident::parse(table)?.quoted();
-            format!(
-                "INSERT INTO {table} (topic, payload) VALUES ('bench.steady', '{{\"order_id\": 1}}') RETURNING id"
-            )
-        }
-        // The same event as a transactional logical decoding message (migration 0009).
-        Statement::Emit => format!(
-            "SELECT {}('bench.steady', '{{\"order_id\": 1}}')",
-            pgoutbox::OutboxTable::parse("public", table)?.derived("emit")
-        ),
-    })
+    match statement {
+        Statement::Insert => sql::load::producer_insert(table),
+        Statement::Emit => sql::load::producer_emit(table),
+    }
 }
 
 /// Runs the producers (in the child process).
@@ -108,9 +100,7 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 if limit.is_some_and(|l| n >= l) {
                     break;
                 }
-                let id: uuid::Uuid = sqlx::query_scalar(&statement)
-                    .fetch_one(&mut connection)
-                    .await?;
+                let id = sql::load::commit_event(&mut connection, &statement).await?;
                 let at = unix_micros(SystemTime::now());
                 if let Some(lines) = &lines {
                     let _ = lines.send((id, at));

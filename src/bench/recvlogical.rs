@@ -7,11 +7,11 @@ use std::process::Stdio;
 
 use anyhow::Context;
 
+use super::sql;
+
 /// The pg_recvlogical program for the server of `pool` (see [`find_pg_recvlogical`]).
 pub async fn pg_recvlogical(pool: &sqlx::PgPool) -> anyhow::Result<PathBuf> {
-    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
-        .fetch_one(pool)
-        .await?;
+    let version = sql::watch::server_version_num(pool).await?;
     find_pg_recvlogical(version / 10_000)
 }
 

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::ProgressBar;
-use sqlx::{Executor, PgPool};
+use sqlx::PgPool;
 
 use super::output::Output;
+use super::sql;
 
 /// The scratch database of one bench run.
 pub struct Scratch {
@@ -25,11 +26,8 @@ impl Scratch {
     pub async fn create(url: &str) -> anyhow::Result<Self> {
         let name = format!("pgoutbox_bench_{}", std::process::id());
         let admin = crate::connect::connect(url, 1).await?;
-        admin
-            .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
-            .await?;
-        admin
-            .execute(format!("CREATE DATABASE {name}").as_str())
+        sql::setup::drop_database(&admin, &name).await?;
+        sql::setup::create_database(&admin, &name)
             .await
             .context("cannot create the scratch database (the bench needs CREATEDB)")?;
         admin.close().await;
@@ -57,9 +55,7 @@ impl Scratch {
                     self.name
                 );
             }
-            let _ = admin
-                .execute(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name).as_str())
-                .await;
+            let _ = sql::setup::drop_database_forced(&admin, &self.name).await;
         }
     }
 
@@ -67,22 +63,13 @@ impl Scratch {
     /// from before pgoutbox (the baseline's, and what `bench migrate` upgrades).
     pub async fn minimal_table(&self, name: &str) -> anyhow::Result<()> {
         let table = pgoutbox::OutboxTable::parse("public", name)?;
-        sqlx::raw_sql(&table.render("DROP TABLE IF EXISTS {outbox}"))
-            .execute(&self.pool)
-            .await?;
-        sqlx::raw_sql(&table.render(pgoutbox::schema::MINIMAL_TABLE))
-            .execute(&self.pool)
-            .await?;
+        sql::setup::replace_minimal_table(&self.pool, &table).await?;
         Ok(())
     }
 
     /// Drops and re-creates the outbox table (default name) with pgoutbox's schema.
     pub async fn fresh_outbox(&self) -> anyhow::Result<()> {
-        sqlx::raw_sql(
-            "DROP TABLE IF EXISTS outbox, outbox_deliveries, outbox_held_batches, outbox_destinations, outbox_attempts, outbox_history, pgoutbox_migrations;",
-        )
-            .execute(&self.pool)
-            .await?;
+        sql::setup::drop_outbox(&self.pool).await?;
         pgoutbox::schema::migrate(&self.pool, &pgoutbox::OutboxTable::default_table()).await?;
         Ok(())
     }
@@ -109,9 +96,7 @@ impl Scratch {
         drop_slots(&self.pool, &self.name).await?;
         let (table, names) = self.wal_names();
         let publication = pgoutbox::Ident::parse(&names.publication)?.quoted();
-        sqlx::raw_sql(&format!("DROP PUBLICATION IF EXISTS {publication}"))
-            .execute(&self.pool)
-            .await?;
+        sql::setup::drop_publication(&self.pool, &publication).await?;
         self.fresh_outbox().await?;
         if source == Source::Wal {
             pgoutbox::wal::slot::create(&self.pool, &table, &names)
@@ -140,10 +125,7 @@ impl Scratch {
         let mut done = 0;
         while done < n {
             let rows = (n - done).min(chunk);
-            sqlx::query(insert)
-                .bind(rows as i64)
-                .execute(&self.pool)
-                .await?;
+            sql::load::insert_generated(&self.pool, insert, rows as i64).await?;
             done += rows;
             bar.set_position(done);
         }
@@ -153,19 +135,9 @@ impl Scratch {
 
     /// Inserts `n` pending events server-side (one statement per 100k rows), with a progress bar.
     pub async fn prefill(&self, n: u64, out: &Output) -> anyhow::Result<()> {
-        self.generate(
-            "INSERT INTO outbox (topic, payload)
-             SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
-             FROM generate_series(1, $1) g",
-            n,
-            100_000,
-            "prefill",
-            out,
-        )
-        .await?;
-        sqlx::query("VACUUM ANALYZE outbox")
-            .execute(&self.pool)
+        self.generate(sql::load::PREFILL, n, 100_000, "prefill", out)
             .await?;
+        sql::setup::vacuum_analyze(&self.pool, "outbox").await?;
         Ok(())
     }
 
@@ -175,22 +147,14 @@ impl Scratch {
     pub async fn wait_drained(&self, bar: &ProgressBar, total: u64) -> anyhow::Result<()> {
         let mut ticks = 0u32;
         loop {
-            let pending: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND dead_at IS NULL)",
-            )
-            .fetch_one(&self.pool)
-            .await?;
+            let pending = sql::watch::any_pending(&self.pool).await?;
             if !pending {
                 bar.set_position(total);
                 return Ok(());
             }
             ticks += 1;
             if ticks.is_multiple_of(25) {
-                let settled: Option<i64> = sqlx::query_scalar(
-                    "SELECT (n_tup_upd + n_tup_del)::bigint FROM pg_stat_user_tables WHERE relname = 'outbox'",
-                )
-                .fetch_optional(&self.pool)
-                .await?;
+                let settled = sql::watch::settled_rows(&self.pool).await?;
                 bar.set_position((settled.unwrap_or(0).max(0) as u64).min(total));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -223,12 +187,7 @@ pub async fn drop_slots(pool: &PgPool, database: &str) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         // Slots of the scratch database only: the server may hold others (never touched).
-        let slots: Vec<(String, Option<i32>)> = sqlx::query_as(
-            "SELECT slot_name::text, active_pid FROM pg_replication_slots WHERE database::text = $1",
-        )
-        .bind(database)
-        .fetch_all(pool)
-        .await?;
+        let slots = sql::setup::replication_slots(pool, database).await?;
         if slots.is_empty() {
             return Ok(());
         }
@@ -239,16 +198,8 @@ pub async fn drop_slots(pool: &PgPool, database: &str) -> anyhow::Result<()> {
         for (slot, pid) in slots {
             // Errors are retried: the walsender may be ending, or another slot user racing.
             let _ = match pid {
-                Some(pid) => sqlx::query("SELECT pg_terminate_backend($1)")
-                    .bind(pid)
-                    .execute(pool)
-                    .await
-                    .map(|_| ()),
-                None => sqlx::query("SELECT pg_drop_replication_slot($1)")
-                    .bind(&slot)
-                    .execute(pool)
-                    .await
-                    .map(|_| ()),
+                Some(pid) => sql::setup::terminate_backend(pool, pid).await,
+                None => sql::setup::drop_replication_slot(pool, &slot).await,
             };
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

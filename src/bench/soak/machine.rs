@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::bench::process::RelayProcess;
+use crate::bench::sql;
 
 /// What the machine and the relay did during one interval (Linux /proc; zeros elsewhere).
 #[derive(Debug, Clone)]
@@ -58,15 +59,7 @@ impl Counters {
                 cpu_steal = v[7];
             }
         }
-        // pg_stat_bgwriter holds the checkpoint counts up to PostgreSQL 16, pg_stat_checkpointer
-        // from 17.
-        let mut checkpoints = 0;
-        for query in [CHECKPOINTS_TO_16, CHECKPOINTS_FROM_17] {
-            if let Ok(n) = sqlx::query_scalar::<_, i64>(query).fetch_one(pool).await {
-                checkpoints = n;
-                break;
-            }
-        }
+        let checkpoints = sql::watch::checkpoints_started(pool).await;
         Self {
             cpu_total,
             cpu_idle,
@@ -100,10 +93,3 @@ impl Counters {
         }
     }
 }
-
-/// CheckpointsStarted (PostgreSQL ≤ 16).
-const CHECKPOINTS_TO_16: &str =
-    "SELECT (checkpoints_timed + checkpoints_req)::bigint FROM pg_stat_bgwriter";
-/// CheckpointsStarted (PostgreSQL ≥ 17, where the counts moved to their own view).
-const CHECKPOINTS_FROM_17: &str =
-    "SELECT (num_timed + num_requested)::bigint FROM pg_stat_checkpointer";

@@ -23,25 +23,11 @@ use crate::bench::output::Output;
 use crate::bench::process::{RelayProcess, RelaySpec};
 use crate::bench::producer::{Spec, Statement};
 use crate::bench::scratch::Scratch;
+use crate::bench::sql;
 
 pub use args::Args;
 use machine::Counters;
 use report::{csv, plot, row, summarize, Sample};
-
-/// OutboxSizes. Heap and index sizes, the statistics' tuple counts and the autovacuum runs so far
-/// of the outbox and of its history's partitions (empty unless `history = "partitions"`); a
-/// partition dropped meanwhile counts for nothing.
-const SIZES: &str = "
-WITH t AS (SELECT 'outbox'::regclass AS relid
-           UNION ALL SELECT relid FROM pg_partition_tree('outbox_history') WHERE isleaf)
-SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::float8 / 1048576,
-       coalesce(sum(pg_indexes_size(t.relid)), 0)::float8 / 1048576,
-       coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint,
-       coalesce(sum(s.autovacuum_count), 0)::bigint
-FROM t LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid";
-
-/// One reading of [`SIZES`]: table MB, indexes MB, dead and live tuples, autovacuum runs.
-type Sizes = (f64, f64, i64, i64, i64);
 
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let mut samples = Vec::new();
@@ -107,7 +93,7 @@ async fn run_mode(
     let mut samples = Vec::new();
     let mut metrics = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
     let mut delivered_total = 0;
-    let (.., vacuums): Sizes = sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
+    let (.., vacuums) = sql::watch::outbox_sizes(&scratch.pool).await?;
     let mut counters = Counters::read(&scratch.pool, &relay, vacuums).await;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + args.every, args.every);
     let mut producer = Some(producer);
@@ -120,8 +106,8 @@ async fn run_mode(
         let now = Histogram::parse(&relay.metrics().await, pgoutbox::observe::CLAIM_SECONDS);
         let claims = now.since(&metrics);
         metrics = now;
-        let (table_mb, indexes_mb, dead_tuples, live_tuples, vacuums): Sizes =
-            sqlx::query_as(SIZES).fetch_one(&scratch.pool).await?;
+        let (table_mb, indexes_mb, dead_tuples, live_tuples, vacuums) =
+            sql::watch::outbox_sizes(&scratch.pool).await?;
         let now_counters = Counters::read(&scratch.pool, &relay, vacuums).await;
         let machine = now_counters.since(&counters);
         counters = now_counters;

@@ -14,6 +14,7 @@ use crate::bench::producer::{Producer, Spec, Statement};
 use crate::bench::receiver::Receiver;
 use crate::bench::recvlogical::{pg_recvlogical, recvlogical_command};
 use crate::bench::scratch::{Scratch, Source};
+use crate::bench::sql;
 
 /// Commit rate of unthrottled single-event INSERT producers on `table`.
 async fn unthrottled(scratch: &Scratch, args: &Args, table: &str) -> anyhow::Result<f64> {
@@ -27,7 +28,7 @@ async fn unthrottled_with(
     table: &str,
     statement: Statement,
 ) -> anyhow::Result<f64> {
-    sqlx::query("CHECKPOINT").execute(&scratch.pool).await?;
+    sql::setup::checkpoint(&scratch.pool).await?;
     let n = Producer::run(&Spec {
         url: &scratch.url,
         table,
@@ -70,9 +71,7 @@ impl Setup {
                 scratch.fresh_source(Source::Poll).await?;
                 scratch.minimal_table("outbox_minimal").await?;
                 let rate = unthrottled(scratch, args, "outbox_minimal").await;
-                sqlx::query("DROP TABLE IF EXISTS outbox_minimal")
-                    .execute(&scratch.pool)
-                    .await?;
+                sql::setup::drop_minimal_copy(&scratch.pool).await?;
                 rate
             }
             Self::Alone(statement) => {
@@ -190,9 +189,7 @@ pub(super) async fn producer_cost(
         ratios.push(ours / minimal);
         pairs.push(format!("{ours:.0}/{minimal:.0}"));
     }
-    sqlx::query("DROP TABLE IF EXISTS outbox_minimal")
-        .execute(&scratch.pool)
-        .await?;
+    sql::setup::drop_minimal_copy(&scratch.pool).await?;
     let schema_ratio = median(ratios);
     out.row(Row {
         scenario: "producers".into(),
@@ -233,17 +230,9 @@ pub(super) async fn producer_cost(
     drop(relay);
 
     scratch.fresh_outbox().await?;
-    sqlx::raw_sql(
-        "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN PERFORM pg_notify('pgoutbox', ''); RETURN NULL; END $$;
-         CREATE TRIGGER bench_notify AFTER INSERT ON outbox FOR EACH STATEMENT EXECUTE FUNCTION bench_notify();",
-    )
-    .execute(&scratch.pool)
-    .await?;
+    sql::load::create_notify_trigger(&scratch.pool).await?;
     let with_notify = unthrottled(scratch, args, "outbox").await?;
-    sqlx::raw_sql("DROP TRIGGER bench_notify ON outbox; DROP FUNCTION bench_notify();")
-        .execute(&scratch.pool)
-        .await?;
+    sql::load::drop_notify_trigger(&scratch.pool).await?;
 
     for (variant, value) in [
         ("no relay (reference)", alone),
