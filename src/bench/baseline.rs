@@ -22,6 +22,7 @@ pub struct Args {
     seconds: Duration,
 }
 
+/// Runs `bench baseline`: one row, the minimal design's events per second.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let r = measure(scratch, out, args.events, args.seconds).await?;
     out.row(Row {

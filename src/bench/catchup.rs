@@ -59,6 +59,8 @@ pub struct Args {
     pg_recvlogical: Option<PathBuf>,
 }
 
+/// Runs `bench catchup`: one round (a new backlog, pg_recvlogical and the relay) per
+/// `--batch-size`.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.events > 0 && args.per_transaction > 0,

@@ -28,6 +28,8 @@ pub struct Args {
 
 const DESTINATIONS: [&str; 3] = ["billing", "crm", "audit"];
 
+/// Runs `bench console`: loads the outbox, then times each call with no statistics and after
+/// VACUUM ANALYZE.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     scratch.fresh_outbox().await?;
     let dead = (args.rows / 200).max(1);

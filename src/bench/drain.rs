@@ -63,6 +63,7 @@ impl Args {
     }
 }
 
+/// Runs `bench sql-limit`: the claim + settle ceiling alone, per settle mode.
 pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     for mode in &args.settle {
         let settle = settle_mode(mode)?;
@@ -78,6 +79,8 @@ pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> any
     Ok(())
 }
 
+/// Runs `bench drain`: per settle mode the ceiling, then the relay per sink and layout; with
+/// `compare`, the baseline on the same number of events (at most 200,000) too.
 pub async fn run(
     scratch: &Scratch,
     out: &Output,

@@ -33,6 +33,7 @@ impl Args {
     }
 }
 
+/// Runs `bench history`: the median claim with no history, then with `--history-rows` retained.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     scratch.fresh_outbox().await?;
     scratch.prefill(args.events, out).await?;

@@ -103,6 +103,8 @@ impl Window {
     }
 }
 
+/// Runs `bench migrate`: builds the minimal table, runs the producers alone, then migrate beside
+/// them, and checks that every row is kept.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     sql::setup::drop_migrations_record(&scratch.pool).await?;
     scratch.minimal_table("outbox").await?;

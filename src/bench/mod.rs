@@ -4,28 +4,40 @@
 //! server and drops at the end. Results are a readable table on stdout (or JSON lines with
 //! `--json`), each run headed by what matters to read them: PostgreSQL version, the settings that
 //! move the numbers, and the cores.
+//!
+//! This file is the subcommand and its dispatch; only the command line (`cli`) imports it. The
+//! scenarios sit below it, one file or folder each (`drain` also runs `baseline`'s measurement for
+//! comparison), and take what they share from files below them, never from this one: the relay as
+//! a child process and /proc readings (`process`), the producer process (`produce` is its child
+//! side, `producer` the parent's), the webhook `receiver`, commit→publish `latency`, the relay's
+//! Prometheus `metrics`, the `checkpoints` watch, `recvlogical`, `claim_settle`, the scratch
+//! database (`scratch`), rows and progress bars (`output`) and, at the bottom, `sql`: every
+//! statement the bench runs. Imports among them point one way; no two files import each other.
 
+// The scenarios, one per subcommand.
 mod baseline;
 mod catchup;
-mod checkpoints;
-mod claim_settle;
 mod console;
 mod drain;
 mod history;
-mod latency;
-mod metrics;
 mod migrate;
 mod ordering;
+mod produce;
+mod soak;
+mod steady;
+
+// What the scenarios share.
+mod checkpoints;
+mod claim_settle;
+mod latency;
+mod metrics;
 mod output;
 mod process;
-mod produce;
 mod producer;
 mod receiver;
 mod recvlogical;
 mod scratch;
-mod soak;
 mod sql;
-mod steady;
 
 use std::process::ExitCode;
 

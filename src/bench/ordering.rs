@@ -42,6 +42,7 @@ impl Args {
     }
 }
 
+/// Runs `bench ordering`: the keyed backlog drained unordered, then ordered by key.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let unordered = drain(scratch, out, args, "none").await?;
     let ordered = drain(scratch, out, args, "key").await?;

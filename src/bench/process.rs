@@ -216,7 +216,7 @@ pub fn proc_peak_rss_kib(pid: u32) -> Option<u64> {
     proc_status_kib(pid, "VmHWM:")
 }
 
-/// One `kB` line of /proc/<pid>/status (Linux), e.g. `VmRSS:`.
+/// One `kB` line of `/proc/<pid>/status` (Linux), e.g. `VmRSS:`.
 fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;

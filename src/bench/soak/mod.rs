@@ -29,6 +29,7 @@ pub use args::Args;
 use machine::Counters;
 use report::{csv, plot, row, summarize, Sample};
 
+/// Runs `bench soak`: each mode in turn, then writes the CSV and the plot when asked.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let mut samples = Vec::new();
     for mode in &args.modes {

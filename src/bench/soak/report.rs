@@ -11,15 +11,25 @@ use crate::bench::output::{Output, Row};
 /// One interval's figures.
 #[derive(Debug, Clone)]
 pub struct Sample {
+    /// Settle mode (keep, delete, partitions).
     pub(super) mode: String,
+    /// Minutes since the mode's start, at the interval's end.
     pub(super) minute: f64,
+    /// Events delivered (committed and received) in the interval.
     pub(super) delivered: usize,
+    /// The relay's claim p99 in the interval (a bucket bound), when it claimed.
     pub(super) claim_p99_ms: Option<f64>,
+    /// Commit→publish percentiles of the interval's events.
     pub(super) latency: Summary,
+    /// Heap size of the outbox and its history's partitions, MB.
     pub(super) table_mb: f64,
+    /// Their indexes, MB.
     pub(super) indexes_mb: f64,
+    /// Dead tuples, from the statistics.
     pub(super) dead_tuples: i64,
+    /// Live tuples, from the statistics.
     pub(super) live_tuples: i64,
+    /// What the machine and the relay did in the interval.
     pub(super) machine: Machine,
 }
 

@@ -8,6 +8,9 @@
 //! calls it. Functions that run a statement return `sqlx::Result`, for the callers to add their
 //! context.
 
+/// The load the bench writes: backlogs, producers' statements, rows in the relay's way.
 pub mod load;
+/// The scratch database, its tables, publication and slots, and housekeeping between runs.
 pub mod setup;
+/// What the bench reads of the server while a relay runs.
 pub mod watch;

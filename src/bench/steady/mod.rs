@@ -37,6 +37,7 @@ use crate::bench::scratch::{Scratch, Source};
 pub use args::Args;
 use cost::producer_cost;
 
+/// Runs `bench steady`: the idle relay's CPU, the steady load, then what producers pay.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     args.validate()?;
     scratch.fresh_source(args.source).await?;
