@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use super::{Output, Row, Scratch};
+use super::claim_settle::claim_and_settle;
+use super::output::{Output, Row};
+use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench history`.
 #[derive(Debug, Clone, clap::Args)]
@@ -30,6 +33,7 @@ impl Args {
     }
 }
 
+/// Runs `bench history`: the median claim with no history, then with `--history-rows` retained.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     scratch.fresh_outbox().await?;
     scratch.prefill(args.events, out).await?;
@@ -38,9 +42,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     scratch.fresh_outbox().await?;
     scratch
         .generate(
-            "INSERT INTO outbox (topic, payload, created_at, published_at)
-             SELECT 'bench.old', jsonb_build_object('n', g), now() - interval '2 days', now() - interval '2 days'
-             FROM generate_series(1, $1) g",
+            sql::load::HISTORY,
             args.history_rows,
             1_000_000,
             "history",
@@ -82,8 +84,7 @@ async fn claim_times(scratch: &Scratch, args: &Args) -> anyhow::Result<Duration>
     let mut times = Vec::new();
     loop {
         let (n, claim_time) =
-            super::claim_and_settle(&store, args.batch_size, pgoutbox::settle::SettleMode::Mark)
-                .await?;
+            claim_and_settle(&store, args.batch_size, pgoutbox::settle::SettleMode::Mark).await?;
         times.push(claim_time);
         if n == 0 {
             break;

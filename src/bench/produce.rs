@@ -9,14 +9,16 @@
 //! `<event id> <unix time in microseconds when the commit returned>`; at the end a last line
 //! `total <commits>` is printed in every case.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout, Stdio};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use sqlx::Connection as _;
+
+use super::producer::{unix_micros, Statement};
+use super::sql;
 
 /// Arguments of the hidden `bench produce` (run by other scenarios, not by hand).
 #[derive(Debug, Clone, clap::Args)]
@@ -34,7 +36,7 @@ pub struct Args {
     #[arg(long)]
     rate: Option<u64>,
     /// How long to run.
-    #[arg(long, value_parser = crate::cli::parse_duration)]
+    #[arg(long, value_parser = crate::flags::parse_duration)]
     duration: Duration,
     /// Stop after this many commits in all (the soak's fixed event count).
     #[arg(long)]
@@ -47,49 +49,13 @@ pub struct Args {
     statement: Statement,
 }
 
-/// What each producer transaction runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Statement {
-    /// A single-row INSERT into the outbox table.
-    Insert,
-    /// `SELECT <table>_emit(topic, payload)`: the event as a logical decoding message, no row
-    /// (read only by a `source = "wal"` relay).
-    Emit,
-}
-
-impl Statement {
-    /// Its name on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Insert => "insert",
-            Self::Emit => "emit",
-        }
-    }
-}
-
 /// The statement every producer runs: what an application in any language writes. Both return
 /// the event's id, which the sinks forward (the receiver matches arrivals by it).
 fn statement(table: &str, statement: Statement) -> anyhow::Result<String> {
-    Ok(match statement {
-        Statement::Insert => {
-            let table = pgoutbox::table::Ident::parse(table)?.quoted();
-            format!(
-                "INSERT INTO {table} (topic, payload) VALUES ('bench.steady', '{{\"order_id\": 1}}') RETURNING id"
-            )
-        }
-        // The same event as a transactional logical decoding message (migration 0009).
-        Statement::Emit => format!(
-            "SELECT {}('bench.steady', '{{\"order_id\": 1}}')",
-            pgoutbox::OutboxTable::parse("public", table)?.derived("emit")
-        ),
-    })
-}
-
-/// Microseconds since the Unix epoch: the clock both processes share.
-pub fn unix_micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    match statement {
+        Statement::Insert => sql::load::producer_insert(table),
+        Statement::Emit => sql::load::producer_emit(table),
+    }
 }
 
 /// Runs the producers (in the child process).
@@ -134,9 +100,7 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 if limit.is_some_and(|l| n >= l) {
                     break;
                 }
-                let id: uuid::Uuid = sqlx::query_scalar(&statement)
-                    .fetch_one(&mut connection)
-                    .await?;
+                let id = sql::load::commit_event(&mut connection, &statement).await?;
                 let at = unix_micros(SystemTime::now());
                 if let Some(lines) = &lines {
                     let _ = lines.send((id, at));
@@ -180,94 +144,4 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     let commits = args.events.map_or(commits, |l| commits.min(l));
     println!("total {commits}");
     Ok(())
-}
-
-/// A running producer process.
-pub struct Producer {
-    child: Child,
-    stdout: Option<BufReader<ChildStdout>>,
-}
-
-/// What the parent asks of a producer process.
-pub struct Spec<'a> {
-    /// Database URL.
-    pub url: &'a str,
-    /// Table name.
-    pub table: &'a str,
-    /// Connections.
-    pub connections: usize,
-    /// Target rate, or unthrottled.
-    pub rate: Option<u64>,
-    /// How long.
-    pub duration: Duration,
-    /// Stop after this many commits.
-    pub events: Option<u64>,
-    /// Report every commit.
-    pub report: bool,
-    /// What each transaction runs.
-    pub statement: Statement,
-}
-
-impl Producer {
-    /// Starts `pgoutbox bench produce` with `spec`.
-    pub fn spawn(spec: &Spec<'_>) -> anyhow::Result<Self> {
-        let mut command = std::process::Command::new(std::env::current_exe()?);
-        command
-            .args(["bench", "produce", "--url", spec.url, "--table", spec.table])
-            .args(["--statement", spec.statement.as_str()])
-            .arg("--connections")
-            .arg(spec.connections.to_string())
-            .arg("--duration")
-            .arg(format!("{}ms", spec.duration.as_millis()));
-        if let Some(rate) = spec.rate {
-            command.arg("--rate").arg(rate.to_string());
-        }
-        if let Some(events) = spec.events {
-            command.arg("--events").arg(events.to_string());
-        }
-        if spec.report {
-            command.arg("--report");
-        }
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start the producer process")?;
-        let stdout = child.stdout.take().map(BufReader::new);
-        Ok(Self { child, stdout })
-    }
-
-    /// Reads the producer's output until it exits, calling `commit` for each reported commit;
-    /// returns the total number of commits. Blocking: run it on a blocking thread.
-    pub fn follow(mut self, mut commit: impl FnMut(&str, u64)) -> anyhow::Result<u64> {
-        let mut total = None;
-        if let Some(stdout) = self.stdout.take() {
-            for line in stdout.lines() {
-                let line = line?;
-                if let Some(n) = line.strip_prefix("total ") {
-                    total = n.parse().ok();
-                } else if let Some((id, at)) = line.split_once(' ') {
-                    commit(id, at.parse().unwrap_or(0));
-                }
-            }
-        }
-        let status = self.child.wait()?;
-        anyhow::ensure!(status.success(), "the producer process failed ({status})");
-        total.context("the producer process printed no total")
-    }
-
-    /// Runs a producer to its end and returns its commits (no per-commit report).
-    pub async fn run(spec: &Spec<'_>) -> anyhow::Result<u64> {
-        let producer = Self::spawn(spec)?;
-        tokio::task::spawn_blocking(move || producer.follow(|_, _| {})).await?
-    }
-}
-
-impl Drop for Producer {
-    fn drop(&mut self) {
-        if self.stdout.is_some() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }

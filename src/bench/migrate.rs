@@ -11,7 +11,9 @@ use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 use tracing::{debug, warn};
 
-use super::{Output, Row, Scratch};
+use super::output::{Output, Row};
+use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench migrate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,13 +28,13 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     producers: usize,
     /// Pause between one producer's INSERTs.
-    #[arg(long, default_value = "5ms", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "5ms", value_parser = crate::flags::parse_duration)]
     interval: Duration,
     /// How long the producers run alone before migrate starts (their latency without it).
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
     alone: Duration,
     /// An INSERT slower than this counts as stalled.
-    #[arg(long, default_value = "50ms", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = crate::flags::parse_duration)]
     stall: Duration,
 }
 
@@ -101,29 +103,20 @@ impl Window {
     }
 }
 
+/// Runs `bench migrate`: builds the minimal table, runs the producers alone, then migrate beside
+/// them, and checks that every row is kept.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
-    sqlx::raw_sql("DROP TABLE IF EXISTS pgoutbox_migrations")
-        .execute(&scratch.pool)
-        .await?;
+    sql::setup::drop_migrations_record(&scratch.pool).await?;
     scratch.minimal_table("outbox").await?;
     // A month of history, oldest first, with pending rows spread through it.
-    let insert = format!(
-        "INSERT INTO outbox (topic, payload, created_at, published_at)
-         SELECT 'bench.old', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload'),
-                t, CASE WHEN g % {every} <> 0 THEN t + interval '1 second' END
-         FROM (SELECT g, now() - interval '30 days' + g * interval '1 ms' AS t
-               FROM generate_series((SELECT count(*) FROM outbox) + 1, (SELECT count(*) FROM outbox) + $1) g) s",
-        every = args.pending_every.max(1)
-    );
+    let insert = sql::load::minimal_history(args.pending_every.max(1));
     scratch
         .generate(&insert, args.rows, 100_000, "minimal", out)
         .await?;
-    sqlx::query("VACUUM ANALYZE outbox")
-        .execute(&scratch.pool)
-        .await?;
+    sql::setup::vacuum_analyze(&scratch.pool, "outbox").await?;
     // Start from a clean buffer pool, so that writing out the table just built is not part of
     // the measurement (needs superuser or pg_checkpoint: without, a checkpoint may come during it).
-    if let Err(e) = sqlx::query("CHECKPOINT").execute(&scratch.pool).await {
+    if let Err(e) = sql::setup::checkpoint(&scratch.pool).await {
         warn!(error = %e, "cannot CHECKPOINT before the measurement");
     }
 
@@ -138,9 +131,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             let mut inserts = Inserts::new();
             while !stop.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                sqlx::query("INSERT INTO outbox (topic, payload) VALUES ('bench.live', '{\"order_id\": 1}')")
-                    .execute(&mut conn)
-                    .await?;
+                sql::load::insert_live(&mut conn).await?;
                 inserts.push((started, started.elapsed()));
                 tokio::time::sleep(interval).await;
             }
@@ -160,15 +151,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             let mut waits = LockWaits::default();
             let mut last = Instant::now();
             while !stop.load(Ordering::Relaxed) {
-                let waiting: Vec<(bool, f64)> = sqlx::query_as(
-                    "SELECT wait_event = 'relation',
-                            extract(epoch FROM clock_timestamp() - query_start)::float8
-                     FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'
-                       AND query LIKE 'INSERT INTO outbox%'",
-                )
-                .fetch_all(&mut conn)
-                .await?;
+                let waiting = sql::watch::lock_waits(&mut conn).await?;
                 waits.samples += 1;
                 let since = last.elapsed();
                 last = Instant::now();
@@ -216,12 +199,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let during = Window::of(&all, started, ended, args.stall);
 
     // The upgrade kept every row and numbered the old ones before the new ones.
-    let (total, old_max, new_min): (i64, Option<i64>, Option<i64>) = sqlx::query_as(
-        "SELECT count(*), max(seq) FILTER (WHERE topic = 'bench.old'), min(seq) FILTER (WHERE topic = 'bench.live')
-         FROM outbox",
-    )
-    .fetch_one(&scratch.pool)
-    .await?;
+    let (total, old_max, new_min) = sql::watch::upgrade_check(&scratch.pool).await?;
     let inserts: u64 = all.iter().map(|p| p.len() as u64).sum();
     anyhow::ensure!(
         total as u64 == args.rows + inserts,

@@ -9,7 +9,9 @@ use pgoutbox::relay::Relay;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
-use super::{rate, Output, Row, Scratch};
+use super::output::{rate, Output, Row};
+use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench ordering`.
 #[derive(Debug, Clone, clap::Args)]
@@ -40,6 +42,7 @@ impl Args {
     }
 }
 
+/// Runs `bench ordering`: the keyed backlog drained unordered, then ordered by key.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let unordered = drain(scratch, out, args, "none").await?;
     let ordered = drain(scratch, out, args, "key").await?;
@@ -70,19 +73,9 @@ async fn drain(
 ) -> anyhow::Result<f64> {
     scratch.fresh_outbox().await?;
     let bar = out.bar(args.events, "prefill");
-    sqlx::query(
-        "INSERT INTO outbox (topic, key, payload)
-         SELECT 'bench.keyed', 'key-' || (g % $2), jsonb_build_object('n', g)
-         FROM generate_series(1, $1) g",
-    )
-    .bind(args.events as i64)
-    .bind(args.keys as i64)
-    .execute(&scratch.pool)
-    .await?;
+    sql::load::fill_keyed(&scratch.pool, args.events as i64, args.keys as i64).await?;
     bar.finish_and_clear();
-    sqlx::query("VACUUM ANALYZE outbox")
-        .execute(&scratch.pool)
-        .await?;
+    sql::setup::vacuum_analyze(&scratch.pool, "outbox").await?;
     let text = format!(
         "retention = \"0s\"\n[relay]\nbatch_size = {}\n[[destinations]]\nname = \"null\"\ntype = \"null\"\nordering = \"{ordering}\"\n",
         args.batch_size

@@ -11,7 +11,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Output, Row, Scratch};
+use super::output::{Output, Row};
+use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench console`.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,6 +28,8 @@ pub struct Args {
 
 const DESTINATIONS: [&str; 3] = ["billing", "crm", "audit"];
 
+/// Runs `bench console`: loads the outbox, then times each call with no statistics and after
+/// VACUUM ANALYZE.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     scratch.fresh_outbox().await?;
     let dead = (args.rows / 200).max(1);
@@ -34,12 +38,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     // Topics t0..t19, keys k0..k9999, destinations by topic: what a shop's outbox looks like.
     scratch
         .generate(
-            "INSERT INTO outbox (topic, key, payload, created_at, published_at, destination, attempts)
-             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g, 'total', g % 997),
-                    now() - interval '1 hour' + g * interval '1 millisecond',
-                    now() - interval '59 minutes' + g * interval '1 millisecond',
-                    (ARRAY['billing','crm','audit'])[1 + g % 3], 1
-             FROM generate_series(1, $1) g",
+            sql::load::CONSOLE_PUBLISHED,
             published,
             200_000,
             "published",
@@ -47,29 +46,10 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         )
         .await?;
     scratch
-        .generate(
-            "INSERT INTO outbox (topic, key, payload, destination, attempts, last_error, dead_at)
-             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g),
-                    (ARRAY['billing','crm','audit'])[1 + g % 3], 8,
-                    'attempt 8 to billing: HTTP 500 Internal Server Error', now() - (g || ' seconds')::interval
-             FROM generate_series(1, $1) g",
-            dead,
-            200_000,
-            "dead",
-            out,
-        )
+        .generate(sql::load::CONSOLE_DEAD, dead, 200_000, "dead", out)
         .await?;
     scratch
-        .generate(
-            "INSERT INTO outbox (topic, key, payload, next_attempt_at)
-             SELECT 'order.t' || (g % 20), 'k' || (g % 10000), jsonb_build_object('n', g),
-                    now() + interval '1 hour'
-             FROM generate_series(1, $1) g",
-            pending,
-            200_000,
-            "pending",
-            out,
-        )
+        .generate(sql::load::CONSOLE_PENDING, pending, 200_000, "pending", out)
         .await?;
 
     let mut text = String::from("database_url = \"unused\"\n");
@@ -81,7 +61,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let config = pgoutbox::config::Config::parse(&text, |_| None)?;
     // The console gets one connection of its own: its statistics are flushed on demand (below),
     // so each call's index use is read exactly.
-    let console_pool = crate::cli::connect(&scratch.url, 1).await?;
+    let console_pool = crate::connect::connect(&scratch.url, 1).await?;
     let relay = Arc::new(pgoutbox::relay::Relay::new(console_pool.clone(), &config)?);
     let admin: pgoutbox::config::AdminConfig = toml::from_str("token = \"bench\"")?;
     let console = pgoutbox::admin::Console::new(
@@ -95,10 +75,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
     });
 
-    let some_dead: String =
-        sqlx::query_scalar("SELECT id::text FROM outbox WHERE dead_at IS NOT NULL LIMIT 1")
-            .fetch_one(&scratch.pool)
-            .await?;
+    let some_dead = sql::watch::some_dead_event(&scratch.pool).await?;
     let client = reqwest::Client::new();
     // Keyset pages cost the same at any depth: the second page stands for all of them.
     let next = |url: String| {
@@ -149,9 +126,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     ];
     for phase in ["no statistics", "after VACUUM ANALYZE"] {
         if phase != "no statistics" {
-            sqlx::query("VACUUM ANALYZE outbox")
-                .execute(&scratch.pool)
-                .await?;
+            sql::setup::vacuum_analyze(&scratch.pool, "outbox").await?;
         }
         for (name, url, body) in &calls {
             let before = index_use(scratch, &console_pool).await?;
@@ -208,17 +183,7 @@ async fn index_use(
     scratch: &Scratch,
     console: &sqlx::PgPool,
 ) -> anyhow::Result<std::collections::BTreeMap<String, i64>> {
-    // A backend publishes its counters when idle, at most once a second, unless asked.
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(console)
-        .await?;
-    sqlx::query("SELECT 1").execute(console).await?;
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT indexrelname::text, idx_scan FROM pg_stat_user_indexes WHERE relname LIKE 'outbox%'
-         UNION ALL
-         SELECT 'seq scan of ' || relname, seq_scan FROM pg_stat_user_tables WHERE relname LIKE 'outbox%'",
-    )
-    .fetch_all(&scratch.pool)
-    .await?;
+    sql::watch::flush_stats(console).await?;
+    let rows = sql::watch::index_use(&scratch.pool).await?;
     Ok(rows.into_iter().collect())
 }

@@ -13,14 +13,17 @@
 //! published and settled).
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use super::produce::Statement;
-use super::steady::{RelayProcess, RelaySpec};
-use super::{Output, Row, Scratch, Source};
+use super::metrics::counter;
+use super::output::{rate, Output, Row};
+use super::process::{proc_cpu, RelayProcess, RelaySpec};
+use super::producer::Statement;
+use super::recvlogical::{pg_recvlogical, recvlogical_command};
+use super::scratch::{Scratch, Source};
+use super::sql;
 
 /// Arguments of `bench catchup`.
 #[derive(Debug, Clone, clap::Args)]
@@ -56,6 +59,8 @@ pub struct Args {
     pg_recvlogical: Option<PathBuf>,
 }
 
+/// Runs `bench catchup`: one round (a new backlog, pg_recvlogical and the relay) per
+/// `--batch-size`.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.events > 0 && args.per_transaction > 0,
@@ -87,54 +92,25 @@ async fn round(
     let second = format!("{}_recvlogical", names.slot);
     scratch.fresh_source(Source::Wal).await?;
     // The copy starts where the relay's slot does: both read exactly the same WAL.
-    sqlx::query("SELECT pg_copy_logical_replication_slot($1, $2)")
-        .bind(&names.slot)
-        .bind(&second)
-        .execute(&scratch.pool)
+    sql::setup::copy_replication_slot(&scratch.pool, &names.slot, &second)
         .await
         .context("cannot copy the relay's replication slot for pg_recvlogical")?;
-    let start: String = sqlx::query_scalar(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-    )
-    .bind(&names.slot)
-    .fetch_one(&scratch.pool)
-    .await?;
+    let start = sql::watch::confirmed_flush_lsn(&scratch.pool, &names.slot).await?;
 
     // The backlog: the same events as `bench drain`'s prefill, as rows or as emit() messages.
     let written = Instant::now();
     let (insert, what) = match args.producer {
-        Statement::Insert => (
-            table.render(
-                "INSERT INTO {outbox} (topic, payload)
-                 SELECT 'bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')
-                 FROM generate_series(1, $1) g",
-            ),
-            "outbox rows",
-        ),
-        Statement::Emit => (
-            // count() only makes the function run once per row and the result one value.
-            table.render(
-                "SELECT count({qname:emit}('bench.event', jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload')))
-                 FROM generate_series(1, $1) g",
-            ),
-            "emit() messages",
-        ),
+        Statement::Insert => (sql::load::backlog_rows(&table), "outbox rows"),
+        Statement::Emit => (sql::load::backlog_emits(&table), "emit() messages"),
     };
     scratch
         .generate(&insert, args.events, args.per_transaction, "backlog", out)
         .await?;
     let write_time = written.elapsed();
-    let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-        .fetch_one(&scratch.pool)
-        .await?;
-    let wal_bytes: i64 =
-        sqlx::query_scalar("SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint")
-            .bind(&end)
-            .bind(&start)
-            .fetch_one(&scratch.pool)
-            .await?;
+    let end = sql::watch::current_wal_lsn(&scratch.pool).await?;
+    let wal_bytes = sql::watch::wal_bytes(&scratch.pool, &end, &start).await?;
     // Neither run should meet a checkpoint the other did not (the backlog's dirty pages).
-    sqlx::query("CHECKPOINT").execute(&scratch.pool).await?;
+    sql::setup::checkpoint(&scratch.pool).await?;
     let transactions = args.events.div_ceil(args.per_transaction);
     out.row(Row {
         scenario: "catchup".into(),
@@ -161,10 +137,7 @@ async fn round(
         )
         .await?;
         // Its slot holds WAL back and has done its part.
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&second)
-            .execute(&scratch.pool)
-            .await?;
+        sql::setup::drop_replication_slot(&scratch.pool, &second).await?;
         Ok::<_, anyhow::Error>(run)
     };
     let relay = relay(
@@ -190,7 +163,7 @@ async fn round(
     } else {
         "pg_recvlogical first"
     };
-    let recv_rate = super::rate(args.events, recv.elapsed);
+    let recv_rate = rate(args.events, recv.elapsed);
     out.row(Row {
         scenario: "catchup".into(),
         variant: "pg_recvlogical → /dev/null".into(),
@@ -205,7 +178,7 @@ async fn round(
         ),
     });
 
-    let relay_rate = super::rate(args.events, relay.elapsed);
+    let relay_rate = rate(args.events, relay.elapsed);
     out.row(Row {
         scenario: "catchup".into(),
         variant: format!("relay wal → null, batch {batch_size}, {}", args.settle),
@@ -233,39 +206,6 @@ async fn round(
         ),
     });
     Ok(())
-}
-
-/// The pg_recvlogical command streaming `slot` (pgoutput on `publication`, with messages) to
-/// /dev/null, up to `end` when given, else until it is killed (dropping the child kills it).
-pub fn recvlogical_command(
-    url: &str,
-    program: &Path,
-    slot: &str,
-    publication: &str,
-    end: Option<&str>,
-) -> anyhow::Result<tokio::process::Command> {
-    let conn = Conninfo::of(url)?;
-    let mut command = tokio::process::Command::new(program);
-    command
-        .arg("-d")
-        .arg(&conn.conninfo)
-        .args(["-S", slot, "--start", "--no-loop"])
-        .args(["-o", "proto_version=1"])
-        .arg("-o")
-        .arg(format!("publication_names={publication}"))
-        .args(["-o", "messages=true", "-f", "/dev/null"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        // An interrupted bench does not leave it streaming (the scratch cleanup drops its slot).
-        .kill_on_drop(true);
-    if let Some(end) = end {
-        command.arg(format!("--endpos={end}"));
-    }
-    for (name, value) in &conn.env {
-        command.env(name, value);
-    }
-    Ok(command)
 }
 
 /// What pg_recvlogical's run measured.
@@ -350,14 +290,11 @@ impl CpuWatch {
         if self.pid.is_some() {
             return;
         }
-        let pid: Option<i32> =
-            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
-                .bind(slot)
-                .fetch_optional(&scratch.pool)
-                .await
-                .ok()
-                .flatten()
-                .flatten();
+        let pid = sql::watch::slot_active_pid(&scratch.pool, slot)
+            .await
+            .ok()
+            .flatten()
+            .flatten();
         self.pid = pid.map(|p| p as u32).filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("walsender"))
@@ -365,7 +302,7 @@ impl CpuWatch {
     }
 
     fn sample(&mut self) {
-        if let Some(cpu) = self.pid.and_then(super::steady::proc_cpu) {
+        if let Some(cpu) = self.pid.and_then(proc_cpu) {
             self.last = cpu;
         }
     }
@@ -422,14 +359,7 @@ async fn relay(
         walsender.find(scratch, slot).await;
         walsender.sample();
         // The relay's confirmed position, as the server has it.
-        let (confirmed, done): (Option<String>, Option<bool>) = sqlx::query_as(
-            "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn >= $2::pg_lsn
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot)
-        .bind(end)
-        .fetch_one(&scratch.pool)
-        .await?;
+        let (confirmed, done) = sql::watch::slot_confirmed(&scratch.pool, slot, end).await?;
         if done == Some(true) {
             break;
         }
@@ -466,152 +396,11 @@ async fn relay(
 /// WAL bytes the walsender of `slot` has sent since `start` (0 when it is not streaming): the
 /// progress shown while waiting.
 async fn sent(scratch: &Scratch, slot: &str, start: &str) -> u64 {
-    sqlx::query_scalar::<_, Option<i64>>(
-        "SELECT pg_wal_lsn_diff(r.sent_lsn, $2::pg_lsn)::bigint
-         FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-         WHERE s.slot_name = $1",
-    )
-    .bind(slot)
-    .bind(start)
-    .fetch_optional(&scratch.pool)
-    .await
-    .ok()
-    .flatten()
-    .flatten()
-    .unwrap_or(0)
-    .max(0) as u64
-}
-
-/// A counter's value in a Prometheus scrape, summed over its label sets.
-fn counter(scrape: &str, name: &str) -> f64 {
-    scrape
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
-/// The pg_recvlogical program for the server of `pool` (see [`find_pg_recvlogical`]).
-pub async fn pg_recvlogical(pool: &sqlx::PgPool) -> anyhow::Result<PathBuf> {
-    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
-        .fetch_one(pool)
-        .await?;
-    find_pg_recvlogical(version / 10_000)
-}
-
-/// pg_recvlogical of the server's major version under /usr/lib/postgresql, else the newest
-/// there, else the one on PATH.
-fn find_pg_recvlogical(major: i32) -> anyhow::Result<PathBuf> {
-    let mut found: Vec<(i32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
+    sql::watch::sent_bytes(&scratch.pool, slot, start)
+        .await
+        .ok()
         .flatten()
         .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse::<i32>().ok()?;
-            let path = e.path().join("bin/pg_recvlogical");
-            path.is_file().then_some((version, path))
-        })
-        .collect();
-    found.sort();
-    if let Some((_, path)) = found.iter().find(|(v, _)| *v == major) {
-        return Ok(path.clone());
-    }
-    if let Some((_, path)) = found.pop() {
-        return Ok(path);
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("pg_recvlogical"))
-        .find(|p| p.is_file())
-        .context(
-            "pg_recvlogical not found under /usr/lib/postgresql/*/bin or on PATH \
-             (it comes with the PostgreSQL client package); give it with --pg-recvlogical",
-        )
-}
-
-/// libpq connection settings for pg_recvlogical, from the database URL: a keyword/value string
-/// for `-d`, and the password and TLS settings as environment variables (not on its command line).
-#[derive(Debug, PartialEq, Eq)]
-struct Conninfo {
-    conninfo: String,
-    env: Vec<(&'static str, String)>,
-}
-
-impl Conninfo {
-    fn of(database_url: &str) -> anyhow::Result<Self> {
-        let url = pgoutbox::wal::UrlParts::parse(database_url).map_err(anyhow::Error::msg)?;
-        let mut pairs: Vec<(&str, String)> = vec![("dbname", url.dbname.clone())];
-        if let Some(host) = &url.host {
-            pairs.push(("host", host.clone()));
-        }
-        if let Some(port) = url.port {
-            pairs.push(("port", port.to_string()));
-        }
-        if let Some(user) = &url.user {
-            pairs.push(("user", user.clone()));
-        }
-        let conninfo = pairs
-            .iter()
-            .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let mut env = Vec::new();
-        if let Some(password) = &url.password {
-            env.push(("PGPASSWORD", password.clone()));
-        }
-        for (key, var) in [
-            ("sslmode", "PGSSLMODE"),
-            ("sslrootcert", "PGSSLROOTCERT"),
-            ("sslcert", "PGSSLCERT"),
-            ("sslkey", "PGSSLKEY"),
-        ] {
-            if let Some(v) = url.param(key) {
-                env.push((var, v.to_owned()));
-            }
-        }
-        Ok(Self { conninfo, env })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_url_becomes_a_conninfo_and_the_password_an_environment_variable() {
-        let c = Conninfo::of(
-            "postgres://bench%40x:s3cr%27t@127.0.0.1:5499/pgoutbox_bench_1?sslmode=disable",
-        )
-        .expect("parses");
-        assert_eq!(
-            c.conninfo,
-            "dbname='pgoutbox_bench_1' host='127.0.0.1' port='5499' user='bench@x'"
-        );
-        assert_eq!(
-            c.env,
-            vec![
-                ("PGPASSWORD", "s3cr't".to_owned()),
-                ("PGSSLMODE", "disable".to_owned())
-            ]
-        );
-        let c = Conninfo::of("postgres:///db?host=/run/postgresql&user=o'k").expect("parses");
-        assert_eq!(
-            c.conninfo,
-            "dbname='db' host='/run/postgresql' user='o\\'k'"
-        );
-        assert!(c.env.is_empty());
-    }
-
-    #[test]
-    fn a_counter_is_summed_over_its_label_sets() {
-        let scrape = "# TYPE pgoutbox_events_published_total counter\n\
-                      pgoutbox_events_published_total{destination=\"a\"} 10\n\
-                      pgoutbox_events_published_total{destination=\"b\"} 5\n\
-                      pgoutbox_events_published_total_other 7\n";
-        assert_eq!(counter(scrape, "pgoutbox_events_published_total"), 15.0);
-    }
+        .unwrap_or(0)
+        .max(0) as u64
 }

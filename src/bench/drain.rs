@@ -9,7 +9,11 @@ use pgoutbox::relay::Relay;
 use pgoutbox::settle::SettleMode;
 use tokio_util::sync::CancellationToken;
 
-use super::{rate, Output, Row, Scratch};
+use super::claim_settle::claim_and_settle;
+use super::output::{rate, Output, Row};
+use super::receiver::Receiver;
+use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench drain` / `bench sql-limit`.
 #[derive(Debug, Clone, clap::Args)]
@@ -59,6 +63,7 @@ impl Args {
     }
 }
 
+/// Runs `bench sql-limit`: the claim + settle ceiling alone, per settle mode.
 pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     for mode in &args.settle {
         let settle = settle_mode(mode)?;
@@ -74,6 +79,8 @@ pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> any
     Ok(())
 }
 
+/// Runs `bench drain`: per settle mode the ceiling, then the relay per sink and layout; with
+/// `compare`, the baseline on the same number of events (at most 200,000) too.
 pub async fn run(
     scratch: &Scratch,
     out: &Output,
@@ -224,7 +231,7 @@ async fn sql_limit(
         let batch_size = args.batch_size;
         tasks.push(tokio::spawn(async move {
             loop {
-                let (n, _) = super::claim_and_settle(&store, batch_size, settle).await?;
+                let (n, _) = claim_and_settle(&store, batch_size, settle).await?;
                 if n == 0 {
                     return Ok::<_, anyhow::Error>(());
                 }
@@ -299,13 +306,7 @@ async fn drain(
     }
     if layout.one_down {
         // The last destination is down: its breaker is open, with no probe before the run ends.
-        sqlx::query(
-            "INSERT INTO outbox_destinations (name, breaker, breaker_since, last_error, probe_at)
-             VALUES ($1, 'open', now(), 'down for the benchmark', now() + interval '1 day')",
-        )
-        .bind(format!("{sink}-{}", layout.destinations))
-        .execute(&scratch.pool)
-        .await?;
+        sql::load::open_breaker(&scratch.pool, &format!("{sink}-{}", layout.destinations)).await?;
     }
     let config = Config::parse(&text, |_| None)?;
     let relay = if sink == "stdout" {
@@ -352,50 +353,4 @@ async fn delete_nats_stream(url: &str) {
     }
     #[cfg(not(feature = "nats"))]
     let _ = url;
-}
-
-/// A local HTTP receiver answering 200 to every POST, for the webhook sink.
-pub struct Receiver {
-    /// Its URL.
-    pub url: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Receiver {
-    /// Starts the receiver on 127.0.0.1, on a free port.
-    pub async fn start() -> anyhow::Result<Self> {
-        Self::with_hook(|_| {}).await
-    }
-
-    /// Starts the receiver, calling `hook` with each request's `webhook-id`.
-    pub async fn with_hook(hook: impl Fn(&str) + Send + Sync + 'static) -> anyhow::Result<Self> {
-        let hook = Arc::new(hook);
-        let app = axum::Router::new().route(
-            "/events",
-            axum::routing::post(move |headers: axum::http::HeaderMap| {
-                let hook = hook.clone();
-                async move {
-                    if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
-                        hook(id);
-                    }
-                    axum::http::StatusCode::NO_CONTENT
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self {
-            url: format!("http://{addr}/events"),
-            task,
-        })
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::Row as _;
 
-use super::{rate, Output, Row, Scratch};
+use super::output::{rate, Output, Row};
+use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench baseline`.
 #[derive(Debug, clap::Args)]
@@ -16,10 +18,11 @@ pub struct Args {
     #[arg(long, default_value_t = 200_000)]
     events: u64,
     /// How long to measure (the minimal design would take very long to drain a big backlog).
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
     seconds: Duration,
 }
 
+/// Runs `bench baseline`: one row, the minimal design's events per second.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     let r = measure(scratch, out, args.events, args.seconds).await?;
     out.row(Row {
@@ -43,38 +46,21 @@ pub async fn measure(
     sample: Duration,
 ) -> anyhow::Result<f64> {
     scratch.minimal_table("baseline_outbox").await?;
-    sqlx::query(
-        "INSERT INTO baseline_outbox (topic, payload, created_at)
-         SELECT 'bench.event', jsonb_build_object('n', g), now() + g * interval '1 microsecond'
-         FROM generate_series(1, $1) g",
-    )
-    .bind(events as i64)
-    .execute(&scratch.pool)
-    .await?;
-    sqlx::query("VACUUM ANALYZE baseline_outbox")
-        .execute(&scratch.pool)
-        .await?;
+    sql::load::fill_baseline(&scratch.pool, events as i64).await?;
+    sql::setup::vacuum_analyze(&scratch.pool, "baseline_outbox").await?;
 
     let bar = out.bar(sample.as_secs(), "baseline");
     let started = Instant::now();
     let mut done = 0u64;
     while started.elapsed() < sample {
         let mut tx = scratch.pool.begin().await?;
-        let rows = sqlx::query(
-            "SELECT id, topic, payload FROM baseline_outbox WHERE published_at IS NULL
-             ORDER BY created_at LIMIT 10 FOR UPDATE SKIP LOCKED",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
+        let rows = sql::load::claim_baseline(&mut *tx).await?;
         if rows.is_empty() {
             break;
         }
         for row in &rows {
             let id: uuid::Uuid = row.try_get("id")?;
-            sqlx::query("UPDATE baseline_outbox SET published_at = now() WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+            sql::load::settle_baseline(&mut *tx, id).await?;
         }
         tx.commit().await?;
         done += rows.len() as u64;
