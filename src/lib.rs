@@ -19,7 +19,7 @@
 //! use std::sync::Arc;
 //!
 //! use pgoutbox::config::Config;
-//! use pgoutbox::relay::Relay;
+//! use pgoutbox::engine::Relay;
 //!
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = Config::load(std::path::Path::new("pgoutbox.toml"))?;
@@ -37,13 +37,13 @@ pub mod cleanup;
 pub mod config;
 pub mod dead;
 pub mod destination;
+pub mod engine;
 pub mod history;
 pub mod inspect;
 pub mod model;
 pub mod observe;
 pub mod otlp;
 pub mod publish;
-pub mod relay;
 pub mod route;
 pub mod settle;
 pub mod status;

@@ -16,8 +16,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::engine::Relay;
 use crate::model::metric::*;
-use crate::relay::Relay;
 
 /// Installs the Prometheus recorder for this process; returns the handle that renders a scrape.
 pub fn install_recorder() -> Result<PrometheusHandle, String> {

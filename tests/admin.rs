@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgoutbox::engine::Relay;
 use pgoutbox::observe::Samples;
-use pgoutbox::relay::Relay;
 use serde_json::{json, Value};
 
 use common::*;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
+use pgoutbox::engine::Relay;
 use pgoutbox::observe::Samples;
-use pgoutbox::relay::Relay;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 
 /// Runs a relay (retrying every 100 ms) until the one event inserted is published, at most 20 s.
 async fn run_until_the_event_is_published(db: &TestDb, rx: &Receiver) {

@@ -429,7 +429,7 @@ async fn readiness_per_destination() {
             ),
         ],
     );
-    let relay = pgoutbox::relay::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay");
+    let relay = pgoutbox::engine::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay");
     let up_lines = relay.readiness_of(Some("up")).await.expect("up is ready");
     assert!(up_lines.iter().any(|l| l.starts_with("destination up: ok")));
     assert!(!up_lines.iter().any(|l| l.contains("destination down")));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 use pgoutbox::{Event, Outbox, OutboxTable};
 use serde_json::json;
 

@@ -363,7 +363,7 @@ async fn a_traceparent_set_at_enqueue_reaches_the_webhook_receiver() {
     tx.commit().await.expect("commit");
 
     let config = parse_config(&webhook_config(&db, &rx.url, ""));
-    pgoutbox::relay::Relay::new(db.pool.clone(), &config)
+    pgoutbox::engine::Relay::new(db.pool.clone(), &config)
         .expect("relay")
         .run_once()
         .await

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 
 /// Inserts `per_key` events for each of `keys` keys, interleaved, payload `{"k": key, "n": i}`.
 async fn insert_keyed(db: &TestDb, keys: usize, per_key: usize) {

@@ -5,8 +5,8 @@ mod common;
 
 use std::sync::Arc;
 
+use pgoutbox::engine::{Destination, Relay};
 use pgoutbox::publish::nats::{NatsConfig, NatsSink};
-use pgoutbox::relay::{Destination, Relay};
 
 use common::nats::{consume, jetstream, stored, stream_settings, URL};
 use common::private::Private;

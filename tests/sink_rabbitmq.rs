@@ -3,7 +3,7 @@
 
 mod common;
 
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 
 use common::amqp::{channel, consume, queue, URL};
 use common::sinks::{

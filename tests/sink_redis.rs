@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 use redis::AsyncCommands;
 
 use common::sinks::{

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 
 use common::private::Private;
 use common::sinks::sink_config;

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pgoutbox::config::Config;
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 use pgoutbox::webhook::axum::WebhookVerifier;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};

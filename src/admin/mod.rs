@@ -23,8 +23,8 @@ use axum::routing::{get, post};
 use subtle::ConstantTimeEq;
 
 use crate::config::{AdminConfig, Secret};
+use crate::engine::Relay;
 use crate::observe::Samples;
-use crate::relay::Relay;
 
 /// What the console's handlers share.
 #[derive(Clone)]

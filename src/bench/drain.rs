@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgoutbox::config::Config;
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 use pgoutbox::settle::SettleMode;
 use tokio_util::sync::CancellationToken;
 
@@ -318,7 +318,7 @@ async fn drain(
         Relay::with_destinations(
             scratch.pool.clone(),
             &config,
-            vec![pgoutbox::relay::Destination {
+            vec![pgoutbox::engine::Destination {
                 name: "stdout".into(),
                 sink,
                 retry: Default::default(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pgoutbox::config::Config;
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use pgoutbox::config::{RelayConfig, Source};
-use pgoutbox::relay::Relay;
+use pgoutbox::engine::Relay;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 

@@ -31,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use crate::engine::{BatchReport, Relay};
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
-use crate::relay::{BatchReport, Relay};
 use crate::settle::DeliveredRows;
 use decode::{Decoded, Decoder};
 use slot::Names;

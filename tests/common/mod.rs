@@ -23,7 +23,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use pgoutbox::config::Config;
-use pgoutbox::relay::{BatchReport, Relay};
+use pgoutbox::engine::{BatchReport, Relay};
 use pgoutbox::OutboxTable;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};

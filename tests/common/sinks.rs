@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use pgoutbox::relay::{BatchReport, Relay};
+use pgoutbox::engine::{BatchReport, Relay};
 
 use super::{parse_config, TestDb};
 

@@ -1,0 +1,65 @@
+//! Readiness: whether the database answers and each destination takes events.
+
+use std::time::Duration;
+
+use super::Relay;
+
+impl Relay {
+    /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each) and no
+    /// breaker is open. One line per check; `Err` when any failed.
+    pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
+        self.readiness_of(None).await
+    }
+
+    /// Readiness of the database and one destination (`Some(name)`), or of every destination.
+    /// `Err` with one line when no destination has that name.
+    pub async fn readiness_of(
+        &self,
+        only: Option<&str>,
+    ) -> std::result::Result<Vec<String>, Vec<String>> {
+        if let Some(name) = only.filter(|name| !self.has_destination(name)) {
+            return Err(vec![format!("no destination is named {name:?}\n")]);
+        }
+        let limit = Duration::from_secs(2);
+        let mut lines = Vec::new();
+        let mut ready = true;
+        let db = tokio::time::timeout(limit, self.store.ping()).await;
+        let line = match db {
+            Ok(Ok(_)) => "ok".to_owned(),
+            Ok(Err(e)) => format!("not ready: {}", crate::error_chain(&e)),
+            Err(_) => "not ready: no answer within 2 s".into(),
+        };
+        ready &= line == "ok";
+        lines.push(format!("database: {line}\n"));
+        for (dest, health) in self.destinations.iter().zip(&self.health) {
+            if only.is_some_and(|name| name != dest.name) {
+                continue;
+            }
+            let check = match tokio::time::timeout(limit, dest.sink.healthcheck()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("no answer within 2 s".into()),
+            };
+            let (breaker, paused) = health.state();
+            let line = match (health.problem(), check) {
+                // A pause is an operator's decision, not a fault.
+                (Some(p), None) if paused => p,
+                (Some(p), _) => {
+                    ready = false;
+                    format!("not ready: {p}")
+                }
+                (None, Some(e)) => {
+                    ready = false;
+                    format!("not ready: {e}")
+                }
+                (None, None) => format!("ok (breaker {breaker})"),
+            };
+            lines.push(format!("destination {}: {line}\n", dest.name));
+        }
+        if ready {
+            Ok(lines)
+        } else {
+            Err(lines)
+        }
+    }
+}

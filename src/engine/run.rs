@@ -1,0 +1,303 @@
+//! Running the relay: its loops until shutdown, or one pass (`relay --once`).
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+use uuid::Uuid;
+
+use super::batch::{joined_batch, BatchResult};
+use super::pacing::{db_reachable, Pacing};
+use super::report::{panic_message, BatchReport};
+use super::Relay;
+use crate::config::Source;
+use crate::destination::{self};
+use crate::error::{Error, Result};
+use crate::model::metric;
+use crate::settle;
+use crate::store::{outbox, waiting};
+
+impl Relay {
+    /// Runs until `shutdown` is cancelled: claim workers plus the maintenance loops (destination
+    /// state and probes, cleanup). In-flight batches then get `shutdown_grace` to finish; past it
+    /// they settle what finished and release the rest. A worker that panics (a bug) stops the
+    /// relay: the others finish as on shutdown, then this returns [`Error::WorkerPanicked`].
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<BatchReport> {
+        self.prepare().await;
+        let grace_timer = {
+            let (shutdown, abort, grace) = (
+                shutdown.clone(),
+                self.abort.clone(),
+                self.settings.shutdown_grace,
+            );
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                tokio::time::sleep(grace).await;
+                abort.cancel();
+            })
+        };
+        let mut workers = tokio::task::JoinSet::new();
+        match self.config.source {
+            Source::Poll => {
+                for worker in 0..self.settings.workers {
+                    let relay = Arc::clone(&self);
+                    let shutdown = shutdown.clone();
+                    workers.spawn(async move { relay.worker(worker, shutdown).await });
+                }
+            }
+            // One reader per slot: the WAL source replaces the claim workers.
+            Source::Wal => {
+                let relay = Arc::clone(&self);
+                let shutdown = shutdown.clone();
+                workers.spawn(async move { crate::wal::run(relay, shutdown).await });
+            }
+        }
+        {
+            let relay = Arc::clone(&self);
+            let shutdown = shutdown.clone();
+            workers.spawn(async move { relay.deliveries_loop(shutdown).await });
+        }
+        let maintenance = {
+            let relay = Arc::clone(&self);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::join!(
+                    relay.cleanup_loop(shutdown.clone()),
+                    relay.destinations_loop(shutdown)
+                )
+            })
+        };
+        let mut total = BatchReport::default();
+        let mut panicked = None;
+        while let Some(joined) = workers.join_next().await {
+            match joined {
+                Ok(report) => total += report,
+                Err(e) => {
+                    let why = match e.try_into_panic() {
+                        Ok(panic) => format!("a claim worker panicked: {}", panic_message(&*panic)),
+                        Err(e) => format!("a claim worker was cancelled: {e}"),
+                    };
+                    error!(error = %why, "stopping the relay");
+                    *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    shutdown.cancel();
+                    panicked.get_or_insert(why);
+                }
+            }
+        }
+        maintenance.abort();
+        grace_timer.abort();
+        match panicked {
+            Some(why) => Err(Error::WorkerPanicked(why)),
+            None => Ok(total),
+        }
+    }
+
+    /// Before the first claim: registers the destinations and reads their shared state (an
+    /// operator's pause, an open breaker), and releases rows whose wait is over.
+    pub(super) async fn prepare(&self) {
+        let steps = async {
+            destination::register(&self.store, &self.config.destinations).await?;
+            destination::sync(&self.store, &self.health).await?;
+            waiting::unpark_followers(&self.store).await
+        };
+        if let Err(e) = steps.await {
+            warn!(error = %crate::error_chain(&e), "cannot read the destinations' state yet; will try again");
+        }
+        self.ensure_history().await;
+    }
+
+    /// `history = "partitions"`: partitions ready ahead of the clock. At start-up and on every
+    /// cleanup tick, in every instance (idempotent, serialized in the database), so that a dead
+    /// cleanup leader does not leave the others without one. A failure is not fatal: a settle
+    /// with no partition for its time lands in the default partition.
+    pub(super) async fn ensure_history(&self) {
+        if self.settle_mode != settle::SettleMode::Move {
+            return;
+        }
+        let ahead = crate::history::ahead(self.config.retention, self.config.cleanup_interval);
+        if let Err(e) =
+            crate::history::ensure(self.store.pool(), &self.table, self.config.retention, ahead)
+                .await
+        {
+            warn!(error = %crate::error_chain(&e), "cannot create the history's next partitions (the relay's role must own the history, or run `pgoutbox cleanup` as its owner); settles land in its default partition until then");
+        }
+    }
+
+    /// One claim loop. Each batch runs as a task of its own; when only stragglers are left in it
+    /// (see [`Relay::process_batch`]), the loop goes on to its next claim while the task waits for
+    /// them, with at most one such batch waiting per worker.
+    pub(super) async fn worker(
+        self: Arc<Self>,
+        worker: usize,
+        shutdown: CancellationToken,
+    ) -> BatchReport {
+        let mut total = BatchReport::default();
+        let mut pacing = Pacing::new(&self.settings);
+        let mut db_down = false;
+        let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
+        let mut quiet = false;
+        while !shutdown.is_cancelled() {
+            // After an empty claim, poll with one cheap statement and claim only once there is
+            // something: an idle relay's cost is a few index probes per second, not transactions.
+            // One quiet worker polls; the others wait until it (or a busy worker) wakes them.
+            if quiet {
+                let woken = self.wake.notified();
+                let Ok(_poller) = self.idle_poller.try_lock() else {
+                    // Another worker polls. The timeout only matters if it stopped polling
+                    // without waking anyone (it went back to claiming): take its place.
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = woken => {
+                            quiet = false;
+                            pacing.busy();
+                        }
+                        _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                    }
+                    continue;
+                };
+                let pause = match self.any_due().await {
+                    Ok(true) => None,
+                    Ok(false) => {
+                        db_reachable(Some(worker), &mut db_down);
+                        Some(pacing.idle())
+                    }
+                    Err(e) => Some(self.db_failed(worker, &mut pacing, &mut db_down, &e)),
+                };
+                match pause {
+                    Some(pause) => {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                        continue;
+                    }
+                    None => {
+                        // Rows are due: if another worker's claim takes them first, this
+                        // worker's next wait must still start short, not where the quiet left it.
+                        pacing.busy();
+                        self.wake.notify_waiters();
+                    }
+                }
+            }
+            let (signal, detached) = tokio::sync::oneshot::channel();
+            let relay = Arc::clone(&self);
+            let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
+            let result = tokio::select! {
+                joined = &mut batch => joined_batch(joined),
+                Ok(()) = detached => {
+                    // Settled but for its stragglers: claim on while it waits for them.
+                    if let Some(previous) = waiting.replace(batch) {
+                        total += self.report_of(worker, joined_batch(previous.await));
+                    }
+                    Ok((BatchReport { claimed: 1, ..BatchReport::default() }, Vec::new()))
+                }
+            };
+            let pause = match result {
+                Ok((report, _)) => {
+                    db_reachable(Some(worker), &mut db_down);
+                    if report.claimed > 0 {
+                        total += report;
+                        pacing.busy();
+                        quiet = false;
+                        self.wake.notify_waiters();
+                        continue;
+                    }
+                    quiet = true;
+                    pacing.idle()
+                }
+                Err(e) => self.db_failed(worker, &mut pacing, &mut db_down, &e),
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        if let Some(previous) = waiting {
+            total += self.report_of(worker, joined_batch(previous.await));
+        }
+        total
+    }
+
+    /// OutboxAnyDue: is a row due now?
+    pub(super) async fn any_due(&self) -> Result<bool> {
+        outbox::any_due(&self.store).await
+    }
+
+    /// A claim loop's database error (poll, claim or settle): counted, logged, and the pause
+    /// before the next try.
+    pub(super) fn db_failed(
+        &self,
+        worker: usize,
+        pacing: &mut Pacing,
+        db_down: &mut bool,
+        e: &crate::error::Error,
+    ) -> Duration {
+        metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+        let pause = pacing.failed();
+        warn!(worker, error = %crate::error_chain(e), retry_in_ms = pause.as_millis() as u64, "claim or settle failed; retrying");
+        *db_down = true;
+        pause
+    }
+
+    /// A finished batch's report; a database error is logged (its rows are claimed again).
+    pub(super) fn report_of(
+        &self,
+        worker: usize,
+        result: Result<(BatchReport, Vec<Uuid>)>,
+    ) -> BatchReport {
+        match result {
+            Ok((report, _)) => report,
+            Err(e) => {
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+                warn!(worker, error = %crate::error_chain(&e), "settling a batch's stragglers failed; they will be claimed again");
+                BatchReport::default()
+            }
+        }
+    }
+
+    /// Processes everything due now, then returns: for cron-style runs (`relay --once`).
+    ///
+    /// Destinations paused or with an open breaker keep their events held (no probe is sent).
+    /// Events that fail are scheduled per their policy; one that comes due again within the run
+    /// (a zero retry delay) is not retried in a loop: the run ends when a batch holds only such.
+    pub async fn run_once(&self) -> Result<BatchReport> {
+        destination::register(&self.store, &self.config.destinations).await?;
+        destination::sync(&self.store, &self.health).await?;
+        waiting::unpark_followers(&self.store).await?;
+        self.ensure_history().await;
+        let mut total = BatchReport::default();
+        let mut failed_before: HashSet<Uuid> = HashSet::new();
+        let mut unbounded_tried = false;
+        loop {
+            let (report, retried) = self.process_batch(None).await?;
+            total += report;
+            let only_repeats = report.delivered == 0
+                && report.dead == 0
+                && !retried.is_empty()
+                && retried.iter().all(|id| failed_before.contains(id));
+            if report.claimed == 0 && self.claim.ordered && !unbounded_tried {
+                // Ordered: an empty claim only saw the window; make sure nothing further on is due.
+                unbounded_tried = true;
+                self.window
+                    .store(crate::claim::WINDOW_UNBOUNDED_FROM, AtomicOrdering::Relaxed);
+                continue;
+            }
+            if report.claimed == 0 || only_repeats {
+                break;
+            }
+            unbounded_tried = false;
+            failed_before.extend(retried);
+        }
+        // Then the due pairs of split events, until none is due or a batch only failed again.
+        loop {
+            let report = self.run_deliveries_batch().await?;
+            total += report;
+            if report.claimed == 0 || report.delivered + report.dead == 0 {
+                return Ok(total);
+            }
+        }
+    }
+}
