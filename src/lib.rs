@@ -1,12 +1,12 @@
 //! pgoutbox: a transactional outbox for PostgreSQL.
 //!
 //! An application writes events into the `outbox` table in the same transaction as its business
-//! data ([`enqueue`]). The relay ([`relay`]) then moves them out, following the data flow that the
+//! data ([`enqueue`]). The relay ([`engine`]) then moves them out, following the data flow that the
 //! modules are named after:
 //!
-//! enqueue → [`table`] → [`claim`] → [`route`] (and [`destination`] health: pause, circuit
-//! breaker) → [`publish`] (sinks) → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
-//! partitioned [`history`]).
+//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and the [`breaker`]: pause, circuit
+//! breaker) → [`sinks`] → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
+//! partitioned [`history`]), with every statement in the [`store`].
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
 //! (see [`webhook`] for the receiver side of webhook signatures).
@@ -32,20 +32,20 @@
 //! ```
 
 pub mod admin;
-pub mod claim;
+pub mod breaker;
 pub mod cleanup;
 pub mod config;
 pub mod dead;
-pub mod destination;
 pub mod engine;
 pub mod history;
 pub mod inspect;
 pub mod model;
 pub mod observe;
 pub mod otlp;
-pub mod publish;
 pub mod route;
 pub mod settle;
+pub mod sinks;
+pub mod sources;
 pub mod status;
 pub mod store;
 pub mod wal;

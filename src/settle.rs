@@ -15,11 +15,11 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use uuid::Uuid;
 
-use crate::claim::Hold;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::retry::{Decision, Failure, RetryPolicy};
+use crate::sources::poll::Hold;
 use crate::store::attempts::{self, Attempt};
 pub use crate::store::deliveries::PairRow;
 use crate::store::deliveries::{self, PairKind, PairUpdate};

@@ -291,7 +291,7 @@ async fn hot_keys_move_many_events_per_batch() {
     // The claim learns the key is deep: followers per head double up to the cap.
     assert_eq!(
         largest,
-        1 + pgoutbox::claim::FOLLOWERS_PER_KEY,
+        1 + pgoutbox::sources::poll::FOLLOWERS_PER_KEY,
         "head plus a full set of followers"
     );
     assert!(batches <= 10, "300 events of one key took {batches} claims");

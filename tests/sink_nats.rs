@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use pgoutbox::engine::{Destination, Relay};
-use pgoutbox::publish::nats::{NatsConfig, NatsSink};
+use pgoutbox::sinks::nats::{NatsConfig, NatsSink};
 
 use common::nats::{consume, jetstream, stored, stream_settings, URL};
 use common::private::Private;

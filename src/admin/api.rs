@@ -358,10 +358,10 @@ async fn set_paused(
     known(c, &name)?;
     let store = c.relay.store();
     let released = if pause {
-        crate::destination::pause(store, &name).await?;
+        crate::breaker::pause(store, &name).await?;
         None
     } else {
-        Some(crate::destination::resume(store, &name).await?.unwrap_or(0))
+        Some(crate::breaker::resume(store, &name).await?.unwrap_or(0))
     };
     tracing::info!(destination = %name, pause, ?released, "console: destination paused or resumed");
     Ok(Json(Paused {

@@ -2,7 +2,7 @@
 //! "is anything stuck, where, why" and for fixing it without a shell on the box.
 //!
 //! The API is a thin layer over the library the CLI uses: [`crate::status`]'s backlog and
-//! [`crate::destination`] for the overview and pause/resume, [`crate::dead`] for retry and
+//! [`crate::breaker`] for the overview and pause/resume, [`crate::dead`] for retry and
 //! discard, [`crate::inspect`] for finding events. The page (`page/`: HTML, CSS and plain
 //! JavaScript) is compiled into the binary, so nothing is fetched from a network at run time.
 //!

@@ -11,7 +11,7 @@ pub async fn claim_and_settle(
     batch_size: usize,
     settle: pgoutbox::settle::SettleMode,
 ) -> anyhow::Result<(usize, Duration)> {
-    let options = pgoutbox::claim::ClaimOptions {
+    let options = pgoutbox::sources::poll::ClaimOptions {
         mode: pgoutbox::config::ClaimMode::Transaction,
         limit: batch_size,
         lease: Duration::from_secs(60),
@@ -21,10 +21,10 @@ pub async fn claim_and_settle(
         window: u64::MAX,
     };
     let started = std::time::Instant::now();
-    let batch = pgoutbox::claim::claim_due(store, &options, &[]).await?;
+    let batch = pgoutbox::sources::poll::claim_due(store, &options, &[]).await?;
     let claim_time = started.elapsed();
     if batch.events.is_empty() {
-        pgoutbox::claim::release(store, batch.hold, &[]).await?;
+        pgoutbox::sources::poll::release(store, batch.hold, &[]).await?;
         return Ok((0, claim_time));
     }
     let policy = pgoutbox::model::retry::RetryPolicy::default();

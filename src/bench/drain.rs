@@ -314,7 +314,7 @@ async fn drain(
             .write(true)
             .open("/dev/null")
             .await?;
-        let sink = Arc::new(pgoutbox::publish::StdoutSink::to_writer(devnull));
+        let sink = Arc::new(pgoutbox::sinks::StdoutSink::to_writer(devnull));
         Relay::with_destinations(
             scratch.pool.clone(),
             &config,

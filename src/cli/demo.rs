@@ -14,7 +14,7 @@ use pgoutbox::config::{DestinationConfig, SinkConfig};
 use pgoutbox::engine::{Destination, Relay};
 use pgoutbox::model::outcome::Outcome;
 use pgoutbox::model::retry::RetryPolicy;
-use pgoutbox::publish::{Sink, StdoutSink};
+use pgoutbox::sinks::{Sink, StdoutSink};
 use pgoutbox::{Event, Outbox, OutboxEvent, OutboxTable};
 use serde_json::json;
 use uuid::Uuid;

@@ -93,7 +93,7 @@ pub enum OnDead {
 
 /// A sink's type and its own settings (the destination table minus the common keys).
 ///
-/// The settings are checked at load time by the sink's registry entry ([`crate::publish::registry`]),
+/// The settings are checked at load time by the sink's registry entry ([`crate::sinks::registry`]),
 /// so a typo is reported before the relay starts.
 #[derive(Clone)]
 pub struct SinkConfig {
@@ -185,11 +185,11 @@ pub(crate) fn parse_destination(
         return Err(ConfigError::at(at("name"), "must not be empty"));
     }
 
-    let Some(kind) = crate::publish::registry()
+    let Some(kind) = crate::sinks::registry()
         .into_iter()
         .find(|k| k.name == common.kind)
     else {
-        let known: Vec<&str> = crate::publish::registry().iter().map(|k| k.name).collect();
+        let known: Vec<&str> = crate::sinks::registry().iter().map(|k| k.name).collect();
         return Err(ConfigError::at(
             at("type"),
             format!(

@@ -13,7 +13,7 @@ use super::Destination;
 use crate::error::{Error, Result};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
-use crate::publish::Budget;
+use crate::sinks::Budget;
 
 /// How often a batch looks whether only stragglers are left (see [`Relay::process_batch`]).
 pub(super) const STRAGGLER_CHECK: Duration = Duration::from_millis(50);

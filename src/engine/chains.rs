@@ -11,12 +11,12 @@ use tracing::warn;
 use super::batch::{BatchRun, Items, Route};
 use super::report::{panic_message, retry_reason};
 use super::Relay;
+use crate::breaker::{self, Counted};
 use crate::config::{OnDead, Ordering};
-use crate::destination::{self, Counted};
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
-use crate::publish::Recorder;
+use crate::sinks::Recorder;
 
 impl Relay {
     /// Publishes a batch, recording an outcome per event into `run` as each finishes.
@@ -185,7 +185,7 @@ impl Relay {
                 error = %reason,
                 "circuit breaker open: holding this destination's events, probing until it answers"
             );
-            if let Err(e) = destination::store_open(&self.store, health, &reason).await {
+            if let Err(e) = breaker::store_open(&self.store, health, &reason).await {
                 warn!(destination = health.name(), error = %crate::error_chain(&e), "cannot store the breaker state");
             }
         }

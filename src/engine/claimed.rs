@@ -11,12 +11,12 @@ use uuid::Uuid;
 use super::batch::{BatchRun, Items, Route, STRAGGLER_CHECK};
 use super::report::BatchReport;
 use super::Relay;
-use crate::claim::{claim_due, ClaimOptions, ClaimedBatch, Hold};
+use crate::breaker::Gate;
 use crate::config::Ordering;
-use crate::destination::Gate;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
+use crate::sources::poll::{claim_due, ClaimOptions, ClaimedBatch, Hold};
 use crate::store::deliveries;
 
 impl Relay {
@@ -124,7 +124,7 @@ impl Relay {
             self.adapt_claim(found, (options.heads, options.followers));
         }
         if events.is_empty() && poison.is_empty() {
-            crate::claim::release(&self.store, hold, &held_back).await?;
+            crate::sources::poll::release(&self.store, hold, &held_back).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
@@ -138,7 +138,7 @@ impl Relay {
         let items = match self.items(&events).await {
             Ok(items) => items,
             Err(e) => {
-                crate::claim::release(&self.store, hold, &held_back).await?;
+                crate::sources::poll::release(&self.store, hold, &held_back).await?;
                 return Err(e);
             }
         };

@@ -4,7 +4,7 @@
 //! per event and destination), publishes each destination's share concurrently within the batch's
 //! `publish_timeout`, and settles the whole batch in a few statements: what finished, delivered or
 //! failed; what was left unfinished, given back untouched; what a paused or failing destination
-//! cannot take now, held ([`crate::destination`]). An event with several destinations that did not
+//! cannot take now, held ([`crate::breaker`]). An event with several destinations that did not
 //! reach all of them is *split*: its row is settled and each undelivered pair goes on in the
 //! deliveries table, which a deliveries loop claims and settles the same way. Database
 //! errors (a PostgreSQL restart) are logged and retried with backoff; a bad event never stops the
@@ -32,16 +32,16 @@ use tokio_util::sync::CancellationToken;
 
 use self::pacing::{base_window, initial_heads, INITIAL_FOLLOWERS};
 pub use self::report::BatchReport;
-use crate::claim::ClaimOptions;
+use crate::breaker::Health;
 use crate::config::{Config, Ordering, RelayConfig};
-use crate::destination::Health;
 use crate::error::Result;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
 use crate::model::retry::RetryPolicy;
-use crate::publish::{self, Sink};
 use crate::route::Router;
 use crate::settle;
+use crate::sinks::{self, Sink};
+use crate::sources::poll::ClaimOptions;
 use crate::store::Store;
 use crate::table::OutboxTable;
 
@@ -104,7 +104,7 @@ impl Relay {
             .map(|d| {
                 Ok(Destination {
                     name: d.name.clone(),
-                    sink: publish::build(d)?,
+                    sink: sinks::build(d)?,
                     retry: d.retry.clone(),
                 })
             })

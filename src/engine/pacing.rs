@@ -22,7 +22,7 @@ pub(super) const WINDOW_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The heads window an ordered claim starts from (see [`ClaimOptions::window`]).
 pub(super) fn base_window(batch_size: usize) -> u64 {
-    (batch_size as u64).saturating_mul(crate::claim::WINDOW_PER_BATCH_ROW)
+    (batch_size as u64).saturating_mul(crate::sources::poll::WINDOW_PER_BATCH_ROW)
 }
 /// Longest pause between retries while the database is unreachable.
 pub(super) const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
@@ -107,7 +107,7 @@ impl Relay {
                     .window
                     .load(AtomicOrdering::Relaxed)
                     .saturating_mul(4)
-                    .min(crate::claim::WINDOW_UNBOUNDED_FROM);
+                    .min(crate::sources::poll::WINDOW_UNBOUNDED_FROM);
                 self.window.store(wider, AtomicOrdering::Relaxed);
                 *since = Instant::now();
             }
@@ -128,7 +128,7 @@ impl Relay {
         } else {
             followers_found.div_ceil(heads_found)
         }
-        .min(crate::claim::FOLLOWERS_PER_KEY);
+        .min(crate::sources::poll::FOLLOWERS_PER_KEY);
         // At least a few heads, so that keys that show up later are found.
         let heads = (batch / (1 + followers)).clamp(8.min(batch), batch);
         // With keys to spare, followers beyond what the batch carries would be locked and then

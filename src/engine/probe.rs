@@ -7,24 +7,24 @@ use tracing::{info, warn};
 use super::batch::Route;
 use super::report::record_outcomes;
 use super::Relay;
-use crate::claim::Hold;
-use crate::destination::{self, BreakerState};
+use crate::breaker::{self, BreakerState};
 use crate::error::Result;
 use crate::model::outcome::Outcome;
 use crate::settle;
+use crate::sources::poll::Hold;
 use crate::store::{destinations, waiting};
 
 impl Relay {
-    /// Every [`destination::SYNC_INTERVAL`]: re-reads the shared destination state (pauses,
+    /// Every [`breaker::SYNC_INTERVAL`]: re-reads the shared destination state (pauses,
     /// breakers opened or closed by other relays), then probes each open destination whose probe is
     /// due, if this relay wins it.
     pub(super) async fn destinations_loop(&self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(destination::SYNC_INTERVAL) => {}
+                _ = tokio::time::sleep(breaker::SYNC_INTERVAL) => {}
             }
-            if let Err(e) = destination::sync(&self.store, &self.health).await {
+            if let Err(e) = breaker::sync(&self.store, &self.health).await {
                 warn!(error = %crate::error_chain(&e), "cannot read the destinations' state; will try again");
                 continue;
             }
@@ -106,11 +106,13 @@ impl Relay {
     pub(super) async fn probe_delivery(&self, d: usize, failed_probes: i32) -> Result<()> {
         let dest = &self.destinations[d];
         let claimed =
-            crate::claim::claim_delivery_probe(&self.store, &dest.name, self.claim.lease).await?;
+            crate::sources::poll::claim_delivery_probe(&self.store, &dest.name, self.claim.lease)
+                .await?;
         // Its held pairs may all be in held batches: one becomes held rows to take the probe from.
         let claimed = if claimed.deliveries.is_empty() && claimed.poison.is_empty() {
             waiting::unbundle(&self.store, Some((&dest.name, 1)), None).await?;
-            crate::claim::claim_delivery_probe(&self.store, &dest.name, self.claim.lease).await?
+            crate::sources::poll::claim_delivery_probe(&self.store, &dest.name, self.claim.lease)
+                .await?
         } else {
             claimed
         };
@@ -165,7 +167,7 @@ impl Relay {
     pub(super) async fn probe_answered(&self, d: usize) -> Result<()> {
         let name = &self.destinations[d].name;
         self.health[d].close();
-        let released = destination::store_closed(&self.store, name).await?;
+        let released = breaker::store_closed(&self.store, name).await?;
         info!(destination = %name, released, "probe answered: circuit breaker closed, held events are due again");
         Ok(())
     }

@@ -10,7 +10,7 @@ use super::batch::Route;
 use super::pacing::{db_reachable, Pacing};
 use super::report::{record_outcomes, retry_reason, warn_failed, BatchReport};
 use super::Relay;
-use crate::destination::Counted;
+use crate::breaker::Counted;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
@@ -26,7 +26,7 @@ impl Relay {
     /// events). Each pair is its destination's alone: it is published, retried, held and
     /// dead-lettered like an event with that one destination.
     pub async fn run_deliveries_batch(&self) -> Result<BatchReport> {
-        let claimed = crate::claim::claim_deliveries(
+        let claimed = crate::sources::poll::claim_deliveries(
             &self.store,
             self.settings.batch_size,
             self.claim.lease,

@@ -13,8 +13,8 @@ use super::batch::{joined_batch, BatchResult};
 use super::pacing::{db_reachable, Pacing};
 use super::report::{panic_message, BatchReport};
 use super::Relay;
+use crate::breaker;
 use crate::config::Source;
-use crate::destination::{self};
 use crate::error::{Error, Result};
 use crate::model::metric;
 use crate::settle;
@@ -99,8 +99,8 @@ impl Relay {
     /// operator's pause, an open breaker), and releases rows whose wait is over.
     pub(super) async fn prepare(&self) {
         let steps = async {
-            destination::register(&self.store, &self.config.destinations).await?;
-            destination::sync(&self.store, &self.health).await?;
+            breaker::register(&self.store, &self.config.destinations).await?;
+            breaker::sync(&self.store, &self.health).await?;
             waiting::unpark_followers(&self.store).await
         };
         if let Err(e) = steps.await {
@@ -264,8 +264,8 @@ impl Relay {
     /// Events that fail are scheduled per their policy; one that comes due again within the run
     /// (a zero retry delay) is not retried in a loop: the run ends when a batch holds only such.
     pub async fn run_once(&self) -> Result<BatchReport> {
-        destination::register(&self.store, &self.config.destinations).await?;
-        destination::sync(&self.store, &self.health).await?;
+        breaker::register(&self.store, &self.config.destinations).await?;
+        breaker::sync(&self.store, &self.health).await?;
         waiting::unpark_followers(&self.store).await?;
         self.ensure_history().await;
         let mut total = BatchReport::default();
@@ -281,8 +281,10 @@ impl Relay {
             if report.claimed == 0 && self.claim.ordered && !unbounded_tried {
                 // Ordered: an empty claim only saw the window; make sure nothing further on is due.
                 unbounded_tried = true;
-                self.window
-                    .store(crate::claim::WINDOW_UNBOUNDED_FROM, AtomicOrdering::Relaxed);
+                self.window.store(
+                    crate::sources::poll::WINDOW_UNBOUNDED_FROM,
+                    AtomicOrdering::Relaxed,
+                );
                 continue;
             }
             if report.claimed == 0 || only_repeats {

@@ -10,14 +10,14 @@ use super::batch::{Items, Route};
 use super::report::{record_outcomes, retry_reason, warn_failed, BatchReport, PairCounts};
 use super::wal::WalSettle;
 use super::Relay;
-use crate::claim::Hold;
+use crate::breaker::Counted;
 use crate::config::Ordering;
-use crate::destination::Counted;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
 use crate::settle;
+use crate::sources::poll::Hold;
 use crate::store::outbox;
 
 impl Relay {

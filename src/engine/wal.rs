@@ -10,12 +10,12 @@ use uuid::Uuid;
 use super::batch::{BatchRun, Items, Route, STRAGGLER_CHECK};
 use super::report::BatchReport;
 use super::Relay;
-use crate::claim::Hold;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
 use crate::settle;
+use crate::sources::poll::Hold;
 use crate::store::{deliveries, outbox};
 
 impl Relay {

@@ -1,8 +1,8 @@
-//! Publish: the [`Sink`] trait and the registry of sinks, one file each.
+//! Sinks: the [`Sink`] trait and the registry of sinks, one file each.
 //!
 //! A sink takes a batch and returns one [`Outcome`] per event, in order. Sinks only classify
 //! failures (retriable or not, with the receiver's `Retry-After`); when to retry is the retry
-//! policy's business ([`crate::retry`]). Adding a sink is one file plus one line in [`build`].
+//! policy's business ([`crate::model::retry`]). Adding a sink is one file plus one line in [`build`].
 
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -1,4 +1,4 @@
-//! Claim: taking due rows so that no other relay publishes them at the same time.
+//! The poll source: claiming due rows so that no other relay publishes them at the same time.
 //!
 //! Two ways to hold a claim ([`ClaimMode`]):
 //! - `transaction`: the claiming transaction keeps the row locks (`FOR UPDATE SKIP LOCKED`) while

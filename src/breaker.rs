@@ -1,4 +1,4 @@
-//! Destination health: whether a destination's events go out now. Two things can hold them: the
+//! The breaker: whether a destination's events go out now. Two things can hold them: the
 //! operator's pause (`pgoutbox destination pause`) and the destination's circuit breaker.
 //!
 //! The breaker counts failed attempts in a row in each relay; at `breaker.failures` it opens.
