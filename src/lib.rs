@@ -4,8 +4,8 @@
 //! data ([`enqueue`]). The relay ([`engine`]) then moves them out, following the data flow that the
 //! modules are named after:
 //!
-//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and the [`breaker`]: pause, circuit
-//! breaker) → [`sinks`] → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
+//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and each destination's [`gate`]: pause,
+//! circuit breaker, concurrency) → [`sinks`] → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
 //! partitioned [`history`]), with every statement in the [`store`].
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
@@ -32,11 +32,11 @@
 //! ```
 
 pub mod admin;
-pub mod breaker;
 pub mod cleanup;
 pub mod config;
 pub mod dead;
 pub mod engine;
+pub mod gate;
 pub mod history;
 pub mod inspect;
 pub mod model;

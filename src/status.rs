@@ -99,7 +99,7 @@ pub struct Status {
     /// Per destination and topic.
     pub rows: Vec<StatusRow>,
     /// Each destination's shared state: paused, circuit breaker.
-    pub destinations: Vec<crate::breaker::DestinationState>,
+    pub destinations: Vec<crate::store::destinations::DestinationState>,
 }
 
 /// Reads the status; with a router, rows not yet tried (and fanned-out rows) are counted for each

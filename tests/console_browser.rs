@@ -132,7 +132,7 @@ async fn retry_a_dead_event_from_the_page() {
     })
     .await;
     assert!(dead, "four events dead-lettered");
-    pgoutbox::breaker::pause(
+    pgoutbox::store::destinations::pause(
         &pgoutbox::store::Store::new(db.pool.clone(), config.table.clone()),
         "audit",
     )

@@ -456,7 +456,7 @@ async fn a_paused_destination_gets_its_events_on_resume() {
             webhook("paused", &paused.url, ""),
         ],
     );
-    pgoutbox::breaker::pause(
+    pgoutbox::store::destinations::pause(
         &pgoutbox::store::Store::new(db.pool.clone(), table.clone()),
         "paused",
     )
@@ -488,7 +488,7 @@ async fn a_paused_destination_gets_its_events_on_resume() {
         rows < 500,
         "held in batches, not a row per event ({rows} rows)"
     );
-    pgoutbox::breaker::resume(
+    pgoutbox::store::destinations::resume(
         &pgoutbox::store::Store::new(db.pool.clone(), table.clone()),
         "paused",
     )
@@ -519,7 +519,7 @@ async fn held_pairs_reach_max_age() {
     let live = Receiver::start().await;
     let paused = Receiver::start().await;
     let table = OutboxTable::default_table();
-    pgoutbox::breaker::pause(
+    pgoutbox::store::destinations::pause(
         &pgoutbox::store::Store::new(db.pool.clone(), table.clone()),
         "paused",
     )

@@ -346,12 +346,18 @@ async fn a_stalled_lease_holder_cannot_settle_after_another_relay_took_over() {
         .collect();
     let dir = scratch();
     let lease_cfg = |tag: &str| {
-        webhook_config(&db, &rx.url, "timeout = \"20s\"")
-            .replace(
-                "[relay]\n",
-                "[relay]\nclaim = \"lease\"\npublish_timeout = \"25s\"\nlease = \"26s\"\n",
-            )
-            .replace("name = \"hooks\"", &format!("name = \"hooks-{tag}\""))
+        // No breaker: every request of the batch must be out at once (a relay that has seen no
+        // answer yet otherwise sends no more at a time than the failures that open its breaker).
+        webhook_config(
+            &db,
+            &rx.url,
+            "timeout = \"20s\"\nbreaker = { failures = 0 }",
+        )
+        .replace(
+            "[relay]\n",
+            "[relay]\nclaim = \"lease\"\npublish_timeout = \"25s\"\nlease = \"26s\"\n",
+        )
+        .replace("name = \"hooks\"", &format!("name = \"hooks-{tag}\""))
     };
     let config_a = write_config(dir.path(), &lease_cfg("a"));
     let mut a = spawn_relay(dir.path(), &config_a, "a");
@@ -419,7 +425,14 @@ async fn relay_sessions_while_requests_are_held(claim: &str) -> WhileHeld {
     let rx = Receiver::with(move |_| Reply::ok().held_at(&g)).await;
     db.insert_plain(20, "order.created").await;
     let dir = scratch();
-    let text = webhook_config(&db, &rx.url, "concurrency = 20\ntimeout = \"60s\"").replace(
+    // No breaker: all 20 requests must be out at once (a relay that has seen no answer yet
+    // otherwise sends no more at a time than the failures that open its breaker).
+    let text = webhook_config(
+        &db,
+        &rx.url,
+        "concurrency = 20\ntimeout = \"60s\"\nbreaker = { failures = 0 }",
+    )
+    .replace(
         "[relay]\n",
         &format!(
             "[relay]\nclaim = \"{claim}\"\nbatch_size = 20\nworkers = 1\npublish_timeout = \"90s\"\n"

@@ -358,10 +358,14 @@ async fn set_paused(
     known(c, &name)?;
     let store = c.relay.store();
     let released = if pause {
-        crate::breaker::pause(store, &name).await?;
+        crate::store::destinations::pause(store, &name).await?;
         None
     } else {
-        Some(crate::breaker::resume(store, &name).await?.unwrap_or(0))
+        Some(
+            crate::store::destinations::resume(store, &name)
+                .await?
+                .unwrap_or(0),
+        )
     };
     tracing::info!(destination = %name, pause, ?released, "console: destination paused or resumed");
     Ok(Json(Paused {

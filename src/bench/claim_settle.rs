@@ -24,12 +24,12 @@ pub async fn claim_and_settle(
     let batch = pgoutbox::sources::poll::claim_due(store, &options, &[]).await?;
     let claim_time = started.elapsed();
     if batch.events.is_empty() {
-        pgoutbox::sources::poll::release(store, batch.hold, &[]).await?;
+        pgoutbox::sources::poll::release(store, batch.guard, &[]).await?;
         return Ok((0, claim_time));
     }
     let policy = pgoutbox::model::retry::RetryPolicy::default();
     let delivered = pgoutbox::model::outcome::Outcome::Delivered;
-    let plan = pgoutbox::settle::plan(
+    let plan = pgoutbox::settle::plan::plan(
         batch
             .events
             .iter()
@@ -37,6 +37,6 @@ pub async fn claim_and_settle(
         chrono::Utc::now(),
         &mut rand::thread_rng(),
     );
-    pgoutbox::settle::apply(store, batch.hold, &plan, settle, &[], None).await?;
+    pgoutbox::settle::apply(store, batch.guard, &plan, settle, &[], None).await?;
     Ok((batch.events.len(), claim_time))
 }

@@ -47,12 +47,12 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Pause(NameArg { name }) => {
             check(name)?;
-            pgoutbox::breaker::pause(&store, name).await?;
+            pgoutbox::store::destinations::pause(&store, name).await?;
             eprintln!("destination {name} paused: every relay holds its events from now on (within about a second); `pgoutbox destination resume {name}` lets them flow again");
         }
         Command::Resume(NameArg { name }) => {
             check(name)?;
-            match pgoutbox::breaker::resume(&store, name).await? {
+            match pgoutbox::store::destinations::resume(&store, name).await? {
                 Some(released) => {
                     eprintln!("destination {name} resumed: {released} held events are due again")
                 }

@@ -1,92 +1,87 @@
-//! Publishing a batch's items: each destination's share together, ordered keys as chains.
+//! Publishing a batch's items, lane by lane: each lane's unordered items in one call to its sink,
+//! each ordered key's items as a chain, one after the other. Every call goes through the lane's
+//! gate ([`crate::sinks::Share`]), so `concurrency` holds for the whole process.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering as AtomicOrdering;
 use std::time::Instant;
 
 use futures::future::join_all;
 use futures::FutureExt;
 use tracing::warn;
 
-use super::batch::{BatchRun, Items, Route};
-use super::report::{panic_message, retry_reason};
+use super::batch::Run;
+use super::report::panic_message;
 use super::Relay;
-use crate::breaker::{self, Counted};
-use crate::config::{OnDead, Ordering};
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
-use crate::sinks::Recorder;
+use crate::sinks::Share;
 
 impl Relay {
-    /// Publishes a batch, recording an outcome per event into `run` as each finishes.
+    /// Publishes a batch, each item's outcome going into `run` as it comes.
     ///
-    /// Events of an ordered destination that share a key form a chain, published one event after
-    /// the other; a chain stops at its first failure, so a later event of a key is never published
-    /// before an earlier one succeeded, and at the batch's deadline, leaving the rest of its key to
-    /// the next claim, in order. Chains run side by side, each at its own pace: a slow request
-    /// holds back only its own key. Every other event is a chain of one; those all go out together
-    /// in one publish per destination.
-    pub(super) async fn publish_chains(&self, run: &BatchRun<'_>) {
-        let mut singles: Vec<usize> = Vec::new();
-        let mut chains: Vec<Vec<usize>> = Vec::new();
-        let sendable = (0..run.routes.len()).filter(|&i| matches!(run.routes[i], Route::Send(_)));
-        if !self.claim.ordered {
-            // No ordered destination: no chains to build.
-            singles = sendable.collect();
-        } else {
-            let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
-            for i in sendable {
-                let ordered_key = match (run.routes[i], run.event(i).key.as_deref()) {
-                    (Route::Send(d), Some(key))
-                        if self.config.destinations[d].ordering == Ordering::Key =>
-                    {
-                        (d, key)
-                    }
-                    _ => {
-                        singles.push(i);
-                        continue;
-                    }
-                };
-                let c = *chain_of_key.entry(ordered_key).or_insert_with(|| {
-                    chains.push(Vec::new());
-                    chains.len() - 1
-                });
-                chains[c].push(i);
+    /// Items of an ordered lane that share a key form a chain, published one after the other; a
+    /// chain stops at its first failure, so a later event of a key is never published before an
+    /// earlier one succeeded, and when its lane's budget is over (the rest of the key goes on
+    /// later, in order). Chains run side by side, each at its own pace: a slow request holds back
+    /// only its own key. Every other item of a lane goes out in one publish; the lanes run side
+    /// by side.
+    pub(super) async fn publish(&self, run: &Run<'_>) {
+        let mut singles: Vec<Vec<usize>> = vec![Vec::new(); self.lanes.len()];
+        let mut chains: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();
+        for i in run.items.sendable() {
+            let Some(d) = run.items.list[i].lane else {
+                continue;
+            };
+            let event = run.event(i);
+            if !self.lanes[d].keeps_order_of(event) {
+                singles[d].push(i);
+                continue;
             }
-            // A key with one event here needs no sequencing: it joins the singles.
-            chains.retain(|chain| match chain.as_slice() {
-                [only] => {
-                    singles.push(*only);
-                    false
-                }
-                _ => true,
+            let key = (d, event.key.as_deref().unwrap_or_default());
+            let c = *chain_of_key.entry(key).or_insert_with(|| {
+                chains.push((d, Vec::new()));
+                chains.len() - 1
             });
+            chains[c].1.push(i);
         }
+        // A key with one event here needs no sequencing: it joins its lane's singles.
+        chains.retain(|(d, chain)| match chain.as_slice() {
+            [only] => {
+                singles[*d].push(*only);
+                false
+            }
+            _ => true,
+        });
+        let lanes = singles
+            .iter()
+            .enumerate()
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(d, items)| self.publish_share(run, d, items));
         futures::future::join(
-            self.publish_together(run, &singles),
-            join_all(chains.iter().map(|chain| self.publish_chain(run, chain))),
+            join_all(lanes),
+            join_all(
+                chains
+                    .iter()
+                    .map(|(d, chain)| self.publish_chain(run, *d, chain)),
+            ),
         )
         .await;
     }
 
     /// Publishes one key's chain in order, stopping at the first event that neither was delivered
     /// nor may be skipped (`on_dead = "skip"` lets a rejected event's successors go on), or when
-    /// the batch's time is up.
-    pub(super) async fn publish_chain(&self, run: &BatchRun<'_>, chain: &[usize]) {
+    /// the lane's budget is over.
+    async fn publish_chain(&self, run: &Run<'_>, d: usize, chain: &[usize]) {
         for &i in chain {
-            let Route::Send(d) = run.routes[i] else {
-                break;
-            };
             if run.budgets[d].is_over() {
                 break;
             }
-            self.publish_together(run, &[i]).await;
-            let go_on = match run.slots[i].get() {
+            self.publish_share(run, d, &[i]).await;
+            let go_on = match run.slots[i].outcome() {
                 Some(Outcome::Delivered) => true,
-                Some(Outcome::Rejected { .. }) => {
-                    self.config.destinations[d].on_dead == OnDead::Skip
-                }
+                Some(Outcome::Rejected { .. }) => self.lanes[d].skips_dead(),
                 Some(Outcome::Retry { .. }) | None => false,
             };
             if !go_on {
@@ -95,98 +90,29 @@ impl Relay {
         }
     }
 
-    /// Publishes the events at `indexes`: each destination's share concurrently, within the
-    /// destination's budget. A sink that panics fails the events it left without an outcome.
-    pub(super) async fn publish_together(&self, run: &BatchRun<'_>, indexes: &[usize]) {
-        let publishes = self
-            .destinations
-            .iter()
-            .enumerate()
-            .filter_map(|(d, dest)| {
-                let members: Vec<usize> = indexes
-                    .iter()
-                    .copied()
-                    .filter(|&i| run.routes[i] == Route::Send(d))
-                    .collect();
-                if members.is_empty() {
-                    return None;
+    /// Publishes the items `indexes` of lane `d` in one call to its sink. A sink that panics
+    /// fails the items it left without an outcome.
+    pub(super) async fn publish_share(&self, run: &Run<'_>, d: usize, indexes: &[usize]) {
+        let lane = &self.lanes[d];
+        let events: Vec<&OutboxEvent> = indexes.iter().map(|&i| run.event(i)).collect();
+        let share = Share::new(&lane.gate, &run.budgets[d], &run.slots, indexes);
+        let started = Instant::now();
+        let wall = std::time::SystemTime::now();
+        let publish = lane.sink.publish_until(&events, &share);
+        if let Err(panic) = std::panic::AssertUnwindSafe(publish).catch_unwind().await {
+            let reason = format!("the sink panicked: {}", panic_message(&*panic));
+            warn!(destination = %lane.name, error = %reason, "sink panicked; its unfinished events will be retried");
+            for (i, &item) in indexes.iter().enumerate() {
+                if run.slots[item].started() {
+                    share.record(i, Outcome::retry(reason.clone()));
                 }
-                Some(async move {
-                    for &i in &members {
-                        run.handed[i].store(true, AtomicOrdering::Relaxed);
-                    }
-                    let batch: Vec<&OutboxEvent> = members.iter().map(|&i| run.event(i)).collect();
-                    let recorder = Recorder::new(&run.slots, &members);
-                    let started = Instant::now();
-                    let wall = std::time::SystemTime::now();
-                    let publish = dest
-                        .sink
-                        .publish_until(&batch, &run.budgets[d], &recorder);
-                    if let Err(panic) = std::panic::AssertUnwindSafe(publish).catch_unwind().await {
-                        let reason = format!("the sink panicked: {}", panic_message(&*panic));
-                        warn!(destination = %dest.name, error = %reason, "sink panicked; its unfinished events will be retried");
-                        for i in 0..members.len() {
-                            recorder.record(i, Outcome::retry(reason.clone()));
-                        }
-                    }
-                    metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => dest.name.clone())
-                        .record(started.elapsed().as_secs_f64());
-                    if crate::otlp::enabled() {
-                        for &i in &members {
-                            crate::otlp::publish_span(run.event(i), &dest.name, run.slots[i].get(), wall);
-                        }
-                    }
-                })
-            });
-        join_all(publishes).await;
-    }
-
-    /// Publishes events that have one item each (`routes`) within one `publish_timeout`; returns
-    /// their outcomes and whether shutdown cut the publish short.
-    pub(super) async fn publish_each(
-        &self,
-        events: &[OutboxEvent],
-        routes: Vec<Route>,
-    ) -> (Vec<Option<Outcome>>, bool) {
-        let items = Items::single(routes);
-        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
-        let run = BatchRun::new(events, &items, &self.destinations, deadline);
-        let aborted = tokio::select! {
-            _ = tokio::time::timeout_at(deadline, self.publish_chains(&run)) => false,
-            _ = self.abort.cancelled() => true,
-        };
-        (run.finish(aborted, self.settings.publish_timeout), aborted)
-    }
-
-    /// Records an outcome of destination `d` on its breaker; a failure that opens it joins
-    /// `tripped` (stored once the batch is settled).
-    pub(super) fn count(
-        &self,
-        d: usize,
-        outcome: &Outcome,
-        tripped: &mut Vec<(usize, String)>,
-    ) -> Counted {
-        let counted = self.health[d].record(outcome);
-        if counted == Counted::Tripped {
-            if let Some(reason) = retry_reason(outcome) {
-                tripped.push((d, reason));
             }
         }
-        counted
-    }
-
-    /// Stores the breakers a batch opened, so every relay holds those destinations' events.
-    pub(super) async fn open_breakers(&self, tripped: Vec<(usize, String)>) {
-        for (d, reason) in tripped {
-            let health = &self.health[d];
-            warn!(
-                destination = health.name(),
-                failures = health.config().failures,
-                error = %reason,
-                "circuit breaker open: holding this destination's events, probing until it answers"
-            );
-            if let Err(e) = breaker::store_open(&self.store, health, &reason).await {
-                warn!(destination = health.name(), error = %crate::error_chain(&e), "cannot store the breaker state");
+        metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => lane.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        if crate::otlp::enabled() {
+            for &i in indexes {
+                crate::otlp::publish_span(run.event(i), &lane.name, run.slots[i].outcome(), wall);
             }
         }
     }

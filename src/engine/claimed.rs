@@ -1,23 +1,31 @@
-//! A claimed batch: claimed, routed into items, published, settled.
+//! A claimed batch: claimed from the table, routed into the lanes, published, settled.
+//!
+//! Everything the claim holds is bounded by `publish_timeout` from the claim. When every lane
+//! finishes (or the budget runs out) the batch settles in a few statements. When a lane falls
+//! behind the others, it is handed over: the batch settles at once — the lane's answered items
+//! as usual, its unsent ones as pairs due now, its requests still out as pairs leased to this
+//! batch — and the claim loop goes on; the batch then waits for those requests alone and settles
+//! their pairs when the answers come.
 
-use std::collections::HashSet;
-use std::sync::atomic::Ordering as AtomicOrdering;
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use tracing::debug;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::batch::{BatchRun, Items, Route, STRAGGLER_CHECK};
+use super::batch::{Run, Watch};
+use super::drive::Stop;
 use super::report::BatchReport;
+use super::settle_batch::{Origin, Results};
 use super::Relay;
-use crate::breaker::Gate;
-use crate::config::Ordering;
 use crate::error::Result;
-use crate::model::event::OutboxEvent;
 use crate::model::metric;
-use crate::sources::poll::{claim_due, ClaimOptions, ClaimedBatch, Hold};
-use crate::store::deliveries;
+use crate::settle::plan::InFlightLease;
+use crate::sources::poll::{claim_due, release, ClaimedBatch, Guard};
+
+/// How long past the batch's deadline a pair handed over with its request out stays leased to the
+/// batch: the request ends by the deadline, and its settle needs a moment.
+const IN_FLIGHT_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Relay {
     /// Claims, publishes and settles one batch.
@@ -25,106 +33,34 @@ impl Relay {
         Ok(self.process_batch(None).await?.0)
     }
 
-    /// Where an item for destination `d` goes now: sent, or held while `d` is paused or open.
-    pub(super) fn gate(&self, d: usize) -> Route {
-        match self.health[d].gate() {
-            Gate::Send => Route::Send(d),
-            Gate::Hold => Route::Hold(d),
-        }
-    }
-
-    /// The batch's items: one per event and destination that takes it (one `Unroutable` item for
-    /// an event none takes). With ordered destinations, an item whose key still has an undelivered
-    /// pair for its destination waits behind it (DeliveriesKeysWaiting).
-    pub(super) async fn items(&self, events: &[OutboxEvent]) -> Result<Items> {
-        let mut items = Items::default();
-        for (e, targets) in self.router.route_all(events).into_iter().enumerate() {
-            let start = items.routes.len();
-            if targets.is_empty() {
-                items.owner.push(e);
-                items.routes.push(Route::Unroutable);
-            }
-            for d in targets {
-                items.owner.push(e);
-                items.routes.push(self.gate(d));
-            }
-            items.spans.push(start..items.routes.len());
-        }
-        if !self.ordered.is_empty() {
-            let keyed: Vec<(usize, usize, &str)> = (0..items.routes.len())
-                .filter_map(
-                    |i| match (items.routes[i], events[items.owner[i]].key.as_deref()) {
-                        (Route::Send(d), Some(key))
-                            if self.config.destinations[d].ordering == Ordering::Key =>
-                        {
-                            Some((i, d, key))
-                        }
-                        _ => None,
-                    },
-                )
-                .collect();
-            if !keyed.is_empty() {
-                let names: Vec<&str> = keyed
-                    .iter()
-                    .map(|(_, d, _)| self.destinations[*d].name.as_str())
-                    .collect();
-                let keys: Vec<&str> = keyed.iter().map(|(_, _, k)| *k).collect();
-                let waiting =
-                    deliveries::keys_waiting(&self.store, (&names, &keys), &self.blocking).await?;
-                if !waiting.is_empty() {
-                    let waiting: HashSet<(&str, &str)> = waiting
-                        .iter()
-                        .map(|(d, k)| (d.as_str(), k.as_str()))
-                        .collect();
-                    for (i, d, key) in keyed {
-                        if waiting.contains(&(self.destinations[d].name.as_str(), key)) {
-                            items.routes[i] = Route::Defer(d);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(items)
-    }
-
-    /// One batch; also returns the ids scheduled for another attempt.
-    ///
-    /// Everything the claim holds is bounded by `publish_timeout` from the claim: each
-    /// destination's share publishes within that budget, recording each event's outcome as it
-    /// comes; at the deadline the relay stops waiting, settles what finished and gives the rest
-    /// back untouched (no attempt counted), so an event a destination accepted is never marked
-    /// failed and sent again because a slower one in its batch ran out of time.
-    ///
-    /// With `detach`, a batch whose events have all finished but a few stragglers settles what
-    /// finished at once, moves the stragglers under a lease, and signals `detach`, so that the
-    /// worker claims its next batch while this one waits for them: a stalled request holds back
-    /// only its own event (and, ordered, its own key).
+    /// One claimed batch; also returns the ids it scheduled for another attempt. `detach` is
+    /// signalled when the claim loop may go on while this batch waits for a lane behind.
     pub(super) async fn process_batch(
         &self,
-        detach: Option<tokio::sync::oneshot::Sender<()>>,
+        detach: Option<oneshot::Sender<()>>,
     ) -> Result<(BatchReport, Vec<Uuid>)> {
         let claim_started = Instant::now();
         let claim_wall = std::time::SystemTime::now();
-        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
-        let options = ClaimOptions {
-            heads: self.heads.load(AtomicOrdering::Relaxed),
-            followers: self.followers.load(AtomicOrdering::Relaxed),
-            window: self.window.load(AtomicOrdering::Relaxed),
-            ..self.claim
-        };
+        let settings = &self.config.relay;
+        let deadline = tokio::time::Instant::now() + settings.publish_timeout;
+        let options = self.sizing.options(&self.claim);
         let ClaimedBatch {
             events,
             poison,
-            held_back,
-            hold,
+            behind,
+            guard,
             found,
         } = claim_due(&self.store, &options, &self.blocking).await?;
         metrics::histogram!(metric::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
         if self.claim.ordered {
-            self.adapt_claim(found, (options.heads, options.followers));
+            self.sizing.adapt(
+                found,
+                (options.heads, options.followers),
+                settings.batch_size,
+            );
         }
         if events.is_empty() && poison.is_empty() {
-            crate::sources::poll::release(&self.store, hold, &held_back).await?;
+            release(&self.store, guard, &behind).await?;
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
@@ -132,114 +68,105 @@ impl Relay {
             vec![
                 KeyValue::new("pgoutbox.events", events.len() as i64),
                 KeyValue::new("pgoutbox.poison", poison.len() as i64),
-                KeyValue::new("pgoutbox.table", self.table.to_string()),
+                KeyValue::new("pgoutbox.table", self.store.table().to_string()),
             ]
         });
         let items = match self.items(&events).await {
             Ok(items) => items,
             Err(e) => {
-                crate::sources::poll::release(&self.store, hold, &held_back).await?;
+                // Everything claimed goes back, not only the rows behind (a lease would otherwise
+                // keep the claimed ones until it expires).
+                let claimed: Vec<Uuid> = events
+                    .iter()
+                    .map(|e| e.id)
+                    .chain(poison.iter().map(|(id, _)| *id))
+                    .chain(behind.iter().copied())
+                    .collect();
+                release(&self.store, guard, &claimed).await?;
                 return Err(e);
             }
         };
-
-        let run = BatchRun::new(&events, &items, &self.destinations, deadline);
+        let run = Run::new(&events, &items, self.lanes.len(), deadline);
+        let mut watch = Watch::new(&run, self.lanes.len());
+        let mut publish = Box::pin(tokio::time::timeout_at(deadline, self.publish(&run)));
         let mut detach = detach;
-        let mut last_progress = (run.finished(), tokio::time::Instant::now());
-        let mut early: Option<(BatchReport, Vec<Uuid>, Uuid, HashSet<usize>)> = None;
-        let mut hold = Some(hold);
-        let aborted = {
-            let publish = tokio::time::timeout_at(deadline, self.publish_chains(&run));
-            tokio::pin!(publish);
-            loop {
-                tokio::select! {
-                    _ = &mut publish => break false,
-                    _ = self.abort.cancelled() => break true,
-                    _ = tokio::time::sleep(STRAGGLER_CHECK), if detach.is_some() => {
-                        let most = (events.len() / 20).max(1);
-                        let Some(stragglers) = run.only_stragglers(&mut last_progress, most) else {
-                            continue;
-                        };
-                        // Settle what finished now; the stragglers go on under a lease.
-                        let Some(claim_hold) = hold.take() else {
-                            continue;
-                        };
-                        let token = match &claim_hold {
-                            Hold::Lease(token) => *token,
-                            // A claimed batch is never unheld; a new token as for a transaction.
-                            Hold::Transaction(_) | Hold::Nothing => Uuid::new_v4(),
-                        };
-                        // Settled per event: an event waits for all its items.
-                        let straggling: HashSet<usize> =
-                            stragglers.iter().map(|&i| items.owner[i]).collect();
-                        let snapshot = run.snapshot();
-                        let lease = (
-                            straggling.iter().map(|&e| events[e].id).collect::<Vec<_>>(),
-                            token,
-                            deadline.saturating_duration_since(tokio::time::Instant::now())
-                                + self.settings.publish_timeout,
-                        );
-                        let (report, retried) = self
-                            .settle_part(
-                                &events,
-                                &items,
-                                &snapshot,
-                                &|i| !straggling.contains(&i),
-                                (&poison, &held_back),
-                                claim_hold,
-                                Some(lease),
-                                false,
-                                None,
-                            )
-                            .await?;
-                        debug!(stragglers = stragglers.len(), "batch settled but for its stragglers; the worker goes on");
-                        early = Some((report, retried, token, straggling));
-                        if let Some(signal) = detach.take() {
-                            let _ = signal.send(());
-                        }
-                        break tokio::select! {
-                            _ = &mut publish => false,
-                            _ = self.abort.cancelled() => true,
-                        };
-                    }
-                }
+        let stop = self
+            .drive(&run, publish.as_mut(), &mut watch, &mut detach)
+            .await;
+        let extra = (poison.as_slice(), behind.as_slice());
+        let lanes = match stop {
+            Stop::Done | Stop::Aborted => {
+                let aborted = stop == Stop::Aborted;
+                drop(publish);
+                let (answers, started) = run.finish(aborted, &self.lanes, settings.publish_timeout);
+                let handed = vec![false; self.lanes.len()];
+                let results = Results {
+                    events: &events,
+                    items: &items,
+                    answers: &answers,
+                    started: &started,
+                    handed: &handed,
+                };
+                let planned = self.plan_batch(
+                    &results,
+                    Origin::Claimed,
+                    (Uuid::nil(), InFlightLease(deadline_left(deadline))),
+                )?;
+                return self
+                    .settle_planned(&events, planned, guard, extra, aborted)
+                    .await;
             }
+            Stop::HandOff(lanes) => lanes,
         };
-        let outcomes = run.finish(aborted, self.settings.publish_timeout);
-        match (early, hold) {
-            (None, Some(hold)) => {
-                self.settle_part(
-                    &events,
-                    &items,
-                    &outcomes,
-                    &|_| true,
-                    (&poison, &held_back),
-                    hold,
-                    None,
-                    aborted,
-                    None,
-                )
-                .await
-            }
-            (None, None) => Ok((BatchReport::default(), Vec::new())),
-            (Some((mut report, mut retried, token, straggling)), _) => {
-                let (late, late_retried) = self
-                    .settle_part(
-                        &events,
-                        &items,
-                        &outcomes,
-                        &|i| straggling.contains(&i),
-                        (&[], &[]),
-                        Hold::Lease(token),
-                        None,
-                        aborted,
-                        None,
-                    )
-                    .await?;
-                report += late;
-                retried.extend(late_retried);
-                Ok((report, retried))
-            }
+        // Hand the lagging lanes over: settle everything else now.
+        run.stop(&lanes, &self.lanes);
+        let handed = run.stopped();
+        // Rows handed over with their request out are settled later under a lease: the claim's
+        // own in lease mode, a new one otherwise.
+        let token = match &guard {
+            Guard::Lease(token) => *token,
+            Guard::Transaction(_) | Guard::Nothing => Uuid::new_v4(),
+        };
+        let (answers, started) = run.snapshot();
+        let early = Results {
+            events: &events,
+            items: &items,
+            answers: &answers,
+            started: &started,
+            handed: &handed,
+        };
+        let late = early.in_flight();
+        let lease = InFlightLease(deadline_left(deadline) + IN_FLIGHT_MARGIN);
+        let planned = self.plan_batch(&early, Origin::Claimed, (token, lease))?;
+        let leased_rows = planned.leased_rows.clone();
+        let (mut report, retried) = self
+            .settle_planned(&events, planned, guard, extra, false)
+            .await?;
+        for &d in &lanes {
+            self.lanes[d].handed.notify_one();
         }
+        if let Some(signal) = detach.take() {
+            let _ = signal.send(());
+        }
+        // Then wait for the requests still out, and settle their pairs.
+        let aborted = self.drive_rest(publish.as_mut()).await;
+        drop(publish);
+        let (answers, started) = run.finish(aborted, &self.lanes, settings.publish_timeout);
+        let results = Results {
+            events: &events,
+            items: &items,
+            answers: &answers,
+            started: &started,
+            handed: &handed,
+        };
+        report += self
+            .settle_late(&results, &late, (token, &leased_rows))
+            .await?;
+        Ok((report, retried))
     }
+}
+
+/// What is left of the budget ending at `deadline`.
+fn deadline_left(deadline: tokio::time::Instant) -> std::time::Duration {
+    deadline.saturating_duration_since(tokio::time::Instant::now())
 }

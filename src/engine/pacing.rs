@@ -1,51 +1,56 @@
-//! Pacing: how long a loop waits before its next claim, and how an ordered claim is sized.
+//! Pacing: how long a loop waits before its next claim, how an ordered claim is sized, and how
+//! many pairs a lane's retry loop claims. Plain functions over plain data, with table tests; the
+//! loops only carry their state.
 
-use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tracing::info;
 
-use super::Relay;
 use crate::config::RelayConfig;
+use crate::sources::poll::{
+    ClaimOptions, FOLLOWERS_PER_KEY, WINDOW_PER_BATCH_ROW, WINDOW_UNBOUNDED_FROM,
+};
 
 /// Ordered mode: followers per head of the first claim (adapted from then on).
-pub(super) const INITIAL_FOLLOWERS: usize = 7;
-
-/// Ordered mode: heads of the first claim, so that they and their followers fill a batch.
-pub(super) fn initial_heads(batch_size: usize) -> usize {
-    (batch_size / (1 + INITIAL_FOLLOWERS)).max(1)
-}
+const INITIAL_FOLLOWERS: usize = 7;
 
 /// How long ordered claims may find no head before the window widens: other relays' batches
 /// usually end well within it, freeing their keys near the front.
-pub(super) const WINDOW_PATIENCE: Duration = Duration::from_secs(1);
+const WINDOW_PATIENCE: Duration = Duration::from_secs(1);
 
-/// The heads window an ordered claim starts from (see [`ClaimOptions::window`]).
-pub(super) fn base_window(batch_size: usize) -> u64 {
-    (batch_size as u64).saturating_mul(crate::sources::poll::WINDOW_PER_BATCH_ROW)
-}
 /// Longest pause between retries while the database is unreachable.
-pub(super) const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_DB_BACKOFF: Duration = Duration::from_secs(5);
+
 /// How long a claim loop waits before its next claim.
 ///
 /// Busy: at once. The claim is an index range scan that finds nothing quickly, so this costs little
 /// and keeps latency at milliseconds. Idle: exponentially longer up to `poll_interval`, so an idle
 /// relay costs a few cheap queries per second and no measurable CPU. After a database error:
 /// exponentially longer up to [`MAX_DB_BACKOFF`].
+#[derive(Debug, Clone)]
 pub(super) struct Pacing {
-    pub(super) min: Duration,
-    pub(super) max: Duration,
-    pub(super) idle: Duration,
-    pub(super) backoff: Duration,
+    min: Duration,
+    max: Duration,
+    idle: Duration,
+    backoff: Duration,
 }
-impl Pacing {
-    pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
+impl Pacing {
+    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+    /// The claim loops' pacing.
     pub(super) fn new(settings: &RelayConfig) -> Self {
+        Self::between(settings.min_poll_interval, settings.poll_interval)
+    }
+
+    /// Idle waits from `min` doubling up to `max`.
+    pub(super) fn between(min: Duration, max: Duration) -> Self {
         Self {
-            min: settings.min_poll_interval,
-            max: settings.poll_interval,
-            idle: settings.min_poll_interval,
+            min,
+            max,
+            idle: min,
             backoff: Self::FIRST_BACKOFF,
         }
     }
@@ -72,73 +77,198 @@ impl Pacing {
     }
 }
 
-/// A loop's statement succeeded: if the database was down, say it is back. `worker` is the claim
-/// worker, `None` for the deliveries loop (whichever loop met the outage says when it is over).
-pub(super) fn db_reachable(worker: Option<usize>, db_down: &mut bool) {
+/// A loop's statement succeeded: if the database was down, say it is back (`what`: which loop).
+pub(super) fn db_reachable(what: &str, db_down: &mut bool) {
     if std::mem::take(db_down) {
-        match worker {
-            Some(worker) => info!(worker, "database reachable again, relaying"),
-            None => info!("database reachable again, relaying deliveries"),
-        }
+        info!(loop_ = what, "database reachable again, relaying");
     }
 }
 
-impl Relay {
-    /// Ordered mode: sizes the next claim from what this one found, asked with `asked` (heads,
-    /// followers per head).
-    ///
-    /// Keys to spare (every head asked for was found): follow each key only as deep as keys go, and
-    /// take as many heads as then fill a batch; shallow keys → up to `batch_size` heads, deep keys →
-    /// fewer heads, a few events each. Few free keys (other relays hold the rest, or there are few
-    /// keys): follow each one deeper to fill the batch. Many heads with few followers each keeps a
-    /// batch on few table pages and leaves keys for the other relays.
-    ///
-    /// No head found: the window's rows are all held by other relays (a short wait frees them) or
-    /// wait behind failing events of their keys. Once that has lasted [`WINDOW_PATIENCE`], each
-    /// empty claim widens the window fourfold, up to the whole due range, so keys further on are
-    /// reached; each claim that finds heads narrows it by a quarter, down to its base.
-    pub(super) fn adapt_claim(&self, found: Option<(i64, i64)>, asked: (usize, usize)) {
-        let batch = self.settings.batch_size;
-        let base = base_window(batch);
-        let Some((heads_found, followers_found)) = found.filter(|(heads, _)| *heads > 0) else {
-            let mut since = self.window_since.lock().unwrap_or_else(|e| e.into_inner());
+/// Ordered mode: the next claim's heads and followers per head, from what the last one found.
+///
+/// Keys to spare (every head asked for was found): follow each key only as deep as keys go, and
+/// take as many heads as then fill a batch; shallow keys → up to `batch` heads, deep keys → fewer
+/// heads, a few events each. Few free keys (other relays hold the rest, or there are few keys):
+/// follow each one deeper to fill the batch. Many heads with few followers each keeps a batch on
+/// few table pages and leaves keys for the other relays.
+pub(super) fn next_sizing(
+    batch: usize,
+    found: (usize, usize),
+    asked_heads: usize,
+) -> (usize, usize) {
+    let (heads_found, followers_found) = found;
+    let scarce = heads_found < asked_heads;
+    let followers = if scarce {
+        batch.div_ceil(heads_found.max(1)).saturating_sub(1)
+    } else {
+        followers_found.div_ceil(heads_found.max(1))
+    }
+    .min(FOLLOWERS_PER_KEY);
+    // At least a few heads, so that keys that show up later are found.
+    let heads = (batch / (1 + followers)).clamp(8.min(batch), batch);
+    // With keys to spare, followers beyond what the batch carries would be locked and then
+    // left unpublished.
+    let followers = if scarce {
+        followers
+    } else {
+        followers.min((batch / heads).saturating_sub(1))
+    };
+    (heads, followers)
+}
+
+/// The heads window after a claim that found no head (`wider`), or one that found some: fourfold
+/// wider up to the whole due range, or a quarter narrower down to `base`.
+pub(super) fn next_window(window: u64, base: u64, found_heads: bool) -> u64 {
+    if found_heads {
+        // Slowly: a window widened past a long run of held-back rows is still needed.
+        (window - window / 4).max(base)
+    } else {
+        window.saturating_mul(4).min(WINDOW_UNBOUNDED_FROM)
+    }
+}
+
+/// How many due pairs a lane's retry loop claims: as many as it can start soon — four rounds of
+/// its free places under `concurrency` — and at most a batch. Claiming more only leases pairs that
+/// would wait for the lane and then be released.
+pub(super) fn retry_claim(batch: usize, concurrency: usize, in_flight: usize) -> usize {
+    let free = concurrency.saturating_sub(in_flight).max(1);
+    free.saturating_mul(4).min(batch).max(1)
+}
+
+/// The ordered claim's sizing, adapted after each claim by any claim loop of the relay.
+#[derive(Debug)]
+pub(super) struct Sizing {
+    heads: AtomicUsize,
+    followers: AtomicUsize,
+    window: AtomicU64,
+    base: u64,
+    /// When the window last changed or last served a claim (see [`WINDOW_PATIENCE`]).
+    since: Mutex<Instant>,
+}
+
+impl Sizing {
+    /// The first claim's sizing for `batch_size`.
+    pub(super) fn new(batch_size: usize) -> Self {
+        let base = (batch_size as u64).saturating_mul(WINDOW_PER_BATCH_ROW);
+        Self {
+            heads: AtomicUsize::new((batch_size / (1 + INITIAL_FOLLOWERS)).max(1)),
+            followers: AtomicUsize::new(INITIAL_FOLLOWERS),
+            window: AtomicU64::new(base),
+            base,
+            since: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// `claim` with the current heads, followers and window.
+    pub(super) fn options(&self, claim: &ClaimOptions) -> ClaimOptions {
+        ClaimOptions {
+            heads: self.heads.load(AtomicOrdering::Relaxed),
+            followers: self.followers.load(AtomicOrdering::Relaxed),
+            window: self.window.load(AtomicOrdering::Relaxed),
+            ..*claim
+        }
+    }
+
+    /// The whole due range for the next claim (`relay --once` checks it before it ends).
+    pub(super) fn unbounded(&self) {
+        self.window
+            .store(WINDOW_UNBOUNDED_FROM, AtomicOrdering::Relaxed);
+    }
+
+    /// Adapts to what a claim found (`None` or no head: nothing), asked with `asked` (heads,
+    /// followers). No head found: the window's rows are all held by other relays (a short wait
+    /// frees them) or wait behind failing events of their keys; once that has lasted
+    /// [`WINDOW_PATIENCE`], each empty claim widens the window.
+    pub(super) fn adapt(&self, found: Option<(i64, i64)>, asked: (usize, usize), batch: usize) {
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        let found = found.filter(|(heads, _)| *heads > 0);
+        let window = self.window.load(AtomicOrdering::Relaxed);
+        let Some((heads, followers)) = found else {
             if since.elapsed() >= WINDOW_PATIENCE {
-                let wider = self
-                    .window
-                    .load(AtomicOrdering::Relaxed)
-                    .saturating_mul(4)
-                    .min(crate::sources::poll::WINDOW_UNBOUNDED_FROM);
-                self.window.store(wider, AtomicOrdering::Relaxed);
+                self.window.store(
+                    next_window(window, self.base, false),
+                    AtomicOrdering::Relaxed,
+                );
                 *since = Instant::now();
             }
             return;
         };
-        let window = self.window.load(AtomicOrdering::Relaxed);
-        if window > base {
-            // Slowly: a window widened past a long run of held-back rows is still needed.
-            self.window
-                .store((window - window / 4).max(base), AtomicOrdering::Relaxed);
-        }
-        *self.window_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-
-        let (heads_found, followers_found) = (heads_found as usize, followers_found as usize);
-        let scarce = heads_found < asked.0;
-        let followers = if scarce {
-            batch.div_ceil(heads_found).saturating_sub(1)
-        } else {
-            followers_found.div_ceil(heads_found)
-        }
-        .min(crate::sources::poll::FOLLOWERS_PER_KEY);
-        // At least a few heads, so that keys that show up later are found.
-        let heads = (batch / (1 + followers)).clamp(8.min(batch), batch);
-        // With keys to spare, followers beyond what the batch carries would be locked and then
-        // left unpublished.
-        let followers = if scarce {
-            followers
-        } else {
-            followers.min((batch / heads).saturating_sub(1))
-        };
+        self.window.store(
+            next_window(window, self.base, true),
+            AtomicOrdering::Relaxed,
+        );
+        *since = Instant::now();
+        let found = (
+            usize::try_from(heads).unwrap_or(0),
+            usize::try_from(followers).unwrap_or(0),
+        );
+        let (heads, followers) = next_sizing(batch, found, asked.0);
         self.heads.store(heads, AtomicOrdering::Relaxed);
         self.followers.store(followers, AtomicOrdering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_waits_double_and_a_busy_claim_resets_them() {
+        let mut p = Pacing::between(Duration::from_millis(1), Duration::from_millis(25));
+        let waits: Vec<u64> = (0..7).map(|_| p.idle().as_millis() as u64).collect();
+        assert_eq!(waits, vec![1, 2, 4, 8, 16, 25, 25]);
+        p.busy();
+        assert_eq!(p.idle(), Duration::from_millis(1));
+        let failures: Vec<u64> = (0..8).map(|_| p.failed().as_millis() as u64).collect();
+        assert_eq!(failures, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
+
+    /// (batch, heads found, followers found, heads asked) → (heads, followers) of the next claim.
+    #[test]
+    fn ordered_claim_sizing_table() {
+        let cases = [
+            // Shallow keys, all heads found: many heads, few followers.
+            ((500, (62, 62), 62), (250, 1)),
+            // Every key one event deep: as many heads as a batch.
+            ((500, (62, 0), 62), (500, 0)),
+            // Deep keys, all found: follow them as deep as they go, fill the batch.
+            ((500, (62, 434), 62), (62, 7)),
+            // Few free keys (scarce): follow each deeper, up to 100.
+            ((500, (10, 70), 62), (10, 49)),
+            ((500, (2, 14), 62), (8, 100)),
+        ];
+        for ((batch, found, asked), expected) in cases {
+            assert_eq!(
+                next_sizing(batch, found, asked),
+                expected,
+                "{batch} {found:?} {asked}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_heads_window_widens_fourfold_and_narrows_by_a_quarter() {
+        assert_eq!(next_window(2000, 2000, false), 8000);
+        assert_eq!(next_window(8000, 2000, true), 6000);
+        assert_eq!(next_window(2100, 2000, true), 2000);
+        assert_eq!(
+            next_window(WINDOW_UNBOUNDED_FROM, 2000, false),
+            WINDOW_UNBOUNDED_FROM
+        );
+    }
+
+    /// (batch, concurrency, in flight) → pairs claimed.
+    #[test]
+    fn retry_claim_table() {
+        let cases = [
+            ((500, 10, 0), 40),
+            ((500, 10, 10), 4),
+            ((500, 64, 0), 256),
+            ((500, usize::MAX, 0), 500),
+            ((20, 64, 3), 20),
+        ];
+        for ((batch, concurrency, in_flight), expected) in cases {
+            assert_eq!(retry_claim(batch, concurrency, in_flight), expected);
+        }
     }
 }

@@ -31,17 +31,17 @@ impl Relay {
         };
         ready &= line == "ok";
         lines.push(format!("database: {line}\n"));
-        for (dest, health) in self.destinations.iter().zip(&self.health) {
-            if only.is_some_and(|name| name != dest.name) {
+        for lane in &self.lanes {
+            if only.is_some_and(|name| name != lane.name) {
                 continue;
             }
-            let check = match tokio::time::timeout(limit, dest.sink.healthcheck()).await {
+            let check = match tokio::time::timeout(limit, lane.sink.healthcheck()).await {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e),
                 Err(_) => Some("no answer within 2 s".into()),
             };
-            let (breaker, paused) = health.state();
-            let line = match (health.problem(), check) {
+            let (breaker, paused) = lane.gate.state();
+            let line = match (lane.gate.problem(), check) {
                 // A pause is an operator's decision, not a fault.
                 (Some(p), None) if paused => p,
                 (Some(p), _) => {
@@ -54,7 +54,7 @@ impl Relay {
                 }
                 (None, None) => format!("ok (breaker {breaker})"),
             };
-            lines.push(format!("destination {}: {line}\n", dest.name));
+            lines.push(format!("destination {}: {line}\n", lane.name));
         }
         if ready {
             Ok(lines)

@@ -2,13 +2,13 @@
 
 use std::collections::HashMap;
 
-use tracing::warn;
+use tracing::debug;
 use uuid::Uuid;
 
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
-use crate::model::outcome::Outcome;
 use crate::settle;
+use crate::settle::verdict::Verdict;
 
 /// Counts for one batch, or summed over many.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -41,33 +41,20 @@ impl std::ops::AddAssign for BatchReport {
     }
 }
 
-/// Counts of a batch's split-event pairs, for its report.
-#[derive(Debug, Default)]
-pub(super) struct PairCounts {
-    pub(super) delivered: usize,
-    pub(super) retried: usize,
-    pub(super) dead: usize,
-    pub(super) held: usize,
-}
-
-/// Logs a failed attempt (retried or dead-lettered) of `event`.
-pub(super) fn warn_failed(event: &OutboxEvent, failed: &settle::FailedRow) {
-    warn!(
-        event_id = %event.id,
-        topic = %event.topic,
-        destination = failed.destination.as_deref().unwrap_or("-"),
-        attempt = event.attempts + 1,
-        dead = failed.dead,
-        error = %failed.error,
-        "publish failed"
-    );
-}
-
-/// The failure an outcome reports, if it is a retryable one.
-pub(super) fn retry_reason(outcome: &Outcome) -> Option<String> {
-    match outcome {
-        Outcome::Retry { reason, .. } => Some(reason.clone()),
-        _ => None,
+/// Logs a failed attempt, at debug: per-event failures would make the log scale with traffic;
+/// every attempt is in the attempt history, and each destination's failures are summed up in one
+/// line an interval (see `probe.rs`).
+pub(super) fn log_failed(event: &OutboxEvent, destination: Option<&str>, v: &Verdict) {
+    if let Verdict::Failed(f) = v {
+        debug!(
+            event_id = %event.id,
+            topic = %event.topic,
+            destination = destination.unwrap_or("-"),
+            attempt = event.attempts + 1,
+            dead = f.dead,
+            error = %f.error,
+            "publish failed"
+        );
     }
 }
 

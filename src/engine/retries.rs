@@ -1,41 +1,59 @@
-//! The deliveries loop: the undelivered pairs of split events, claimed, published and settled.
+//! Each lane's retry loop: its own due pairs of the deliveries table — failed attempts whose
+//! backoff is over, pairs its batches handed over, held pairs of a destination that is back —
+//! claimed, published through the lane's gate and settled, at the lane's own pace.
+//!
+//! One loop per destination, so a destination with a long backlog (a slow one, one that was down
+//! for an hour) never stands in front of another's retries. A batch that hands pairs over wakes
+//! the loop at once; otherwise it polls, backing off while it finds nothing.
 
 use std::time::Duration;
 
+use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
-use uuid::Uuid;
 
-use super::batch::Route;
-use super::pacing::{db_reachable, Pacing};
-use super::report::{record_outcomes, retry_reason, warn_failed, BatchReport};
+use super::batch::Run;
+use super::items::Items;
+use super::pacing::{db_reachable, retry_claim, Pacing};
+use super::report::{log_failed, record_outcomes, BatchReport};
 use super::Relay;
-use crate::breaker::Counted;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
-use crate::settle;
+use crate::settle::verdict::{verdict, Attempt, Pair};
+use crate::settle::{self, SettlePlan};
+use crate::sources::poll::claim_deliveries;
 
-/// The deliveries loop's longest idle wait (or `poll_interval` if longer). Its rows are retries
-/// and held pairs, due after a backoff of seconds, so it need not poll as often as the claim loops
-/// that carry fresh events.
-pub(super) const DELIVERIES_POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// A retry loop's longest idle wait (or `poll_interval` if longer). Its rows are retries and
+/// held pairs, due after a backoff of seconds, and pairs handed over wake it directly, so it need
+/// not poll as often as the claim loops that carry fresh events.
+const RETRIES_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Relay {
-    /// Claims, publishes and settles one batch of due deliveries (the undelivered pairs of split
-    /// events). Each pair is its destination's alone: it is published, retried, held and
-    /// dead-lettered like an event with that one destination.
+    /// Claims, publishes and settles one batch of due pairs of every lane, one lane after the
+    /// other (`relay --once`, tests).
     pub async fn run_deliveries_batch(&self) -> Result<BatchReport> {
-        let claimed = crate::sources::poll::claim_deliveries(
-            &self.store,
-            self.settings.batch_size,
-            self.claim.lease,
-            &self.ordered,
-            &self.blocking,
-        )
-        .await?;
+        let mut total = BatchReport::default();
+        for d in 0..self.lanes.len() {
+            total += self.lane_batch(d).await?;
+        }
+        Ok(total)
+    }
+
+    /// Claims, publishes and settles one batch of lane `d`'s due pairs. Each pair is its
+    /// destination's alone: it is published, retried, held and dead-lettered like an event with
+    /// that one destination.
+    pub(super) async fn lane_batch(&self, d: usize) -> Result<BatchReport> {
+        let lane = &self.lanes[d];
+        let settings = &self.config.relay;
+        let limit = retry_claim(
+            settings.batch_size,
+            lane.gate.concurrency(),
+            lane.gate.in_flight(),
+        );
+        let claimed = claim_deliveries(&self.store, &lane.config, limit, self.claim.lease).await?;
         let token = claimed.token;
-        let mut plan = settle::SettlePlan::default();
+        let mut plan = SettlePlan::default();
         for (id, name, reason) in &claimed.poison {
             warn!(event_id = %id, destination = %name, error = %reason, "dead-lettering a delivery that cannot be read as an event");
             plan.poison_pair(*id, name, reason);
@@ -43,67 +61,42 @@ impl Relay {
         if claimed.deliveries.is_empty() && plan.failed.is_empty() {
             return Ok(BatchReport::default());
         }
-        let (names, events): (Vec<String>, Vec<OutboxEvent>) = claimed
-            .deliveries
-            .into_iter()
-            .map(|c| (c.destination, c.event))
-            .unzip();
-        let routes: Vec<Route> = names
-            .iter()
-            .map(
-                |name| match self.destinations.iter().position(|d| &d.name == name) {
-                    Some(d) => self.gate(d),
-                    None => Route::Unroutable,
-                },
-            )
-            .collect();
-        let (outcomes, aborted) = self.publish_each(&events, routes.clone()).await;
-        let now = chrono::Utc::now();
+        let events: Vec<OutboxEvent> = claimed.deliveries.into_iter().map(|c| c.event).collect();
+        let targets = events.iter().map(|_| vec![d]).collect();
+        let items = Items::route(targets, |lane| self.lanes[lane].gate.is_open());
+        let deadline = tokio::time::Instant::now() + settings.publish_timeout;
+        let run = Run::new(&events, &items, self.lanes.len(), deadline);
+        let aborted = tokio::select! {
+            _ = tokio::time::timeout_at(deadline, self.publish(&run)) => false,
+            _ = self.abort.cancelled() => true,
+        };
+        let (answers, _) = run.finish(aborted, &self.lanes, settings.publish_timeout);
+        let now = Utc::now();
         // Send, unlike ThreadRng: the batch future crosses threads.
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
-        let mut tripped = Vec::new();
-        let mut untouched: Vec<(Uuid, String)> = Vec::new();
+        let mut untouched: Vec<(uuid::Uuid, String)> = Vec::new();
         for (i, event) in events.iter().enumerate() {
-            let name = &names[i];
-            match (routes[i], &outcomes[i]) {
-                (Route::Unroutable, _) => plan.failed.push(settle::FailedRow {
-                    id: event.id,
-                    error: format!("destination {name:?} is no longer configured: add it back, then `pgoutbox dead retry --destination {name}`, or `dead discard` [dead: no such destination]"),
-                    destination: Some(name.clone()),
-                    delay_secs: 0.0,
-                    dead: true,
-                }),
-                (Route::Hold(d), _) => {
-                    match settle::expired_hold(event, name, &self.destinations[d].retry, now) {
-                        Some(dead) => plan.failed.push(dead),
-                        None => plan.hold(event.id, name, None),
-                    }
-                }
-                (Route::Send(_) | Route::Defer(_), None) => untouched.push((event.id, name.clone())),
-                (Route::Send(d) | Route::Defer(d), Some(outcome)) => {
-                    match self.count(d, outcome, &mut tripped) {
-                        Counted::Held => {
-                            plan.hold(event.id, name, retry_reason(outcome).as_deref())
-                        }
-                        _ => {
-                            let dest = &self.destinations[d];
-                            match settle::decide(event, name, &dest.retry, outcome, now, &mut rng) {
-                                None => plan.delivered.entry(name.clone()).or_default().push(event.id),
-                                Some(failed) => {
-                                    warn_failed(event, &failed);
-                                    plan.failed.push(failed);
-                                }
-                            }
-                        }
-                    }
-                }
+            let attempt = match (&items.list[i].dispatch, &answers[i]) {
+                (super::items::Dispatch::Hold, _) => Attempt::Held,
+                (_, Some((outcome, counted))) => Attempt::Answered(outcome, *counted),
+                (_, None) => Attempt::NotSent,
+            };
+            let pair = Pair {
+                event,
+                destination: Some((lane.name.as_str(), &lane.retry)),
+            };
+            let v = verdict(pair, attempt, now, &mut rng);
+            log_failed(event, Some(&lane.name), &v);
+            if !plan.single(event, Some(&lane.name), v) {
+                untouched.push((event.id, lane.name.clone()));
             }
         }
         let settled = settle::apply_deliveries(&self.store, token, &plan, &untouched).await?;
         record_outcomes(&events, &plan);
-        self.open_breakers(tripped).await;
+        self.store_tripped().await;
         if settled.fenced > 0 {
             warn!(
+                destination = %lane.name,
                 fenced = settled.fenced,
                 "delivery lease lost before settle: another relay re-claimed these pairs"
             );
@@ -125,38 +118,41 @@ impl Relay {
         })
     }
 
-    /// Claims due deliveries until shutdown: at once again while there are some, backing off to
-    /// [`DELIVERIES_POLL_INTERVAL`] (or `poll_interval`) while there are none, and on database
-    /// errors.
-    pub(super) async fn deliveries_loop(&self, shutdown: CancellationToken) -> BatchReport {
+    /// Lane `d`'s retry loop, until shutdown: at once again while it finds pairs, backing off to
+    /// [`RETRIES_POLL_INTERVAL`] (or `poll_interval`) while it finds none or the database fails;
+    /// woken at once when a batch hands pairs over to the lane.
+    pub(super) async fn retries_loop(&self, d: usize, shutdown: CancellationToken) -> BatchReport {
         let mut total = BatchReport::default();
-        let mut pacing = Pacing {
-            max: self.settings.poll_interval.max(DELIVERIES_POLL_INTERVAL),
-            ..Pacing::new(&self.settings)
-        };
+        let settings = &self.config.relay;
+        let mut pacing = Pacing::between(
+            settings.min_poll_interval,
+            settings.poll_interval.max(RETRIES_POLL_INTERVAL),
+        );
         let mut db_down = false;
+        let what = format!("retries of {}", self.lanes[d].name);
         while !shutdown.is_cancelled() {
-            let pause = match self.run_deliveries_batch().await {
+            let pause = match self.lane_batch(d).await {
                 Ok(report) if report.claimed > 0 => {
-                    db_reachable(None, &mut db_down);
+                    db_reachable(&what, &mut db_down);
                     total += report;
                     pacing.busy();
                     continue;
                 }
                 Ok(_) => {
-                    db_reachable(None, &mut db_down);
+                    db_reachable(&what, &mut db_down);
                     pacing.idle()
                 }
                 Err(e) => {
                     db_down = true;
                     metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
                     let pause = pacing.failed();
-                    warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "deliveries claim or settle failed; retrying");
+                    warn!(destination = %self.lanes[d].name, error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "claim or settle of retries failed; retrying");
                     pause
                 }
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = self.lanes[d].handed.notified() => pacing.busy(),
                 _ = tokio::time::sleep(pause) => {}
             }
         }

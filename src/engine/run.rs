@@ -1,7 +1,6 @@
 //! Running the relay: its loops until shutdown, or one pass (`relay --once`).
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,20 +8,31 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 use uuid::Uuid;
 
-use super::batch::{joined_batch, BatchResult};
 use super::pacing::{db_reachable, Pacing};
 use super::report::{panic_message, BatchReport};
 use super::Relay;
-use crate::breaker;
 use crate::config::Source;
 use crate::error::{Error, Result};
 use crate::model::metric;
-use crate::settle;
 use crate::store::{outbox, waiting};
 
+/// A batch's report and the ids it scheduled for another attempt.
+type BatchResult = Result<(BatchReport, Vec<Uuid>)>;
+
+/// A batch task's result; a panic inside it goes on up to the worker (and stops the relay).
+fn joined_batch(joined: std::result::Result<BatchResult, tokio::task::JoinError>) -> BatchResult {
+    match joined {
+        Ok(result) => result,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(Error::WorkerPanicked(format!("a batch was cancelled: {e}"))),
+        },
+    }
+}
+
 impl Relay {
-    /// Runs until `shutdown` is cancelled: claim workers plus the maintenance loops (destination
-    /// state and probes, cleanup). In-flight batches then get `shutdown_grace` to finish; past it
+    /// Runs until `shutdown` is cancelled: the source (claim workers, or the WAL reader), each
+    /// lane's retry loop, and the maintenance loops (destination state and probes, upkeep). In-flight batches then get `shutdown_grace` to finish; past it
     /// they settle what finished and release the rest. A worker that panics (a bug) stops the
     /// relay: the others finish as on shutdown, then this returns [`Error::WorkerPanicked`].
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<BatchReport> {
@@ -31,7 +41,7 @@ impl Relay {
             let (shutdown, abort, grace) = (
                 shutdown.clone(),
                 self.abort.clone(),
-                self.settings.shutdown_grace,
+                self.config.relay.shutdown_grace,
             );
             tokio::spawn(async move {
                 shutdown.cancelled().await;
@@ -42,7 +52,7 @@ impl Relay {
         let mut workers = tokio::task::JoinSet::new();
         match self.config.source {
             Source::Poll => {
-                for worker in 0..self.settings.workers {
+                for worker in 0..self.config.relay.workers {
                     let relay = Arc::clone(&self);
                     let shutdown = shutdown.clone();
                     workers.spawn(async move { relay.worker(worker, shutdown).await });
@@ -55,10 +65,10 @@ impl Relay {
                 workers.spawn(async move { crate::wal::run(relay, shutdown).await });
             }
         }
-        {
+        for d in 0..self.lanes.len() {
             let relay = Arc::clone(&self);
             let shutdown = shutdown.clone();
-            workers.spawn(async move { relay.deliveries_loop(shutdown).await });
+            workers.spawn(async move { relay.retries_loop(d, shutdown).await });
         }
         let maintenance = {
             let relay = Arc::clone(&self);
@@ -99,8 +109,8 @@ impl Relay {
     /// operator's pause, an open breaker), and releases rows whose wait is over.
     pub(super) async fn prepare(&self) {
         let steps = async {
-            breaker::register(&self.store, &self.config.destinations).await?;
-            breaker::sync(&self.store, &self.health).await?;
+            self.register().await?;
+            self.sync().await?;
             waiting::unpark_followers(&self.store).await
         };
         if let Err(e) = steps.await {
@@ -109,33 +119,17 @@ impl Relay {
         self.ensure_history().await;
     }
 
-    /// `history = "partitions"`: partitions ready ahead of the clock. At start-up and on every
-    /// cleanup tick, in every instance (idempotent, serialized in the database), so that a dead
-    /// cleanup leader does not leave the others without one. A failure is not fatal: a settle
-    /// with no partition for its time lands in the default partition.
-    pub(super) async fn ensure_history(&self) {
-        if self.settle_mode != settle::SettleMode::Move {
-            return;
-        }
-        let ahead = crate::history::ahead(self.config.retention, self.config.cleanup_interval);
-        if let Err(e) =
-            crate::history::ensure(self.store.pool(), &self.table, self.config.retention, ahead)
-                .await
-        {
-            warn!(error = %crate::error_chain(&e), "cannot create the history's next partitions (the relay's role must own the history, or run `pgoutbox cleanup` as its owner); settles land in its default partition until then");
-        }
-    }
-
-    /// One claim loop. Each batch runs as a task of its own; when only stragglers are left in it
-    /// (see [`Relay::process_batch`]), the loop goes on to its next claim while the task waits for
-    /// them, with at most one such batch waiting per worker.
+    /// One claim loop. Each batch runs as a task of its own; when one of its lanes is done while
+    /// another is not (see [`Relay::process_batch`]), the loop goes on to its next claim while the
+    /// task waits, with at most one such batch waiting per worker.
     pub(super) async fn worker(
         self: Arc<Self>,
         worker: usize,
         shutdown: CancellationToken,
     ) -> BatchReport {
         let mut total = BatchReport::default();
-        let mut pacing = Pacing::new(&self.settings);
+        let mut pacing = Pacing::new(&self.config.relay);
+        let what = format!("claim worker {worker}");
         let mut db_down = false;
         let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
         let mut quiet = false;
@@ -154,14 +148,14 @@ impl Relay {
                             quiet = false;
                             pacing.busy();
                         }
-                        _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                        _ = tokio::time::sleep(self.config.relay.poll_interval) => {}
                     }
                     continue;
                 };
                 let pause = match self.any_due().await {
                     Ok(true) => None,
                     Ok(false) => {
-                        db_reachable(Some(worker), &mut db_down);
+                        db_reachable(&what, &mut db_down);
                         Some(pacing.idle())
                     }
                     Err(e) => Some(self.db_failed(worker, &mut pacing, &mut db_down, &e)),
@@ -186,19 +180,20 @@ impl Relay {
             let relay = Arc::clone(&self);
             let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
             let result = tokio::select! {
-                joined = &mut batch => joined_batch(joined),
+                joined = &mut batch => joined_batch(joined).map(|(report, _)| (report.claimed > 0, report)),
                 Ok(()) = detached => {
-                    // Settled but for its stragglers: claim on while it waits for them.
+                    // A lane of it is behind: claim on while the batch waits; its report is
+                    // counted when it ends.
                     if let Some(previous) = waiting.replace(batch) {
                         total += self.report_of(worker, joined_batch(previous.await));
                     }
-                    Ok((BatchReport { claimed: 1, ..BatchReport::default() }, Vec::new()))
+                    Ok((true, BatchReport::default()))
                 }
             };
             let pause = match result {
-                Ok((report, _)) => {
-                    db_reachable(Some(worker), &mut db_down);
-                    if report.claimed > 0 {
+                Ok((found, report)) => {
+                    db_reachable(&what, &mut db_down);
+                    if found {
                         total += report;
                         pacing.busy();
                         quiet = false;
@@ -252,7 +247,7 @@ impl Relay {
             Ok((report, _)) => report,
             Err(e) => {
                 metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
-                warn!(worker, error = %crate::error_chain(&e), "settling a batch's stragglers failed; they will be claimed again");
+                warn!(worker, error = %crate::error_chain(&e), "settling a batch failed; its events will be claimed again");
                 BatchReport::default()
             }
         }
@@ -264,8 +259,8 @@ impl Relay {
     /// Events that fail are scheduled per their policy; one that comes due again within the run
     /// (a zero retry delay) is not retried in a loop: the run ends when a batch holds only such.
     pub async fn run_once(&self) -> Result<BatchReport> {
-        breaker::register(&self.store, &self.config.destinations).await?;
-        breaker::sync(&self.store, &self.health).await?;
+        self.register().await?;
+        self.sync().await?;
         waiting::unpark_followers(&self.store).await?;
         self.ensure_history().await;
         let mut total = BatchReport::default();
@@ -281,10 +276,7 @@ impl Relay {
             if report.claimed == 0 && self.claim.ordered && !unbounded_tried {
                 // Ordered: an empty claim only saw the window; make sure nothing further on is due.
                 unbounded_tried = true;
-                self.window.store(
-                    crate::sources::poll::WINDOW_UNBOUNDED_FROM,
-                    AtomicOrdering::Relaxed,
-                );
+                self.sizing.unbounded();
                 continue;
             }
             if report.claimed == 0 || only_repeats {
@@ -293,7 +285,7 @@ impl Relay {
             unbounded_tried = false;
             failed_before.extend(retried);
         }
-        // Then the due pairs of split events, until none is due or a batch only failed again.
+        // Then every lane's due pairs, until none is due or a round only failed again.
         loop {
             let report = self.run_deliveries_batch().await?;
             total += report;

@@ -2,21 +2,30 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tracing::{debug, warn};
+use tokio::sync::oneshot;
+use tracing::warn;
 use uuid::Uuid;
 
-use super::batch::{BatchRun, Items, Route, STRAGGLER_CHECK};
+use super::batch::{Run, Watch};
+use super::drive::Stop;
+use super::items::Dispatch;
 use super::report::BatchReport;
+use super::settle_batch::{Origin, Results};
 use super::Relay;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
-use crate::settle;
-use crate::sources::poll::Hold;
-use crate::store::{deliveries, outbox};
+use crate::settle::plan::InFlightLease;
+use crate::settle::{self, DeliveredRows};
+use crate::sources::poll::Guard;
+use crate::store::outbox;
+
+/// A WAL batch's settle answer: its report, and the rows it delivered everywhere (written later
+/// with other batches').
+pub type WalSettled = Result<(BatchReport, DeliveredRows)>;
 
 impl Relay {
     /// WAL source: publishes and settles one batch read from the slot ([`crate::wal`]).
@@ -24,25 +33,26 @@ impl Relay {
     /// Routed and published like a claimed batch, within `publish_timeout`; then settled so that
     /// nothing of it needs the slot again: delivered rows are marked published (or deleted), and
     /// every (event, destination) that was not delivered (failed, held, unanswered, waiting behind
-    /// its key) becomes a deliveries pair that the deliveries loop retries. `emit()` events have
-    /// no row: the ones that were not delivered everywhere get one first, in the settle's
-    /// transaction, so that their pairs and dead letters have the row the deliveries table and
-    /// the console expect; delivered ones cost no write at all. A database error is returned: the
-    /// batch stays unconfirmed, and the WAL source ends its session so that it is read again (and
-    /// published again) once the database answers. Retrying the settle while holding the stream
-    /// would be worse: a PostgreSQL shutdown waits for the stream's client to confirm the last
-    /// position, and would wait forever for a relay that cannot reach it.
+    /// its key, or handed over with its lane) becomes a deliveries pair that its lane retries.
+    /// `emit()` events have no row: the ones that were not delivered everywhere get one first, in
+    /// the settle's transaction, so that their pairs and dead letters have the row the deliveries
+    /// table and the console expect; delivered ones cost no write at all. A database error is
+    /// returned: the batch stays unconfirmed, and the WAL source ends its session so that it is
+    /// read again (and published again) once the database answers. Retrying the settle while
+    /// holding the stream would be worse: a PostgreSQL shutdown waits for the stream's client to
+    /// confirm the last position, and would wait forever for a relay that cannot reach it.
     pub async fn process_wal_batch(
         self: Arc<Self>,
         batch: crate::wal::WalBatch,
-        settled: tokio::sync::oneshot::Sender<Result<(BatchReport, settle::DeliveredRows)>>,
+        settled: oneshot::Sender<WalSettled>,
     ) {
         let crate::wal::WalBatch {
             events,
             poison,
             rowless,
         } = batch;
-        let deadline = tokio::time::Instant::now() + self.settings.publish_timeout;
+        let timeout = self.config.relay.publish_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
         let items = match self.items(&events).await {
             Ok(items) => items,
@@ -51,189 +61,138 @@ impl Relay {
                 return;
             }
         };
-        let run = BatchRun::new(&events, &items, &self.destinations, deadline);
-        let mut aborted = false;
-        // Once settled early: the items that had no outcome then.
-        let mut straggling: Option<Vec<usize>> = None;
-        let mut settled = Some(settled);
-        {
-            let publish = tokio::time::timeout_at(deadline, self.publish_chains(&run));
-            tokio::pin!(publish);
-            let mut last_progress = (run.finished(), tokio::time::Instant::now());
-            loop {
-                tokio::select! {
-                    _ = &mut publish => break,
-                    _ = self.abort.cancelled() => {
-                        aborted = true;
-                        break;
-                    }
-                    _ = tokio::time::sleep(STRAGGLER_CHECK), if straggling.is_none() => {
-                        // Only stragglers left (a stalled request, a slow answer): settle the
-                        // rest now, so that the slot moves on; see `settle_wal`.
-                        let most = (items.routes.len() / 4).max(1);
-                        let Some(stragglers) = run.only_stragglers(&mut last_progress, most) else {
-                            continue;
-                        };
-                        let linger = deadline
-                            .saturating_duration_since(tokio::time::Instant::now())
-                            + Duration::from_secs(1);
-                        let snapshot = run.snapshot();
-                        let result = self
-                            .settle_wal(&events, &items, &snapshot, &poison, &rowless, false, linger)
-                            .await;
-                        let failed = result.is_err();
-                        if let Some(settled) = settled.take() {
-                            let _ = settled.send(result);
-                        }
-                        if failed {
-                            return;
-                        }
-                        debug!(stragglers = stragglers.len(), "WAL batch settled but for its stragglers; the slot moves on");
-                        // The loop now only waits for the stragglers.
-                        straggling = Some(
-                            (0..snapshot.len()).filter(|&i| snapshot[i].is_none()).collect(),
-                        );
-                    }
-                }
-            }
-        }
-        let Some(settled) = settled else {
-            let outcomes = run.finish(true, self.settings.publish_timeout);
-            let late = straggling.unwrap_or_default();
-            return self
-                .finish_stragglers(&late, &outcomes, &events, &items)
-                .await;
-        };
-        let outcomes = run.finish(aborted, self.settings.publish_timeout);
-        let result = self
-            .settle_wal(
-                &events,
-                &items,
-                &outcomes,
-                &poison,
-                &rowless,
-                aborted,
-                Duration::ZERO,
-            )
+        let run = Run::new(&events, &items, self.lanes.len(), deadline);
+        let mut watch = Watch::new(&run, self.lanes.len());
+        let mut publish = Box::pin(tokio::time::timeout_at(deadline, self.publish(&run)));
+        let stop = self
+            .drive(&run, publish.as_mut(), &mut watch, &mut None)
             .await;
+        let batch = WalBatchRef {
+            events: &events,
+            poison: &poison,
+            rowless: &rowless,
+        };
+        let lanes = match stop {
+            Stop::Done | Stop::Aborted => {
+                let aborted = stop == Stop::Aborted;
+                drop(publish);
+                let (answers, started) = run.finish(aborted, &self.lanes, timeout);
+                let handed = vec![false; self.lanes.len()];
+                let results = Results {
+                    events: &events,
+                    items: &items,
+                    answers: &answers,
+                    started: &started,
+                    handed: &handed,
+                };
+                let result = self
+                    .settle_wal(
+                        &batch,
+                        &results,
+                        (Uuid::nil(), InFlightLease(timeout)),
+                        aborted,
+                    )
+                    .await;
+                let _ = settled.send(result);
+                return;
+            }
+            Stop::HandOff(lanes) => lanes,
+        };
+        // A lane fell behind: settle now, so that the slot moves on; its requests still out are
+        // pairs leased to this batch until their answers come.
+        run.stop(&lanes, &self.lanes);
+        let handed = run.stopped();
+        let token = Uuid::new_v4();
+        let (answers, started) = run.snapshot();
+        let early = Results {
+            events: &events,
+            items: &items,
+            answers: &answers,
+            started: &started,
+            handed: &handed,
+        };
+        let late = early.in_flight();
+        // From the WAL, everything handed over goes on as pairs: no row is leased.
+        let leased_rows: Vec<Uuid> = Vec::new();
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let lease = InFlightLease(left + std::time::Duration::from_secs(5));
+        let result = self.settle_wal(&batch, &early, (token, lease), false).await;
+        let failed = result.is_err();
         let _ = settled.send(result);
+        if failed {
+            return;
+        }
+        for &d in &lanes {
+            self.lanes[d].handed.notify_one();
+        }
+        let aborted = self.drive_rest(publish.as_mut()).await;
+        drop(publish);
+        let (answers, started) = run.finish(aborted, &self.lanes, timeout);
+        let results = Results {
+            events: &events,
+            items: &items,
+            answers: &answers,
+            started: &started,
+            handed: &handed,
+        };
+        if let Err(e) = self
+            .settle_late(&results, &late, (token, &leased_rows))
+            .await
+        {
+            // The pairs stay leased until their lease ends, then are sent again (at least once).
+            warn!(error = %crate::error_chain(&e), "cannot record late answers of a WAL batch; they will be sent again");
+        }
     }
 
     /// WAL source: deletes (or marks published) the rows that settled WAL batches delivered
     /// everywhere, several batches' at once (the processor confirms their positions after).
-    pub async fn write_wal_rows(&self, rows: &settle::DeliveredRows) -> Result<u64> {
+    pub async fn write_wal_rows(&self, rows: &DeliveredRows) -> Result<u64> {
         let started = Instant::now();
         let written = settle::write_delivered(&self.store, rows, self.settle_mode).await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(written)
     }
 
-    /// WAL source: once the stragglers of a batch settled without them are over (their pairs were
-    /// written due only after the batch's publish deadline), each one delivered
-    /// after all has its pair deleted, so it is not sent again. One that failed, or that was never
-    /// published (a later event of a straggler's ordered key), is retried from its pair.
-    pub(super) async fn finish_stragglers(
+    /// WAL source: settles a published batch (see [`Relay::process_wal_batch`]).
+    async fn settle_wal(
         &self,
-        late: &[usize],
-        outcomes: &[Option<Outcome>],
-        events: &[OutboxEvent],
-        items: &Items,
-    ) {
-        let delivered: Vec<(Uuid, &str)> = late
-            .iter()
-            .filter_map(|&i| match (items.routes[i], &outcomes[i]) {
-                (Route::Send(d), Some(Outcome::Delivered)) => Some((
-                    events[items.owner[i]].id,
-                    self.destinations[d].name.as_str(),
-                )),
-                _ => None,
-            })
-            .collect();
-        if delivered.is_empty() {
-            return;
-        }
-        // Only pairs still due later exist for these (event, destination)s: the ones just written.
-        let ids: Vec<Uuid> = delivered.iter().map(|(id, _)| *id).collect();
-        let names: Vec<&str> = delivered.iter().map(|(_, d)| *d).collect();
-        let done = match self.store.pool().acquire().await {
-            Ok(mut conn) => deliveries::delete(&self.store, &mut conn, (&ids, &names), None).await,
-            Err(e) => Err(e.into()),
-        };
-        if let Err(e) = done {
-            // The pairs stay: delivered again when due (at least once).
-            warn!(error = %crate::error_chain(&e), "cannot record late deliveries of a WAL batch; they will be sent again");
-        }
-    }
-
-    /// WAL source: settles a published batch (see [`Relay::process_wal_batch`]). Items with no
-    /// outcome become pairs due after `linger` (the stragglers of a batch settled early, whose
-    /// requests are still out).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn settle_wal(
-        &self,
-        events: &[OutboxEvent],
-        items: &Items,
-        outcomes: &[Option<Outcome>],
-        poison: &[(Uuid, String)],
-        rowless: &HashSet<Uuid>,
+        batch: &WalBatchRef<'_>,
+        results: &Results<'_>,
+        in_flight: (Uuid, InFlightLease),
         aborted: bool,
-        linger: Duration,
-    ) -> Result<(BatchReport, settle::DeliveredRows)> {
+    ) -> WalSettled {
         let delivered_everywhere = |e: usize| {
-            items.spans[e].clone().all(|i| {
-                matches!(
-                    (items.routes[i], &outcomes[i]),
-                    (Route::Send(_), Some(Outcome::Delivered))
-                )
+            results.items.spans[e].clone().all(|i| {
+                results.items.list[i].dispatch == Dispatch::Send
+                    && matches!(results.answers[i], Some((Outcome::Delivered, _)))
             })
         };
-        let (done, unfinished): (Vec<usize>, Vec<usize>) = (0..events.len())
-            .filter(|&e| rowless.contains(&events[e].id))
+        let (done, unfinished): (Vec<usize>, Vec<usize>) = (0..batch.events.len())
+            .filter(|&e| batch.rowless.contains(&batch.events[e].id))
             .partition(|&e| delivered_everywhere(e));
-        let no_row: HashSet<Uuid> = done.iter().map(|&e| events[e].id).collect();
-        let materialize: Vec<&OutboxEvent> = unfinished.iter().map(|&e| &events[e]).collect();
+        let no_row: HashSet<Uuid> = done.iter().map(|&e| batch.events[e].id).collect();
+        let materialize: Vec<&OutboxEvent> = unfinished.iter().map(|&e| &batch.events[e]).collect();
         // Materialized rows are settled in the transaction that wrote them; otherwise the settle
         // opens one only if it has something to write besides the delivered rows.
-        let hold = if materialize.is_empty() {
-            Hold::Nothing
+        let guard = if materialize.is_empty() {
+            Guard::Nothing
         } else {
             let mut tx = self.store.pool().begin().await?;
             outbox::wal_materialize(&self.store, &mut tx, &materialize).await?;
-            Hold::Transaction(tx)
+            Guard::Transaction(tx)
         };
-        let linger = (!linger.is_zero()).then_some(linger);
-        let mut wal = WalSettle {
-            rowless: no_row,
-            rows: settle::DeliveredRows::default(),
-            linger,
-        };
+        let planned = self.plan_batch(results, Origin::Wal { rowless: &no_row }, in_flight)?;
+        let rows = planned.plan.delivered_rows();
         let (report, _) = self
-            .settle_part(
-                events,
-                items,
-                outcomes,
-                &|_| true,
-                (poison, &[]),
-                hold,
-                None,
-                aborted,
-                Some(&mut wal),
-            )
+            .settle_planned(batch.events, planned, guard, (batch.poison, &[]), aborted)
             .await?;
-        Ok((report, wal.rows))
+        Ok((report, rows))
     }
 }
 
-/// How a batch read from the WAL settles, unlike a claimed one: an event that did not reach a
-/// destination goes on as a deliveries pair (never retried on its row, which no claim reads), and
-/// nothing is given back.
-pub(super) struct WalSettle {
-    /// Delivered events that have no table row (`emit()` messages): nothing to write for them.
-    pub(super) rowless: HashSet<Uuid>,
-    /// Out: the rows delivered everywhere, which the settle leaves to the WAL processor to write
-    /// with other batches' (`settle::write_delivered`).
-    pub(super) rows: settle::DeliveredRows,
-    /// For a batch settled without its stragglers: how long their pairs wait (their requests are
-    /// still out).
-    pub(super) linger: Option<Duration>,
+/// A WAL batch's parts, borrowed.
+struct WalBatchRef<'a> {
+    events: &'a [OutboxEvent],
+    poison: &'a [(Uuid, String)],
+    rowless: &'a HashSet<Uuid>,
 }

@@ -16,15 +16,13 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reserved;
+mod share;
 mod stdout;
 pub mod tls;
 mod webhook;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -36,126 +34,13 @@ use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 
 pub use null::NullSink;
+pub use share::{Budget, Latency, Share, Slot};
 pub use stdout::StdoutSink;
 pub use webhook::WebhookSink;
 
 /// A sink's `timeout` (per request, or per broker acknowledgement) when the destination sets none.
 pub(crate) fn default_timeout() -> Duration {
     Duration::from_secs(10)
-}
-
-/// How long one destination's share of a batch may take: the batch's deadline (its claim time plus
-/// `publish_timeout`), shared by every publish of that destination in the batch (chain steps too).
-#[derive(Debug)]
-pub struct Budget {
-    deadline: Instant,
-    started: AtomicBool,
-}
-
-/// Time kept between a request's own timeout and the batch's deadline, so that a request cut by
-/// its own timeout reports an outcome before the batch stops waiting for it.
-const DEADLINE_SLACK: Duration = Duration::from_millis(50);
-
-impl Budget {
-    /// A budget ending at `deadline`.
-    pub fn until(deadline: Instant) -> Self {
-        Self {
-            deadline,
-            started: AtomicBool::new(false),
-        }
-    }
-
-    /// When the batch stops waiting.
-    pub fn deadline(&self) -> Instant {
-        self.deadline
-    }
-
-    /// Whether the deadline has passed.
-    pub fn is_over(&self) -> bool {
-        Instant::now() >= self.deadline
-    }
-
-    /// How long a request started now may last: up to just before the deadline.
-    pub fn request_limit(&self, own_timeout: Duration) -> Duration {
-        let left = self
-            .deadline
-            .saturating_duration_since(Instant::now())
-            .saturating_sub(DEADLINE_SLACK)
-            .max(Duration::from_millis(1));
-        own_timeout.min(left)
-    }
-
-    /// Whether a request expected to take `expected` may start now: only if it should end before
-    /// the deadline (with half again as much to spare), so that the receiver is not sent what the
-    /// relay would stop waiting for and send again. The budget's first request always may: a
-    /// destination slower than `publish_timeout` still gets one event per batch (and its timeout).
-    pub fn may_start(&self, expected: Duration) -> bool {
-        let now = Instant::now();
-        if now >= self.deadline {
-            return false;
-        }
-        let first = !self.started.load(Ordering::Relaxed);
-        if first || now + expected.mul_f64(1.5) <= self.deadline {
-            self.started.store(true, Ordering::Relaxed);
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// A moving average of a destination's request latency, for [`Budget::may_start`].
-#[derive(Debug, Default)]
-pub struct Latency {
-    micros: AtomicU64,
-}
-
-impl Latency {
-    /// Records one request's duration (exponentially weighted: recent requests count most).
-    pub fn observe(&self, took: Duration) {
-        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let old = self.micros.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            sample
-        } else {
-            (old / 5).saturating_mul(4).saturating_add(sample / 5)
-        };
-        self.micros.store(new.max(1), Ordering::Relaxed);
-    }
-
-    /// The current estimate (zero before the first request).
-    pub fn estimate(&self) -> Duration {
-        Duration::from_micros(self.micros.load(Ordering::Relaxed))
-    }
-}
-
-/// Where a sink records each event's outcome as soon as it knows it, so that what finished before
-/// the batch's deadline is settled even when the rest of the batch is not.
-pub struct Recorder<'a> {
-    slots: &'a [OnceLock<Outcome>],
-    at: &'a [usize],
-}
-
-impl<'a> Recorder<'a> {
-    /// A recorder writing the outcome of the call's `i`-th event into `slots[at[i]]`.
-    pub fn new(slots: &'a [OnceLock<Outcome>], at: &'a [usize]) -> Self {
-        Self { slots, at }
-    }
-
-    /// Records the outcome of the call's `i`-th event; the first outcome recorded for it stands.
-    pub fn record(&self, i: usize, outcome: Outcome) {
-        if let Some(slot) = self.at.get(i).and_then(|&g| self.slots.get(g)) {
-            let _ = slot.set(outcome);
-        }
-    }
-
-    /// Whether the call's `i`-th event has an outcome.
-    pub fn has(&self, i: usize) -> bool {
-        self.at
-            .get(i)
-            .and_then(|&g| self.slots.get(g))
-            .is_some_and(|s| s.get().is_some())
-    }
 }
 
 /// A destination events are published to.
@@ -165,22 +50,20 @@ pub trait Sink: Send + Sync {
     /// report `Delivered` before the destination has durably accepted the event.
     async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome>;
 
-    /// Publishes a batch within `budget`, recording each event's outcome in `recorder` as soon as
-    /// it is known. The relay stops waiting at the budget's deadline: events with no outcome then
-    /// are given back untouched (no attempt counted). Sinks that send a request per event override
-    /// this to record outcomes one by one and to start no request they cannot finish in time; the
-    /// default publishes the whole batch and records its outcomes at the end.
-    async fn publish_until(
-        &self,
-        events: &[&OutboxEvent],
-        budget: &Budget,
-        recorder: &Recorder<'_>,
-    ) {
-        let _ = budget;
+    /// Publishes the events of `share`, recording each event's outcome in it as soon as it is
+    /// known. Every request starts through [`Share::admit`] (which holds it to the destination's
+    /// `concurrency`, its breaker and the budget); events it did not admit are left without an
+    /// outcome, and the engine hands them on (no attempt counted). Sinks that send a request per
+    /// event override this to admit and record them one by one; the default admits the whole
+    /// call once, publishes it and records its outcomes at the end.
+    async fn publish_until(&self, events: &[&OutboxEvent], share: &Share<'_>) {
+        let Some(_permit) = share.admit_all().await else {
+            return;
+        };
         let outcomes = self.publish(events).await;
         if outcomes.len() == events.len() {
             for (i, outcome) in outcomes.into_iter().enumerate() {
-                recorder.record(i, outcome);
+                share.record(i, outcome);
             }
         } else {
             let reason = format!(
@@ -189,7 +72,7 @@ pub trait Sink: Send + Sync {
                 events.len()
             );
             for i in 0..events.len() {
-                recorder.record(i, Outcome::retry(reason.clone()));
+                share.record(i, Outcome::retry(reason.clone()));
             }
         }
     }
@@ -198,6 +81,17 @@ pub trait Sink: Send + Sync {
     async fn healthcheck(&self) -> std::result::Result<(), String> {
         Ok(())
     }
+
+    /// Most requests in flight at once for this destination, across the whole process (`None`:
+    /// the sink has no such limit; a broker client pipelines a batch itself).
+    fn concurrency(&self) -> Option<usize> {
+        None
+    }
+
+    /// Drops any connection the sink keeps, so that its next publish connects afresh. Called
+    /// before each probe of an open breaker: a client that hands back its last failed reconnect
+    /// would otherwise fail the probe of a destination that is back.
+    fn reconnect(&self) {}
 }
 
 /// A sink type: its `type` name in the configuration and how to build it from its settings.

@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
-use super::{Budget, Envelope, Latency, Recorder, Sink, SinkKind};
+use super::{Envelope, Latency, Share, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::model::event::OutboxEvent;
@@ -389,24 +389,41 @@ impl Sink for WebhookSink {
             .await
     }
 
-    /// Up to `concurrency` requests at a time, each outcome recorded as it comes. A request is
-    /// only started when it should end before the deadline (by the recent latency), so a slow
-    /// receiver gets fewer events per batch rather than requests the relay stops waiting for.
-    async fn publish_until(
-        &self,
-        events: &[&OutboxEvent],
-        budget: &Budget,
-        recorder: &Recorder<'_>,
-    ) {
-        futures::stream::iter(events.iter().enumerate())
-            .take_while(|_| futures::future::ready(budget.may_start(self.latency.estimate())))
-            .for_each_concurrent(self.concurrency, |(i, event)| async move {
+    /// One request per event, each admitted by the share (the destination's `concurrency` for
+    /// the whole process, its breaker, the budget) and recorded as it ends. A request is only
+    /// admitted when it should end before the deadline (by the recent latency), so a slow receiver
+    /// gets fewer events per batch rather than requests the relay stops waiting for.
+    async fn publish_until(&self, events: &[&OutboxEvent], share: &Share<'_>) {
+        let mut running = futures::stream::FuturesUnordered::new();
+        for (i, &event) in events.iter().enumerate() {
+            // Wait for the next admission while the requests already out go on.
+            let permit = {
+                let admit = share.admit(i, self.latency.estimate());
+                tokio::pin!(admit);
+                loop {
+                    tokio::select! {
+                        permit = &mut admit => break permit,
+                        Some(()) = running.next() => {}
+                    }
+                }
+            };
+            let Some(permit) = permit else {
+                break;
+            };
+            running.push(async move {
                 let started = std::time::Instant::now();
-                let outcome = self.send(event, budget.request_limit(self.timeout)).await;
+                let outcome = self.send(event, share.request_limit(self.timeout)).await;
                 self.latency.observe(started.elapsed());
-                recorder.record(i, outcome);
-            })
-            .await;
+                share.record(i, outcome);
+                // The answer is counted before the request's place is given back.
+                drop(permit);
+            });
+        }
+        while running.next().await.is_some() {}
+    }
+
+    fn concurrency(&self) -> Option<usize> {
+        Some(self.concurrency)
     }
 
     async fn healthcheck(&self) -> std::result::Result<(), String> {

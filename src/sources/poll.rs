@@ -13,7 +13,7 @@ use std::time::Duration;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::config::ClaimMode;
+use crate::config::{ClaimMode, DestinationConfig, Ordering};
 
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
@@ -21,8 +21,8 @@ use crate::store::deliveries::{self, ClaimPairs, ClaimedPair};
 use crate::store::outbox::{self, Claim, OrderedClaim};
 use crate::store::Store;
 
-/// How a claimed batch is held until it is settled.
-pub enum Hold {
+/// What keeps a claimed batch this relay's until it is settled.
+pub enum Guard {
     /// The open claiming transaction, holding the row locks.
     Transaction(Transaction<'static, Postgres>),
     /// The lease's fencing token.
@@ -40,10 +40,10 @@ pub struct ClaimedBatch {
     /// an object…), with the reason: the settle dead-letters them, so they never block a claim.
     pub poison: Vec<(Uuid, String)>,
     /// Ordered mode: rows claimed behind a key's first not-due or dead row, not to be published
-    /// now (released at settle: the transaction ends, or the lease is given back).
-    pub held_back: Vec<Uuid>,
+    /// now (given back at settle: the transaction ends, or the lease is released).
+    pub behind: Vec<Uuid>,
     /// The claim to settle under.
-    pub hold: Hold,
+    pub guard: Guard,
     /// Ordered mode: heads and followers the claim found (before the batch-size cut).
     pub found: Option<(i64, i64)>,
 }
@@ -105,23 +105,23 @@ pub async fn claim_due(
         ordered,
         lease,
     };
-    let (claimed, hold) = match lease {
+    let (claimed, guard) = match lease {
         None => {
             let mut tx = store.pool().begin().await?;
             let claimed = outbox::claim(store, &mut tx, &claim).await?;
-            (claimed, Hold::Transaction(tx))
+            (claimed, Guard::Transaction(tx))
         }
         Some((_, token)) => {
             let mut conn = store.pool().acquire().await?;
             (
                 outbox::claim(store, &mut conn, &claim).await?,
-                Hold::Lease(token),
+                Guard::Lease(token),
             )
         }
     };
     let mut events = Vec::with_capacity(claimed.rows.len());
     let mut poison = Vec::new();
-    let mut held_back = Vec::new();
+    let mut behind = Vec::new();
     // Ordered mode: a key's chain stops at its first row that is not due or dead; the rows behind
     // it must wait for it, whatever their own state.
     let mut stopped_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -132,7 +132,7 @@ pub async fn claim_due(
                 if let Some(k) = row.key {
                     stopped_keys.insert(k);
                 }
-                held_back.push(row.id);
+                behind.push(row.id);
                 continue;
             }
         }
@@ -152,18 +152,18 @@ pub async fn claim_due(
     Ok(ClaimedBatch {
         events,
         poison,
-        held_back,
-        hold,
+        behind,
+        guard,
         found: claimed.found,
     })
 }
 
 /// Gives a claimed batch back untouched: rolls the claiming transaction back, or ends the lease.
-pub async fn release(store: &Store, hold: Hold, ids: &[Uuid]) -> Result<()> {
-    match hold {
-        Hold::Transaction(tx) => tx.rollback().await?,
-        Hold::Nothing => {}
-        Hold::Lease(token) => {
+pub async fn release(store: &Store, guard: Guard, ids: &[Uuid]) -> Result<()> {
+    match guard {
+        Guard::Transaction(tx) => tx.rollback().await?,
+        Guard::Nothing => {}
+        Guard::Lease(token) => {
             let mut conn = store.pool().acquire().await?;
             outbox::release_lease(store, &mut conn, ids, token).await?;
         }
@@ -189,23 +189,22 @@ pub struct ClaimedDeliveries {
     pub token: Uuid,
 }
 
-/// Claims due deliveries (DeliveriesClaim), leased for `lease`. `ordered` names the destinations
-/// whose pairs keep key order, `blocking` those whose dead pairs hold back their key.
+/// Claims up to `limit` due deliveries of one destination (DeliveriesClaim), leased for `lease`.
 pub async fn claim_deliveries(
     store: &Store,
+    destination: &DestinationConfig,
     limit: usize,
     lease: Duration,
-    ordered: &[String],
-    blocking: &[String],
 ) -> Result<ClaimedDeliveries> {
     let token = Uuid::new_v4();
     let pairs = deliveries::claim(
         store,
         &ClaimPairs {
+            destination: &destination.name,
             limit,
             lease: (lease, token),
-            ordered,
-            blocking,
+            ordered: destination.ordering == Ordering::Key,
+            dead_blocks: destination.dead_blocks(),
         },
     )
     .await?;

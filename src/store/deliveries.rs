@@ -28,7 +28,10 @@ use crate::table::OutboxTable;
 /// per destination whose pairs are held in bulk (destination, oldest, count, topic counts, the
 /// events as one JSON array built by the relay): one row whatever the number of events, written
 /// unless the whole settle was fenced out (a destination that is down costs the others one row per
-/// batch; a partly fenced batch may send an event twice to it, never lose one).
+/// batch; a partly fenced batch may send an event twice to it, never lose one). A pair whose
+/// request is still out when its batch settles (`$15`) is written leased, due at the lease's end
+/// (its delay) under the token `$16`, so that the batch settles it when the answer comes and no
+/// other relay sends it meanwhile.
 /// Returns how many events were settled and how many pairs written.
 const DELIVERIES_FAN_OUT: &str = "
 WITH settled AS (
@@ -38,14 +41,17 @@ WITH settled AS (
 ),{history}
 pairs AS (
     INSERT INTO {qname:deliveries} AS d (event_id, destination, seq, topic, key, payload, headers,
-                                         created_at, attempts, next_attempt_at, last_error, dead_at)
+                                         created_at, attempts, next_attempt_at, last_error, dead_at,
+                                         lease_token)
     SELECT s.id, p.destination, s.seq, s.topic, s.key, s.payload, coalesce(s.headers, '{}'::jsonb),
            s.created_at, p.attempts,
            CASE WHEN p.held THEN 'infinity'::timestamptz
                 ELSE statement_timestamp() + make_interval(secs => p.delay_secs) END,
-           p.error, CASE WHEN p.dead THEN statement_timestamp() END
-    FROM unnest($2::uuid[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::bool[], $8::bool[])
-         AS p(event_id, destination, attempts, delay_secs, error, dead, held)
+           p.error, CASE WHEN p.dead THEN statement_timestamp() END,
+           CASE WHEN p.leased THEN $16::uuid END
+    FROM unnest($2::uuid[], $3::text[], $4::int[], $5::float8[], $6::text[], $7::bool[], $8::bool[],
+                $15::bool[])
+         AS p(event_id, destination, attempts, delay_secs, error, dead, held, leased)
     JOIN settled s ON s.id = p.event_id
     ON CONFLICT (event_id, destination) DO NOTHING
     RETURNING 1
@@ -79,26 +85,26 @@ history AS (
     FROM settled
 ),";
 
-/// DeliveriesClaim. Due pairs, oldest first: range scan of `{name:deliveries_due_idx}`, leased at
-/// once (`next_attempt_at` pushed to the lease expiry `$2`, fencing token `$3`) so no transaction is
-/// open while a destination answers. For an ordered destination (`$4`) a keyed pair is taken only
-/// when it is its key's first undelivered pair for that destination (`{name:deliveries_key_idx}`;
-/// dead pairs count where that destination's dead pairs block, `$5`) and no earlier event row of
-/// the key is unsettled (`{name:key_idx}`): the pair never overtakes an earlier event.
+/// DeliveriesClaim. One destination's due pairs (`$4`), oldest first: range scan of
+/// `{name:deliveries_lane_idx}`, leased at once (`next_attempt_at` pushed to the lease expiry
+/// `$2`, fencing token `$3`) so no transaction is open while the destination answers. When the
+/// destination is ordered (`$5`) a keyed pair is taken only when it is its key's first
+/// undelivered pair for it (`{name:deliveries_key_idx}`; dead pairs count where its dead pairs
+/// block, `$6`) and no earlier event row of the key is unsettled (`{name:key_idx}`): the pair
+/// never overtakes an earlier event.
 const DELIVERIES_CLAIM: &str = "
 WITH picked AS (
     SELECT d.event_id, d.destination FROM {qname:deliveries} d
-    WHERE d.dead_at IS NULL AND d.next_attempt_at <= now()
-      AND (d.key IS NULL OR NOT (d.destination = ANY($4::text[])) OR (
+    WHERE d.destination = $4 AND d.dead_at IS NULL AND d.next_attempt_at <= now()
+      AND (d.key IS NULL OR NOT $5 OR (
             NOT EXISTS (
                 SELECT 1 FROM {qname:deliveries} p
                 WHERE p.destination = d.destination AND p.key = d.key AND p.seq < d.seq
-                  AND (p.dead_at IS NULL OR p.destination = ANY($5::text[])))
+                  AND (p.dead_at IS NULL OR $6))
             AND NOT EXISTS (
                 SELECT 1 FROM {outbox} o
                 WHERE o.key = d.key AND o.seq < d.seq AND o.published_at IS NULL
-                  AND (o.dead_at IS NULL OR (o.destination = d.destination
-                                             AND o.destination = ANY($5::text[]))))))
+                  AND (o.dead_at IS NULL OR (o.destination = d.destination AND $6)))))
     ORDER BY d.next_attempt_at, d.seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -152,20 +158,16 @@ WHERE EXISTS (
     WHERE d.destination = q.destination AND d.key = q.key
       AND (d.dead_at IS NULL OR d.destination = ANY($3::text[])))";
 
-/// DeliveriesUnpark. Held pairs (at 'infinity') whose destination is neither paused nor has its
-/// breaker open are due again. Reads `{qname:destinations}` (a few rows), then a range scan of
-/// `{name:deliveries_due_idx}` at 'infinity'.
+/// DeliveriesUnpark. Held pairs (at 'infinity') of the destinations that are back (neither paused
+/// nor with their breaker open, a few rows of `{qname:destinations}`) are due again: one range scan
+/// of `{name:deliveries_lane_idx}` at 'infinity' per such destination.
 const DELIVERIES_UNPARK: &str = "
-WITH h AS MATERIALIZED (
-    SELECT coalesce(array_agg(name) FILTER (WHERE paused_at IS NOT NULL OR breaker <> 'closed'), '{}') AS held
-    FROM {qname:destinations}
-)
 UPDATE {qname:deliveries} AS d SET next_attempt_at = now()
-FROM h
-WHERE d.dead_at IS NULL AND d.next_attempt_at = 'infinity' AND NOT (d.destination = ANY(h.held))";
+FROM (SELECT name FROM {qname:destinations} WHERE paused_at IS NULL AND breaker = 'closed') AS back
+WHERE d.destination = back.name AND d.dead_at IS NULL AND d.next_attempt_at = 'infinity'";
 
 /// DeliveriesClaimProbe. A held pair for destination `$1`'s probe, its key's first for that
-/// destination (a probe never breaks key order): `{name:deliveries_due_idx}` at 'infinity',
+/// destination (a probe never breaks key order): `{name:deliveries_lane_idx}` at 'infinity',
 /// `{name:deliveries_key_idx}`; leased like DeliveriesClaim.
 const DELIVERIES_CLAIM_PROBE: &str = "
 WITH picked AS (
@@ -181,7 +183,7 @@ WITH picked AS (
 )";
 
 /// DeliveriesExpireHeld. `max_age` for held pairs of destination `$1`, like OutboxExpireHeld:
-/// range scan of `{name:deliveries_due_idx}` at 'infinity'.
+/// range scan of `{name:deliveries_lane_idx}` at 'infinity'.
 const DELIVERIES_EXPIRE_HELD: &str = "
 UPDATE {qname:deliveries}
 SET dead_at = now(),
@@ -197,6 +199,20 @@ fn fan_out_statement(settle: &str, history: &str) -> String {
         .replace("{history}", history)
 }
 
+/// DeliveriesExpireGone. Pairs of destinations that are not configured (`$1`: the configured
+/// ones) and that no relay has claimed for `$2` seconds past their due time: no running relay
+/// serves that destination (one that did would have claimed them within seconds, so a rolling
+/// deploy that adds a destination loses nothing), and they are dead-lettered with the way back.
+/// A scan of the pairs; cleanup runs it, on its interval.
+const DELIVERIES_EXPIRE_GONE: &str = "
+UPDATE {qname:deliveries}
+SET dead_at = now(),
+    last_error = left(coalesce(last_error || ' ', '') || 'destination ' || destination
+        || ' is no longer configured: add it back, then `pgoutbox dead retry --destination '
+        || destination || '`, or `dead discard` [dead: no such destination]', 1024)
+WHERE dead_at IS NULL AND NOT (destination = ANY($1::text[]))
+  AND next_attempt_at < now() - make_interval(secs => $2)";
+
 /// The deliveries' statements, rendered.
 pub(super) struct Sql {
     fan_out: String,
@@ -209,6 +225,7 @@ pub(super) struct Sql {
     unpark: String,
     claim_probe: String,
     expire_held: String,
+    expire_gone: String,
 }
 
 impl Sql {
@@ -225,6 +242,7 @@ impl Sql {
             unpark: r(DELIVERIES_UNPARK),
             claim_probe: r(&format!("{DELIVERIES_CLAIM_PROBE}{DELIVERIES_LEASE}")),
             expire_held: r(DELIVERIES_EXPIRE_HELD),
+            expire_gone: r(DELIVERIES_EXPIRE_GONE),
         }
     }
 }
@@ -248,6 +266,9 @@ pub struct PairRow {
     pub held: bool,
     /// This settle counted a failed attempt for it (metrics).
     pub failed: bool,
+    /// Its request is still out: leased (for `delay_secs`) to the batch that sent it, under
+    /// [`FanOut::in_flight`].
+    pub leased: bool,
 }
 
 /// What a fan-out settle writes: the split event rows to settle and their undelivered pairs.
@@ -263,6 +284,8 @@ pub struct FanOut<'a> {
     pub bundles: &'a [HeldBatch],
     /// The lease token fencing the rows, if any.
     pub token: Option<Uuid>,
+    /// The token leased pairs are written under (their sender settles them with it).
+    pub in_flight: Option<Uuid>,
 }
 
 /// DeliveriesFanOut (or its Delete / Move form): settles split event rows and writes their
@@ -294,6 +317,8 @@ pub async fn fan_out(
         .bind(b.iter().map(|b| b.count).collect::<Vec<_>>())
         .bind(b.iter().map(|b| b.topics.as_str()).collect::<Vec<_>>())
         .bind(b.iter().map(|b| b.events.as_slice()).collect::<Vec<_>>())
+        .bind(p.iter().map(|r| r.leased).collect::<Vec<_>>())
+        .bind(fan_out.in_flight)
         .fetch_one(conn)
         .await?)
 }
@@ -307,17 +332,19 @@ pub struct ClaimedPair {
     pub row: ClaimedRow,
 }
 
-/// What a claim of due pairs asks for.
+/// What a claim of one destination's due pairs asks for.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimPairs<'a> {
+    /// The destination.
+    pub destination: &'a str,
     /// Most pairs.
     pub limit: usize,
     /// Lease length and token.
     pub lease: (Duration, Uuid),
-    /// Destinations whose pairs keep key order.
-    pub ordered: &'a [String],
-    /// Destinations whose dead pairs hold back their key.
-    pub blocking: &'a [String],
+    /// Whether its pairs keep key order.
+    pub ordered: bool,
+    /// Whether its dead pairs hold back their key.
+    pub dead_blocks: bool,
 }
 
 fn claimed_pair(row: &PgRow) -> Result<ClaimedPair> {
@@ -332,15 +359,16 @@ fn claimed_pair(row: &PgRow) -> Result<ClaimedPair> {
     })
 }
 
-/// DeliveriesClaim: due pairs, leased.
+/// DeliveriesClaim: one destination's due pairs, leased.
 pub async fn claim(store: &Store, claim: &ClaimPairs<'_>) -> Result<Vec<ClaimedPair>> {
     let (length, token) = claim.lease;
     let rows = sqlx::query(&store.sql.deliveries.claim)
         .bind(i64::try_from(claim.limit).unwrap_or(i64::MAX))
         .bind(length.as_secs_f64())
         .bind(token)
+        .bind(claim.destination)
         .bind(claim.ordered)
-        .bind(claim.blocking)
+        .bind(claim.dead_blocks)
         .fetch_all(store.pool())
         .await?;
     rows.iter().map(claimed_pair).collect()
@@ -463,6 +491,17 @@ pub async fn expire_held(store: &Store, destination: &str, max_age: Duration) ->
     let done = sqlx::query(&store.sql.deliveries.expire_held)
         .bind(destination)
         .bind(max_age.as_secs_f64())
+        .execute(store.pool())
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// DeliveriesExpireGone: pairs of destinations other than `configured` that no relay claimed for
+/// `grace` past their due time are dead-lettered; returns how many.
+pub async fn expire_gone(store: &Store, configured: &[String], grace: Duration) -> Result<u64> {
+    let done = sqlx::query(&store.sql.deliveries.expire_gone)
+        .bind(configured)
+        .bind(grace.as_secs_f64())
         .execute(store.pool())
         .await?;
     Ok(done.rows_affected())

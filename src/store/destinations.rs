@@ -180,7 +180,8 @@ pub async fn close(store: &Store, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// DestinationPause: an operator pauses `name` for every relay.
+/// DestinationPause: an operator pauses `name` for every relay: its events are held (within about
+/// a second) until [`resume`].
 pub async fn pause(store: &Store, name: &str) -> Result<()> {
     sqlx::query(&store.sql.destinations.pause)
         .bind(name)
@@ -189,11 +190,15 @@ pub async fn pause(store: &Store, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// DestinationResume: resumes `name`; `false` when it was not paused.
-pub async fn resume(store: &Store, name: &str) -> Result<bool> {
+/// DestinationResume: resumes `name`, then makes its held events due again; returns how many
+/// (`None` when it was not paused).
+pub async fn resume(store: &Store, name: &str) -> Result<Option<u64>> {
     let done = sqlx::query(&store.sql.destinations.resume)
         .bind(name)
         .execute(store.pool())
         .await?;
-    Ok(done.rows_affected() > 0)
+    if done.rows_affected() == 0 {
+        return Ok(None);
+    }
+    Ok(Some(super::waiting::unpark_followers(store).await?))
 }

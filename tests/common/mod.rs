@@ -237,6 +237,11 @@ struct ReceiverState {
     /// Requests seen per webhook-id, so `nth` costs O(1) however long the log grows.
     seen: Arc<Mutex<HashMap<String, usize>>>,
     behaviour: Arc<Mutex<Behaviour>>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: Arc<(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    )>,
 }
 
 /// The README's minimal outbox table, as an application that already has one created it: what
@@ -297,6 +302,7 @@ impl Receiver {
             log: Arc::new(Mutex::new(Vec::new())),
             seen: Arc::default(),
             behaviour: Arc::new(Mutex::new(Arc::new(behaviour))),
+            in_flight: Arc::default(),
         };
         let app = axum::Router::new()
             .route("/events", axum::routing::post(handle))
@@ -336,6 +342,14 @@ impl Receiver {
             .collect()
     }
 
+    /// The most requests it was answering at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.state
+            .in_flight
+            .1
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Distinct ids answered with a 2xx.
     pub fn delivered_ids(&self) -> std::collections::HashSet<String> {
         self.delivered().into_iter().map(|r| r.id).collect()
@@ -343,6 +357,21 @@ impl Receiver {
 }
 
 async fn handle(State(state): State<ReceiverState>, headers: HeaderMap, body: Bytes) -> Response {
+    use std::sync::atomic::Ordering::SeqCst;
+    /// Counts the request out when it ends, answered or dropped (the client went away).
+    struct Out<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for Out<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, SeqCst);
+        }
+    }
+    let now = state.in_flight.0.fetch_add(1, SeqCst) + 1;
+    state.in_flight.1.fetch_max(now, SeqCst);
+    let _out = Out(&state.in_flight.0);
+    answer(&state, headers, body).await
+}
+
+async fn answer(state: &ReceiverState, headers: HeaderMap, body: Bytes) -> Response {
     let headers: HashMap<String, String> = headers
         .iter()
         .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))

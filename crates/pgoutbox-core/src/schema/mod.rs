@@ -73,6 +73,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the partitioned history table (history = \"partitions\")",
         include_str!("migrations/0010_history.sql"),
     ),
+    Migration::steps(
+        11,
+        "each destination claims its own due pairs (the deliveries' per-destination due index)",
+        LANES,
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -221,6 +226,25 @@ const WRITE_PATH: &[Step] = &[
         action: Action::Transaction(include_str!(
             "migrations/0007_write_path/uuidv7_default.sql"
         )),
+    },
+];
+
+/// Migration 11: the per-destination due index, built concurrently, then the index it replaces
+/// dropped.
+const LANES: &[Step] = &[
+    Step {
+        what: "build the per-destination due index of the deliveries",
+        unless: None,
+        action: Action::Index {
+            name: "{qname:deliveries_lane_idx}",
+            table: "{qname:deliveries}",
+            sql: include_str!("migrations/0011_lanes/lane_idx.sql"),
+        },
+    },
+    Step {
+        what: "drop the deliveries' old due index",
+        unless: None,
+        action: Action::Statement(include_str!("migrations/0011_lanes/drop_due_idx.sql")),
     },
 ];
 

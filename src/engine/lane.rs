@@ -1,0 +1,84 @@
+//! A lane: one destination as the engine drives it — its sink, its retry policy, its gate (pause,
+//! breaker, concurrency for the whole process) — and the signal that wakes its retry loop.
+//!
+//! Every batch routes its items into the lanes; each lane publishes its share at its own pace,
+//! and what a lane has not finished when the others have is handed over to the deliveries table
+//! as that pair's state, where the lane's own retry loop picks it up. So a destination that is
+//! slow, paused, failing or ordered never sets another's pace.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::config::{DestinationConfig, OnDead, Ordering, SinkConfig};
+use crate::gate::Gate;
+use crate::model::event::OutboxEvent;
+use crate::model::retry::RetryPolicy;
+use crate::sinks::Sink;
+
+/// A configured destination, ready to publish: what [`super::Relay::with_destinations`] takes
+/// from a caller that builds its own sinks (embedding, demos, tests).
+pub struct Destination {
+    /// Its name.
+    pub name: String,
+    /// Its sink.
+    pub sink: Arc<dyn Sink>,
+    /// Its retry policy.
+    pub retry: RetryPolicy,
+}
+
+/// One destination's lane.
+pub(super) struct Lane {
+    /// The destination's name.
+    pub(super) name: String,
+    /// Its sink.
+    pub(super) sink: Arc<dyn Sink>,
+    /// Its retry policy.
+    pub(super) retry: RetryPolicy,
+    /// Its configuration (routing, ordering, breaker).
+    pub(super) config: DestinationConfig,
+    /// Its gate: pause, breaker, requests in flight.
+    pub(super) gate: Gate,
+    /// Woken when a batch hands pairs over to this lane: its retry loop looks at once.
+    pub(super) handed: Notify,
+}
+
+impl Lane {
+    /// The lane of `destination`, configured by `config` (a caller-built sink may have none:
+    /// then every default applies).
+    pub(super) fn new(destination: Destination, config: Option<&DestinationConfig>) -> Self {
+        let config = config.cloned().unwrap_or_else(|| DestinationConfig {
+            name: destination.name.clone(),
+            topics: Vec::new(),
+            filter: None,
+            retry: destination.retry.clone(),
+            ordering: Ordering::None,
+            on_dead: OnDead::Block,
+            breaker: Default::default(),
+            sink: SinkConfig::bare("custom"),
+        });
+        let gate = Gate::new(
+            &destination.name,
+            config.breaker.clone(),
+            destination.sink.concurrency(),
+        );
+        Self {
+            name: destination.name,
+            sink: destination.sink,
+            retry: destination.retry,
+            config,
+            gate,
+            handed: Notify::new(),
+        }
+    }
+
+    /// Whether this destination keeps the order of `event`'s key.
+    pub(super) fn keeps_order_of(&self, event: &OutboxEvent) -> bool {
+        self.config.ordering == Ordering::Key && event.key.is_some()
+    }
+
+    /// Whether an ordered event of this lane that is rejected lets its key's later events go on.
+    pub(super) fn skips_dead(&self) -> bool {
+        self.config.on_dead == OnDead::Skip
+    }
+}

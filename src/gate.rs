@@ -1,0 +1,517 @@
+//! The gate of a destination: whether its events go out now, and how many at once.
+//!
+//! Three things hold a destination's events at its gate: an operator's pause (`pgoutbox
+//! destination pause`), its circuit breaker, and its `concurrency`. The breaker counts the
+//! destination's answers in this relay as they come; after `breaker.failures` failures in a row it
+//! opens, and the events not yet sent are *held*: they wait at 'infinity' with no attempt counted,
+//! so an outage of a day or a revoked credential moves nothing toward the dead letters (`max_age`
+//! still applies). One probe at a time, across every relay, sends one held event; the first the
+//! destination answers closes the breaker. The pause and the breaker are shared through the
+//! `<table>_destinations` table (the engine re-reads it about once a second); the count of
+//! requests in flight is this process's, for every batch, retry and probe together.
+//!
+//! Whether one more request may start is one pure function ([`may_start`]): besides the pause, the
+//! breaker and `concurrency`, a destination that has not answered well since it started (or
+//! whose last answers failed) gets no more requests in flight than the failures it has left before
+//! its breaker opens, so a destination that is down from the start costs `breaker.failures`
+//! requests, not a whole batch.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::config::BreakerConfig;
+use crate::model::outcome::Outcome;
+use crate::store::destinations::DestinationState;
+
+/// A circuit breaker's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    /// The destination takes events.
+    #[default]
+    Closed,
+    /// The destination is failing: its events are held, probes decide when it is back.
+    Open,
+    /// A probe is out.
+    HalfOpen,
+}
+
+impl BreakerState {
+    fn parse(s: &str) -> Self {
+        match s {
+            "open" => Self::Open,
+            "half_open" => Self::HalfOpen,
+            _ => Self::Closed,
+        }
+    }
+
+    /// The value of the `pgoutbox_destination_state` gauge: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> f64 {
+        match self {
+            Self::Closed => 0.0,
+            Self::HalfOpen => 1.0,
+            Self::Open => 2.0,
+        }
+    }
+}
+
+impl fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        })
+    }
+}
+
+/// How an answer counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// As an attempt, per the retry policy.
+    Attempt,
+    /// This failure opened the breaker (it counts as an attempt; the state must be stored).
+    Tripped,
+    /// Not at all: the breaker was already open, the event is held.
+    Held,
+}
+
+/// What [`may_start`] decides on: the gate's state when a request asks to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// Requests of this destination in flight in this process.
+    pub in_flight: usize,
+    /// Most requests in flight at once (`concurrency`; `usize::MAX` when the sink has none).
+    pub concurrency: usize,
+    /// Failed answers in a row.
+    pub failures_in_a_row: u32,
+    /// `breaker.failures` (0: no breaker).
+    pub breaker_failures: u32,
+    /// Whether the destination answered well since this relay started or its breaker closed.
+    pub proven: bool,
+    /// Paused, or the breaker is not closed.
+    pub held: bool,
+}
+
+/// Whether one more request may start. While the destination is unproven (nothing answered well
+/// since this relay started or its breaker closed), or halfway to opening its breaker, no more
+/// requests are in flight than the failures left before the breaker opens: each one that fails
+/// brings the breaker one step closer, and none starts that the breaker would have stopped. A
+/// destination that fails now and then keeps its whole `concurrency`.
+pub fn may_start(a: &Admission) -> bool {
+    if a.held {
+        return false;
+    }
+    let mut cap = a.concurrency;
+    let at_risk = !a.proven || a.failures_in_a_row.saturating_mul(2) >= a.breaker_failures;
+    if a.breaker_failures > 0 && at_risk {
+        let left = a.breaker_failures.saturating_sub(a.failures_in_a_row);
+        cap = cap.min(usize::try_from(left).unwrap_or(usize::MAX));
+    }
+    a.in_flight < cap
+}
+
+/// Failed attempts of one destination since the last summary (see [`Gate::take_summary`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Attempts that failed (retried or dead-lettered).
+    pub failed: u64,
+    /// Attempts delivered.
+    pub delivered: u64,
+    /// The last failure's reason.
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Local {
+    breaker: BreakerState,
+    paused: bool,
+    failures_in_a_row: u32,
+    proven: bool,
+    in_flight: usize,
+    since: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+    /// A breaker this relay opened, not yet stored (the engine stores it).
+    tripped: Option<String>,
+    summary: Summary,
+}
+
+/// One destination's gate in this relay: a mirror of the shared state (pause, breaker), the
+/// answers in a row, and the requests in flight.
+#[derive(Debug)]
+pub struct Gate {
+    name: String,
+    config: BreakerConfig,
+    concurrency: usize,
+    local: Mutex<Local>,
+    /// Woken whenever a request may have become startable (or never will).
+    changed: Notify,
+}
+
+/// One request in flight; dropping it makes room for the next.
+#[derive(Debug)]
+pub struct Permit<'a> {
+    gate: &'a Gate,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        {
+            let mut l = self.gate.local();
+            l.in_flight = l.in_flight.saturating_sub(1);
+        }
+        self.gate.changed.notify_waiters();
+    }
+}
+
+impl Gate {
+    /// A closed, running destination that takes `concurrency` requests at once (`None`: no limit).
+    pub fn new(name: &str, config: BreakerConfig, concurrency: Option<usize>) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+            concurrency: concurrency.unwrap_or(usize::MAX).max(1),
+            local: Mutex::new(Local::default()),
+            changed: Notify::new(),
+        }
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The destination's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its breaker settings.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.config
+    }
+
+    /// Whether its events go out now (not paused, breaker closed).
+    pub fn is_open(&self) -> bool {
+        let l = self.local();
+        !l.paused && l.breaker == BreakerState::Closed
+    }
+
+    /// The breaker state and whether paused, as this relay last saw them.
+    pub fn state(&self) -> (BreakerState, bool) {
+        let l = self.local();
+        (l.breaker, l.paused)
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.local().in_flight
+    }
+
+    /// The most requests that may be in flight at once.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    /// Takes a slot for one request if [`may_start`] allows it now. `probe`: the one request a
+    /// probe sends, whatever the breaker says.
+    pub fn try_admit(&self, probe: bool) -> Option<Permit<'_>> {
+        let mut l = self.local();
+        let admission = Admission {
+            in_flight: l.in_flight,
+            concurrency: self.concurrency,
+            failures_in_a_row: l.failures_in_a_row,
+            breaker_failures: self.config.failures,
+            proven: l.proven,
+            held: l.paused || l.breaker != BreakerState::Closed,
+        };
+        if !probe && !may_start(&admission) {
+            return None;
+        }
+        l.in_flight += 1;
+        Some(Permit { gate: self })
+    }
+
+    /// A future that completes at the gate's next change (a request ended, an answer came, the
+    /// breaker or pause changed, or [`Gate::wake`] was called). Create it before checking the
+    /// state it waits for, so that no change between the check and the wait is missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// Wakes everything waiting at the gate (a batch stopped publishing to this destination).
+    pub fn wake(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// A line for `/readyz`: `None` when the destination takes events.
+    pub fn problem(&self) -> Option<String> {
+        let l = self.local();
+        let since = l
+            .since
+            .map(|t| {
+                format!(
+                    " since {}",
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )
+            })
+            .unwrap_or_default();
+        let error = l
+            .last_error
+            .as_deref()
+            .map(|e| format!(" (last error: {e})"))
+            .unwrap_or_default();
+        match (l.paused, l.breaker) {
+            (true, _) => Some(format!("paused by an operator{since}")),
+            (false, BreakerState::Closed) => None,
+            (false, state) => Some(format!("circuit breaker {state}{since}{error}")),
+        }
+    }
+
+    /// Counts one answer, as it comes. A delivery, or any answer that proves the destination is
+    /// up (a permanent rejection), resets the failures in a row. A failure while the breaker is
+    /// open is held, not counted.
+    pub fn answered(&self, outcome: &Outcome) -> Counted {
+        let counted = {
+            let mut l = self.local();
+            match outcome {
+                Outcome::Delivered | Outcome::Rejected { .. } => {
+                    l.failures_in_a_row = 0;
+                    l.proven = true;
+                    if matches!(outcome, Outcome::Delivered) {
+                        l.summary.delivered += 1;
+                    } else {
+                        l.summary.failed += 1;
+                    }
+                    Counted::Attempt
+                }
+                Outcome::Retry { reason, .. } => {
+                    if l.breaker != BreakerState::Closed {
+                        Counted::Held
+                    } else {
+                        l.failures_in_a_row = l.failures_in_a_row.saturating_add(1);
+                        l.summary.failed += 1;
+                        l.summary.last_error = Some(reason.clone());
+                        if self.config.failures > 0 && l.failures_in_a_row >= self.config.failures {
+                            l.breaker = BreakerState::Open;
+                            l.since = Some(Utc::now());
+                            l.last_error = Some(reason.clone());
+                            l.failures_in_a_row = 0;
+                            l.proven = false;
+                            l.tripped = Some(reason.clone());
+                            Counted::Tripped
+                        } else {
+                            Counted::Attempt
+                        }
+                    }
+                }
+            }
+        };
+        if let Outcome::Rejected { reason } = outcome {
+            self.local().summary.last_error = Some(reason.clone());
+        }
+        self.changed.notify_waiters();
+        counted
+    }
+
+    /// The reason of a breaker this relay opened since the last call, to be stored.
+    pub fn take_tripped(&self) -> Option<String> {
+        self.local().tripped.take()
+    }
+
+    /// The failures and deliveries counted since the last call.
+    pub fn take_summary(&self) -> Summary {
+        std::mem::take(&mut self.local().summary)
+    }
+
+    /// Takes the stored state over (another relay opened or closed the breaker, an operator
+    /// paused). Returns whether the destination was held and is free now.
+    pub fn adopt(&self, stored: &DestinationState) -> bool {
+        let freed = {
+            let mut l = self.local();
+            let was_held = l.paused || l.breaker != BreakerState::Closed;
+            let breaker = BreakerState::parse(&stored.breaker);
+            if breaker != l.breaker {
+                l.failures_in_a_row = 0;
+                l.proven = false;
+            }
+            l.breaker = breaker;
+            l.paused = stored.paused_at.is_some();
+            l.since = Some(stored.paused_at.unwrap_or(stored.breaker_since));
+            l.last_error = stored.last_error.clone();
+            was_held && !l.paused && l.breaker == BreakerState::Closed
+        };
+        self.changed.notify_waiters();
+        freed
+    }
+
+    /// Closes the breaker here (this relay's probe was answered).
+    pub fn close(&self) {
+        {
+            let mut l = self.local();
+            l.breaker = BreakerState::Closed;
+            l.failures_in_a_row = 0;
+            l.proven = true;
+            l.since = Some(Utc::now());
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The wait before the probe after `failed_probes` failed ones: doubling, capped.
+    pub fn probe_delay(&self, failed_probes: i32) -> Duration {
+        let doublings = u32::try_from(failed_probes.clamp(0, 30)).unwrap_or(0);
+        self.config
+            .probe_interval
+            .saturating_mul(1u32 << doublings.min(20))
+            .min(self.config.max_probe_interval)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(failures: u32, concurrency: Option<usize>) -> Gate {
+        Gate::new(
+            "d",
+            BreakerConfig {
+                failures,
+                ..BreakerConfig::default()
+            },
+            concurrency,
+        )
+    }
+
+    #[test]
+    fn failures_in_a_row_open_the_breaker_and_later_failures_are_held() {
+        let g = gate(3, None);
+        let fail = Outcome::retry("HTTP 503");
+        assert_eq!(g.answered(&fail), Counted::Attempt);
+        assert_eq!(g.answered(&Outcome::Delivered), Counted::Attempt);
+        assert_eq!(g.answered(&fail), Counted::Attempt);
+        assert_eq!(g.answered(&fail), Counted::Attempt);
+        assert!(g.is_open());
+        assert_eq!(g.answered(&fail), Counted::Tripped);
+        assert!(!g.is_open());
+        assert_eq!(g.take_tripped().as_deref(), Some("HTTP 503"));
+        assert_eq!(g.take_tripped(), None);
+        assert_eq!(g.answered(&fail), Counted::Held);
+        assert!(g.problem().is_some_and(|p| p.contains("open")));
+        g.close();
+        assert!(g.is_open());
+    }
+
+    #[test]
+    fn a_rejection_proves_the_destination_is_up() {
+        let g = gate(2, None);
+        let fail = Outcome::retry("timeout");
+        assert_eq!(g.answered(&fail), Counted::Attempt);
+        let rejected = Outcome::Rejected {
+            reason: "HTTP 400".into(),
+        };
+        assert_eq!(g.answered(&rejected), Counted::Attempt);
+        assert_eq!(g.answered(&fail), Counted::Attempt);
+        assert!(g.is_open());
+    }
+
+    #[test]
+    fn zero_failures_turns_the_breaker_off() {
+        let g = gate(0, None);
+        for _ in 0..100 {
+            assert_eq!(g.answered(&Outcome::retry("x")), Counted::Attempt);
+        }
+        assert!(g.is_open());
+    }
+
+    #[test]
+    fn probes_back_off_up_to_the_cap() {
+        let g = gate(1, None);
+        let d: Vec<u64> = (0..6).map(|n| g.probe_delay(n).as_secs()).collect();
+        assert_eq!(d, vec![1, 2, 4, 8, 15, 15]);
+    }
+
+    /// (in flight, concurrency, failures in a row, breaker.failures, proven, held) → may start.
+    #[test]
+    fn admission_table() {
+        type Case = ((usize, usize, u32, u32, bool, bool), bool);
+        let cases: &[Case] = &[
+            // A proven, healthy destination: concurrency is the only limit.
+            ((0, 64, 0, 10, true, false), true),
+            ((63, 64, 0, 10, true, false), true),
+            ((64, 64, 0, 10, true, false), false),
+            // Held: nothing starts.
+            ((0, 64, 0, 10, true, true), false),
+            // Unproven (just started): no more in flight than the failures that open the breaker.
+            ((9, 64, 0, 10, false, false), true),
+            ((10, 64, 0, 10, false, false), false),
+            // Failing now and then: the whole concurrency.
+            ((40, 64, 4, 10, true, false), true),
+            // Halfway to the breaker: each failure in a row leaves room for one fewer.
+            ((4, 64, 5, 10, true, false), true),
+            ((5, 64, 5, 10, true, false), false),
+            ((0, 64, 9, 10, true, false), true),
+            ((1, 64, 9, 10, true, false), false),
+            // Concurrency lower than the breaker's count still wins.
+            ((2, 2, 0, 10, false, false), false),
+            // No breaker: concurrency alone.
+            ((50, 64, 30, 0, false, false), true),
+            ((64, 64, 30, 0, false, false), false),
+        ];
+        for &((in_flight, concurrency, failures, breaker, proven, held), expected) in cases {
+            let a = Admission {
+                in_flight,
+                concurrency,
+                failures_in_a_row: failures,
+                breaker_failures: breaker,
+                proven,
+                held,
+            };
+            assert_eq!(may_start(&a), expected, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_destination_down_from_the_start_gets_at_most_its_breaker_failures() {
+        let g = gate(10, Some(64));
+        let mut permits: Vec<Permit<'_>> = Vec::new();
+        while let Some(p) = g.try_admit(false) {
+            permits.push(p);
+        }
+        assert_eq!(permits.len(), 10, "unproven: ten at once");
+        let mut sent = permits.len();
+        while let Some(p) = permits.pop() {
+            drop(p);
+            let counted = g.answered(&Outcome::retry("HTTP 401"));
+            if counted == Counted::Tripped {
+                break;
+            }
+            if let Some(p) = g.try_admit(false) {
+                sent += 1;
+                permits.push(p);
+            }
+        }
+        assert_eq!(
+            sent, 10,
+            "no request starts after a failure while ten are out"
+        );
+        assert!(!g.is_open());
+        assert!(g.try_admit(false).is_none());
+        assert!(g.try_admit(true).is_some(), "a probe always goes");
+    }
+
+    #[test]
+    fn the_summary_counts_since_the_last_one() {
+        let g = gate(0, None);
+        g.answered(&Outcome::retry("HTTP 503"));
+        g.answered(&Outcome::Delivered);
+        g.answered(&Outcome::retry("HTTP 502"));
+        let s = g.take_summary();
+        assert_eq!((s.failed, s.delivered), (2, 1));
+        assert_eq!(s.last_error.as_deref(), Some("HTTP 502"));
+        assert_eq!(g.take_summary(), Summary::default());
+    }
+}
