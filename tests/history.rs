@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use pgoutbox::inspect::{EventQuery, EventState};
+use pgoutbox::store::inspect::{EventQuery, EventState};
 use pgoutbox::OutboxTable;
 
 /// Rows of the history (all partitions) matching a WHERE clause.
@@ -79,15 +79,15 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
     );
 
     let table = OutboxTable::default_table();
+    let store = pgoutbox::store::Store::new(db.pool.clone(), table.clone());
     let status = pgoutbox::status::read(&db.pool, &table, None)
         .await
         .expect("status");
     assert_eq!(status.totals.published_retained, 40);
     assert_eq!(status.totals.published_last_minute, 40);
 
-    let page = pgoutbox::inspect::search(
-        &db.pool,
-        &table,
+    let page = pgoutbox::store::inspect::search(
+        &store,
         &EventQuery {
             state: EventState::Published,
             topic: Some("user.signed_up".into()),
@@ -101,7 +101,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
     assert!(page.events.iter().all(|e| e.state == "published"));
 
     let id = users[0].parse().expect("uuid");
-    let shown = pgoutbox::inspect::show(&db.pool, &table, id)
+    let shown = pgoutbox::store::inspect::show(&store, id)
         .await
         .expect("show")
         .expect("a moved event is still shown");
@@ -110,7 +110,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
         .deliveries
         .iter()
         .any(|d| d.state == "published" && d.destination.as_deref() == Some("hooks")));
-    let split = pgoutbox::inspect::show(&db.pool, &table, orders[0].parse().expect("uuid"))
+    let split = pgoutbox::store::inspect::show(&store, orders[0].parse().expect("uuid"))
         .await
         .expect("show")
         .expect("a split event is still shown");

@@ -8,9 +8,11 @@
 //! in `pgoutbox-core`.
 
 pub mod attempts;
+pub mod dead;
 pub mod deliveries;
 pub mod destinations;
 pub mod held_batches;
+pub mod inspect;
 pub mod outbox;
 pub mod waiting;
 
@@ -31,9 +33,11 @@ pub struct Store {
 /// Every statement, rendered for one outbox table.
 struct Statements {
     attempts: attempts::Sql,
+    dead: dead::Sql,
     deliveries: deliveries::Sql,
     destinations: destinations::Sql,
     held_batches: held_batches::Sql,
+    inspect: inspect::Sql,
     outbox: outbox::Sql,
     waiting: waiting::Sql,
 }
@@ -42,9 +46,11 @@ impl Statements {
     fn render(table: &OutboxTable) -> Self {
         Self {
             attempts: attempts::Sql::render(table),
+            dead: dead::Sql::render(table),
             deliveries: deliveries::Sql::render(table),
             destinations: destinations::Sql::render(table),
             held_batches: held_batches::Sql::render(table),
+            inspect: inspect::Sql::render(table),
             outbox: outbox::Sql::render(table),
             waiting: waiting::Sql::render(table),
         }
