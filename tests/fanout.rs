@@ -283,7 +283,7 @@ async fn dead_letters_are_per_destination() {
     let config = parse_config(&text);
     let router = pgoutbox::route::Router::new(&config.destinations);
     let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
-    let status = pgoutbox::status::read(&db.pool, &table, Some((&router, &names)))
+    let status = pgoutbox::status::read(&store, Some((&router, &names)))
         .await
         .expect("status");
     let dead_of = |name: &str| -> i64 {

@@ -80,9 +80,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
 
     let table = OutboxTable::default_table();
     let store = pgoutbox::store::Store::new(db.pool.clone(), table.clone());
-    let status = pgoutbox::status::read(&db.pool, &table, None)
-        .await
-        .expect("status");
+    let status = pgoutbox::status::read(&store, None).await.expect("status");
     assert_eq!(status.totals.published_retained, 40);
     assert_eq!(status.totals.published_last_minute, 40);
 

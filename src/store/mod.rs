@@ -14,6 +14,7 @@ pub mod destinations;
 pub mod held_batches;
 pub mod inspect;
 pub mod outbox;
+pub mod status;
 pub mod waiting;
 
 use std::sync::Arc;
@@ -39,6 +40,7 @@ struct Statements {
     held_batches: held_batches::Sql,
     inspect: inspect::Sql,
     outbox: outbox::Sql,
+    status: status::Sql,
     waiting: waiting::Sql,
 }
 
@@ -52,6 +54,7 @@ impl Statements {
             held_batches: held_batches::Sql::render(table),
             inspect: inspect::Sql::render(table),
             outbox: outbox::Sql::render(table),
+            status: status::Sql::render(table),
             waiting: waiting::Sql::render(table),
         }
     }
