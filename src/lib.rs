@@ -5,8 +5,8 @@
 //! modules are named after:
 //!
 //! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and the [`breaker`]: pause, circuit
-//! breaker) → [`sinks`] → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
-//! partitioned [`history`]), with every statement in the [`store`].
+//! breaker) → [`sinks`] → [`settle`] (ack / retry / hold / dead) → [`store::cleanup`] (and the
+//! partitioned [`store::history`]), with every statement in the [`store`].
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
 //! (see [`webhook`] for the receiver side of webhook signatures).
@@ -33,10 +33,8 @@
 
 pub mod admin;
 pub mod breaker;
-pub mod cleanup;
 pub mod config;
 pub mod engine;
-pub mod history;
 pub mod model;
 pub mod observe;
 pub mod otlp;

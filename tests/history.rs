@@ -123,6 +123,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
 async fn cleanup_drops_expired_partitions_whole() {
     let db = TestDb::migrated().await;
     let table = OutboxTable::default_table();
+    let store = pgoutbox::store::Store::new(db.pool.clone(), table.clone());
     let retention = Duration::from_secs(3600);
     // A partition from long ago (as an earlier run would have left it), with a row in it, and an
     // expired row that fell into the default partition.
@@ -147,19 +148,19 @@ async fn cleanup_drops_expired_partitions_whole() {
     .await
     .expect("default row");
 
-    let created = pgoutbox::history::ensure(&db.pool, &table, retention, retention)
+    let created = pgoutbox::store::history::ensure(&store, retention, retention)
         .await
         .expect("ensure");
     assert!(created > 0);
     assert_eq!(
-        pgoutbox::history::ensure(&db.pool, &table, retention, retention)
+        pgoutbox::store::history::ensure(&store, retention, retention)
             .await
             .expect("ensure again"),
         0,
         "idempotent"
     );
     let mut conn = db.pool.acquire().await.expect("conn");
-    let parts = pgoutbox::history::partitions(&mut conn, &table)
+    let parts = pgoutbox::store::history::partitions(&store, &mut conn)
         .await
         .expect("partitions");
     drop(conn);
@@ -176,14 +177,14 @@ async fn cleanup_drops_expired_partitions_whole() {
         "new partitions start after the default partition's newest row: {parts:?}"
     );
 
-    let options = pgoutbox::cleanup::CleanupOptions {
+    let options = pgoutbox::store::cleanup::CleanupOptions {
         retention,
         dead_retention: None,
         attempts_retention: Duration::from_secs(7 * 86_400),
         chunk_rows: 5,
         dry_run: true,
     };
-    let dry = pgoutbox::cleanup::run(&db.pool, &table, &options, |_| {})
+    let dry = pgoutbox::store::cleanup::run(&store, &options, |_| {})
         .await
         .expect("dry run");
     assert_eq!(dry.dropped_partitions, 1);
@@ -193,10 +194,9 @@ async fn cleanup_drops_expired_partitions_whole() {
         "a dry run drops nothing"
     );
 
-    let report = pgoutbox::cleanup::run(
-        &db.pool,
-        &table,
-        &pgoutbox::cleanup::CleanupOptions {
+    let report = pgoutbox::store::cleanup::run(
+        &store,
+        &pgoutbox::store::cleanup::CleanupOptions {
             dry_run: false,
             ..options
         },

@@ -18,7 +18,7 @@ use crate::config::Source;
 use crate::error::{Error, Result};
 use crate::model::metric;
 use crate::settle;
-use crate::store::{outbox, waiting};
+use crate::store::{history, outbox, waiting};
 
 impl Relay {
     /// Runs until `shutdown` is cancelled: claim workers plus the maintenance loops (destination
@@ -117,11 +117,8 @@ impl Relay {
         if self.settle_mode != settle::SettleMode::Move {
             return;
         }
-        let ahead = crate::history::ahead(self.config.retention, self.config.cleanup_interval);
-        if let Err(e) =
-            crate::history::ensure(self.store.pool(), &self.table, self.config.retention, ahead)
-                .await
-        {
+        let ahead = history::ahead(self.config.retention, self.config.cleanup_interval);
+        if let Err(e) = history::ensure(&self.store, self.config.retention, ahead).await {
             warn!(error = %crate::error_chain(&e), "cannot create the history's next partitions (the relay's role must own the history, or run `pgoutbox cleanup` as its owner); settles land in its default partition until then");
         }
     }

@@ -5,7 +5,7 @@ use tracing::{info, warn};
 
 use super::Relay;
 use crate::error::Result;
-use crate::store::{deliveries, waiting};
+use crate::store::{cleanup, deliveries, waiting};
 
 impl Relay {
     pub(super) async fn cleanup_loop(&self, shutdown: CancellationToken) {
@@ -15,8 +15,8 @@ impl Relay {
                 _ = tokio::time::sleep(self.config.cleanup_interval) => {}
             }
             self.ensure_history().await;
-            let options = crate::cleanup::CleanupOptions::from_config(&self.config);
-            match crate::cleanup::run_if_leader(self.store.pool(), &self.table, &options).await {
+            let options = cleanup::CleanupOptions::from_config(&self.config);
+            match cleanup::run_if_leader(&self.store, &options).await {
                 Ok(Some(r)) if r.deleted() + r.dropped_partitions > 0 => info!(
                     published = r.deleted_published,
                     dead = r.deleted_dead,

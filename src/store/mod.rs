@@ -8,10 +8,12 @@
 //! in `pgoutbox-core`.
 
 pub mod attempts;
+pub mod cleanup;
 pub mod dead;
 pub mod deliveries;
 pub mod destinations;
 pub mod held_batches;
+pub mod history;
 pub mod inspect;
 pub mod outbox;
 pub mod status;
@@ -34,10 +36,12 @@ pub struct Store {
 /// Every statement, rendered for one outbox table.
 struct Statements {
     attempts: attempts::Sql,
+    cleanup: cleanup::Sql,
     dead: dead::Sql,
     deliveries: deliveries::Sql,
     destinations: destinations::Sql,
     held_batches: held_batches::Sql,
+    history: history::Sql,
     inspect: inspect::Sql,
     outbox: outbox::Sql,
     status: status::Sql,
@@ -48,10 +52,12 @@ impl Statements {
     fn render(table: &OutboxTable) -> Self {
         Self {
             attempts: attempts::Sql::render(table),
+            cleanup: cleanup::Sql::render(table),
             dead: dead::Sql::render(table),
             deliveries: deliveries::Sql::render(table),
             destinations: destinations::Sql::render(table),
             held_batches: held_batches::Sql::render(table),
+            history: history::Sql::render(table),
             inspect: inspect::Sql::render(table),
             outbox: outbox::Sql::render(table),
             status: status::Sql::render(table),
