@@ -43,7 +43,7 @@ struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, b: &crate::observe::Backlog) {
+    fn add(&mut self, b: &crate::store::backlog::Backlog) {
         self.due += b.due;
         self.backoff += (b.backoff - b.held - b.in_flight).max(0);
         self.held += b.held;
@@ -78,9 +78,7 @@ fn lag(seconds: f64) -> Option<f64> {
 pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> ApiResult<Overview> {
     c.authorize(&headers, false)?;
     let config = c.relay.config();
-    let backlog = crate::observe::backlog(&c.relay)
-        .await
-        .map_err(crate::Error::from)?;
+    let backlog = crate::observe::backlog(&c.relay).await?;
     let states = crate::store::destinations::read(c.relay.store()).await?;
     let last = c.samples.last();
     let mut totals = Counts::default();

@@ -8,6 +8,7 @@
 //! in `pgoutbox-core`.
 
 pub mod attempts;
+pub mod backlog;
 pub mod cleanup;
 pub mod dead;
 pub mod deliveries;
@@ -36,6 +37,7 @@ pub struct Store {
 /// Every statement, rendered for one outbox table.
 struct Statements {
     attempts: attempts::Sql,
+    backlog: backlog::Sql,
     cleanup: cleanup::Sql,
     dead: dead::Sql,
     deliveries: deliveries::Sql,
@@ -52,6 +54,7 @@ impl Statements {
     fn render(table: &OutboxTable) -> Self {
         Self {
             attempts: attempts::Sql::render(table),
+            backlog: backlog::Sql::render(table),
             cleanup: cleanup::Sql::render(table),
             dead: dead::Sql::render(table),
             deliveries: deliveries::Sql::render(table),
