@@ -17,6 +17,8 @@ pub mod held_batches;
 pub mod history;
 pub mod inspect;
 pub mod outbox;
+pub mod server;
+pub mod slot;
 pub mod status;
 pub mod waiting;
 
