@@ -12,6 +12,7 @@ pub mod backlog;
 pub mod cleanup;
 pub mod dead;
 pub mod deliveries;
+pub mod demo;
 pub mod destinations;
 pub mod held_batches;
 pub mod history;
