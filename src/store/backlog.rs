@@ -82,7 +82,7 @@ pub struct Backlog {
     pub lag: f64,
 }
 
-/// One row of [`BACKLOG`]: a (destination, topic) from one of its parts.
+/// One row of ObserveBacklog: a (destination, topic) from one of its parts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BacklogRow {
     /// The destination; `None` for rows not yet routed.

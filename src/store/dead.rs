@@ -6,7 +6,7 @@
 //! its row in the deliveries table, with the same columns; every operation here covers both, and
 //! `--destination` picks one destination's.
 //!
-//! Every statement here is rendered once per table ([`Sql`]); the filter's values are bound
+//! Every statement here is rendered once per table (`Sql`); the filter's values are bound
 //! (`$1..$4`, see `DEAD_WHERE`), so none is assembled per call.
 
 use std::time::Duration;

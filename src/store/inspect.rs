@@ -7,7 +7,7 @@
 //! Statements are built from fixed fragments, one per filter given, with the values bound. Each
 //! state is walked in the order of its partial index (see [`order`]) from the cursor on, so a page
 //! costs its own rows, not the table; a lookup by id uses the primary key. A search is the one
-//! statement assembled per call (from those fragments); the lookup's are rendered once ([`Sql`]).
+//! statement assembled per call (from those fragments); the lookup's are rendered once (`Sql`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -6,6 +6,15 @@
 //! configured outbox table once, when the [`Store`] is built; each says which index it uses and
 //! which locks it takes. What an application runs itself (enqueue, the inbox, migrations) lives
 //! in `pgoutbox-core`.
+//!
+//! A file per table or concern. The relay's own: the [`outbox`] table, the split events'
+//! [`deliveries`], the [`held_batches`], the rows [`waiting`] to be released, the
+//! [`destinations`]' shared state and the failed [`attempts`]. The operator's: [`dead`] letters,
+//! the event search ([`inspect`]), the [`status`] and [`backlog`] counts, [`cleanup`] and the
+//! partitioned [`history`]. Then the statements about the server rather than the outbox table,
+//! which take a pool or a connection instead of a [`Store`] (nothing in them is rendered for a
+//! table): its settings ([`server`]), the WAL source's [`slot`] and publication, and the
+//! [`demo`]'s own tables.
 
 pub mod attempts;
 pub mod backlog;

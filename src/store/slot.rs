@@ -19,7 +19,7 @@ SELECT current_setting('wal_level') AS wal_level,
        current_setting('max_slot_wal_keep_size') AS keep_size,
        current_user AS role";
 
-/// What the server and the role are set up for, as [`SERVER_SETUP`] reads it.
+/// What the server and the role are set up for, as ServerSetup reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSetup {
     /// `wal_level`.
