@@ -4,9 +4,10 @@
 //! data ([`enqueue`]). The relay ([`engine`]) then moves them out, following the data flow that the
 //! modules are named after:
 //!
-//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and each destination's [`gate`]: pause,
-//! circuit breaker, concurrency) → [`sinks`] → [`settle`] (ack / retry / hold / dead) → [`cleanup`] (and the
-//! partitioned [`history`]), with every statement in the [`store`].
+//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and each destination's [`gate`]:
+//! pause, circuit breaker, concurrency) → [`sinks`] → [`settle`] (ack / retry / hold / dead) →
+//! [`store::cleanup`] (and the partitioned [`store::history`]), with every statement in the
+//! [`store`].
 //!
 //! Delivery is at least once: consumers dedupe by the event id, which every sink forwards
 //! (see [`webhook`] for the receiver side of webhook signatures).
@@ -32,13 +33,9 @@
 //! ```
 
 pub mod admin;
-pub mod cleanup;
 pub mod config;
-pub mod dead;
 pub mod engine;
 pub mod gate;
-pub mod history;
-pub mod inspect;
 pub mod model;
 pub mod observe;
 pub mod otlp;

@@ -2,7 +2,8 @@
 //!
 //! Counters and histograms are recorded on the relay's hot path through the `metrics` facade (a
 //! no-op until a recorder is installed). Backlog gauges (pending, backoff, dead, lag) come from one
-//! query over the pending and dead indexes, run on an interval by each relay — never per scrape.
+//! query over the pending and dead indexes ([`crate::store::backlog`]), run on an interval by each
+//! relay — never per scrape.
 //! Every metric is listed in [`METRICS`], which the README's table and the tests follow.
 
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use tracing::warn;
 
 use crate::engine::Relay;
 use crate::model::metric::*;
+use crate::store::backlog::{Backlog, BacklogRow};
 
 /// Installs the Prometheus recorder for this process; returns the handle that renders a scrape.
 pub fn install_recorder() -> Result<PrometheusHandle, String> {
@@ -35,81 +37,21 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))
 }
 
-/// ObserveBacklog. Reads only pending rows (the claim index) and dead rows (the dead index):
-/// cheap whatever the published history. Two parts, each with the WHERE of one partial index, so
-/// that each is served by it: the pending part by `{name:pending_idx}` (its predicate is exactly
-/// that part's WHERE), the dead part by `{name:dead_idx}`; a single `WHERE published_at IS NULL`
-/// matches neither and reads the whole table. A (destination, topic) may come back from both
-/// parts: the caller merges them. Untried rows have no destination yet; routing names them (each
-/// destination whose topics match counts them). The deliveries part (undelivered pairs of split
-/// events, a table as small as the current failures) is read whole.
-const BACKLOG: &str = "
-SELECT destination, topic,
-  count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
-  count(*) FILTER (WHERE next_attempt_at > now()) AS backoff,
-  count(*) FILTER (WHERE next_attempt_at = 'infinity') AS held,
-  count(*) FILTER (WHERE lease_token IS NOT NULL AND next_attempt_at > now()
-                   AND next_attempt_at <> 'infinity') AS in_flight,
-  count(*) FILTER (WHERE attempts > 0) AS failing,
-  0::bigint AS dead,
-  coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
-FROM {outbox}
-WHERE published_at IS NULL AND dead_at IS NULL
-GROUP BY destination, topic
-UNION ALL
-SELECT destination, topic, 0, 0, 0, 0, 0, count(*), 0
-FROM {outbox}
-WHERE dead_at IS NOT NULL AND published_at IS NULL
-GROUP BY destination, topic
-UNION ALL
-SELECT destination, topic,
-  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()),
-  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now()),
-  count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at = 'infinity'),
-  count(*) FILTER (WHERE dead_at IS NULL AND lease_token IS NOT NULL AND next_attempt_at > now()
-                   AND next_attempt_at <> 'infinity'),
-  count(*) FILTER (WHERE dead_at IS NULL AND attempts > 0),
-  count(*) FILTER (WHERE dead_at IS NOT NULL),
-  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)), 0)::float8
-FROM {qname:deliveries}
-GROUP BY destination, topic
-UNION ALL
-SELECT b.destination, t.topic, 0, sum(t.n::bigint)::bigint, sum(t.n::bigint)::bigint, 0, 0, 0,
-  coalesce(extract(epoch FROM now() - min(b.oldest)), 0)::float8
-FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
-GROUP BY b.destination, t.topic";
-
-/// One (destination, topic)'s backlog, as the gauges and the console show it.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Backlog {
-    /// Pending events due now.
-    pub due: i64,
-    /// Pending events not due yet (retry backoff, leased, or held for their destination).
-    pub backoff: i64,
-    /// Of those, held: their destination is paused or down, or a dead event of their key blocks.
-    pub held: i64,
-    /// Of those, leased by a relay right now (lease mode).
-    pub in_flight: i64,
-    /// Pending events that failed at least once.
-    pub failing: i64,
-    /// Dead-lettered events.
-    pub dead: i64,
-    /// Age of the oldest pending event, in seconds (0 when none).
-    pub lag: f64,
-}
-
-/// Reads the backlog per (destination, topic) with [`BACKLOG`]; rows not yet routed count for
-/// each destination whose topics match (`(unrouted)` when none does).
+/// Reads the backlog per (destination, topic) from the relay's store ([`crate::store::backlog`]);
+/// rows not yet routed count for each destination of `relay` whose topics match (`(unrouted)`
+/// when none does).
 pub async fn backlog(
     relay: &Relay,
-) -> Result<std::collections::HashMap<(String, String), Backlog>, sqlx::Error> {
-    type Row = (Option<String>, String, i64, i64, i64, i64, i64, i64, f64);
+) -> crate::Result<std::collections::HashMap<(String, String), Backlog>> {
     let config = relay.config();
-    let rows = sqlx::query_as::<_, Row>(&config.table.render(BACKLOG))
-        .fetch_all(relay.pool())
-        .await?;
+    let rows = crate::store::backlog::rows(relay.store()).await?;
     let mut merged: std::collections::HashMap<(String, String), Backlog> = Default::default();
-    for (destination, topic, due, backoff, held, in_flight, failing, dead, lag) in rows {
+    for BacklogRow {
+        destination,
+        topic,
+        backlog: b,
+    } in rows
+    {
         let destinations = match destination {
             Some(d) => vec![d],
             None => {
@@ -128,13 +70,13 @@ pub async fn backlog(
         };
         for destination in destinations {
             let e = merged.entry((destination, topic.clone())).or_default();
-            e.due += due;
-            e.backoff += backoff;
-            e.held += held;
-            e.in_flight += in_flight;
-            e.failing += failing;
-            e.dead += dead;
-            e.lag = e.lag.max(lag);
+            e.due += b.due;
+            e.backoff += b.backoff;
+            e.held += b.held;
+            e.in_flight += b.in_flight;
+            e.failing += b.failing;
+            e.dead += b.dead;
+            e.lag = e.lag.max(b.lag);
         }
     }
     Ok(merged)

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pgoutbox::dead::{self, DeadFilter};
+use pgoutbox::store::dead::{self, DeadFilter};
+use pgoutbox::store::Store;
 use pgoutbox::table::OutboxTable;
 
 /// A `[[destinations]]` webhook block.
@@ -260,13 +261,12 @@ async fn dead_letters_are_per_destination() {
         "no event row is dead"
     );
     let table = OutboxTable::default_table();
+    let store = Store::new(db.pool.clone(), table.clone());
     let only = |name: &str| DeadFilter {
         destination: Some(name.into()),
         ..DeadFilter::default()
     };
-    let picky_dead = dead::list(&db.pool, &table, &only("picky"), 100)
-        .await
-        .expect("list");
+    let picky_dead = dead::list(&store, &only("picky"), 100).await.expect("list");
     assert_eq!(picky_dead.len(), 10);
     assert!(picky_dead
         .iter()
@@ -275,7 +275,7 @@ async fn dead_letters_are_per_destination() {
                 .as_deref()
                 .unwrap_or("")
                 .contains("schema mismatch")));
-    assert!(dead::list(&db.pool, &table, &only("ok"), 100)
+    assert!(dead::list(&store, &only("ok"), 100)
         .await
         .expect("list")
         .is_empty());
@@ -283,7 +283,7 @@ async fn dead_letters_are_per_destination() {
     let config = parse_config(&text);
     let router = pgoutbox::route::Router::new(&config.destinations);
     let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
-    let status = pgoutbox::status::read(&db.pool, &table, Some((&router, &names)))
+    let status = pgoutbox::status::read(&store, Some((&router, &names)))
         .await
         .expect("status");
     let dead_of = |name: &str| -> i64 {
@@ -296,15 +296,13 @@ async fn dead_letters_are_per_destination() {
     };
     assert_eq!((dead_of("picky"), dead_of("ok")), (10, 0));
     assert_eq!(status.totals.dead, 10);
-    let shown = dead::show(&db.pool, &table, picky_dead[0].id)
-        .await
-        .expect("show");
+    let shown = dead::show(&store, picky_dead[0].id).await.expect("show");
     assert_eq!(shown.len(), 1);
     assert!(shown[0].payload.is_some());
 
     // The receiver is fixed; only picky's pairs are retried, and ok gets nothing again.
     picky.set(|_| Reply::ok());
-    let retried = dead::retry(&db.pool, &table, &only("picky"), false)
+    let retried = dead::retry(&store, &only("picky"), false)
         .await
         .expect("retry");
     assert_eq!(retried, 10);

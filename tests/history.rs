@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use pgoutbox::inspect::{EventQuery, EventState};
+use pgoutbox::store::inspect::{EventQuery, EventState};
 use pgoutbox::OutboxTable;
 
 /// Rows of the history (all partitions) matching a WHERE clause.
@@ -79,15 +79,13 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
     );
 
     let table = OutboxTable::default_table();
-    let status = pgoutbox::status::read(&db.pool, &table, None)
-        .await
-        .expect("status");
+    let store = pgoutbox::store::Store::new(db.pool.clone(), table.clone());
+    let status = pgoutbox::status::read(&store, None).await.expect("status");
     assert_eq!(status.totals.published_retained, 40);
     assert_eq!(status.totals.published_last_minute, 40);
 
-    let page = pgoutbox::inspect::search(
-        &db.pool,
-        &table,
+    let page = pgoutbox::store::inspect::search(
+        &store,
         &EventQuery {
             state: EventState::Published,
             topic: Some("user.signed_up".into()),
@@ -101,7 +99,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
     assert!(page.events.iter().all(|e| e.state == "published"));
 
     let id = users[0].parse().expect("uuid");
-    let shown = pgoutbox::inspect::show(&db.pool, &table, id)
+    let shown = pgoutbox::store::inspect::show(&store, id)
         .await
         .expect("show")
         .expect("a moved event is still shown");
@@ -110,7 +108,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
         .deliveries
         .iter()
         .any(|d| d.state == "published" && d.destination.as_deref() == Some("hooks")));
-    let split = pgoutbox::inspect::show(&db.pool, &table, orders[0].parse().expect("uuid"))
+    let split = pgoutbox::store::inspect::show(&store, orders[0].parse().expect("uuid"))
         .await
         .expect("show")
         .expect("a split event is still shown");
@@ -125,6 +123,7 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
 async fn cleanup_drops_expired_partitions_whole() {
     let db = TestDb::migrated().await;
     let table = OutboxTable::default_table();
+    let store = pgoutbox::store::Store::new(db.pool.clone(), table.clone());
     let retention = Duration::from_secs(3600);
     // A partition from long ago (as an earlier run would have left it), with a row in it, and an
     // expired row that fell into the default partition.
@@ -149,19 +148,19 @@ async fn cleanup_drops_expired_partitions_whole() {
     .await
     .expect("default row");
 
-    let created = pgoutbox::history::ensure(&db.pool, &table, retention, retention)
+    let created = pgoutbox::store::history::ensure(&store, retention, retention)
         .await
         .expect("ensure");
     assert!(created > 0);
     assert_eq!(
-        pgoutbox::history::ensure(&db.pool, &table, retention, retention)
+        pgoutbox::store::history::ensure(&store, retention, retention)
             .await
             .expect("ensure again"),
         0,
         "idempotent"
     );
     let mut conn = db.pool.acquire().await.expect("conn");
-    let parts = pgoutbox::history::partitions(&mut conn, &table)
+    let parts = pgoutbox::store::history::partitions(&store, &mut conn)
         .await
         .expect("partitions");
     drop(conn);
@@ -178,14 +177,14 @@ async fn cleanup_drops_expired_partitions_whole() {
         "new partitions start after the default partition's newest row: {parts:?}"
     );
 
-    let options = pgoutbox::cleanup::CleanupOptions {
+    let options = pgoutbox::store::cleanup::CleanupOptions {
         retention,
         dead_retention: None,
         attempts_retention: Duration::from_secs(7 * 86_400),
         chunk_rows: 5,
         dry_run: true,
     };
-    let dry = pgoutbox::cleanup::run(&db.pool, &table, &options, |_| {})
+    let dry = pgoutbox::store::cleanup::run(&store, &options, |_| {})
         .await
         .expect("dry run");
     assert_eq!(dry.dropped_partitions, 1);
@@ -195,10 +194,9 @@ async fn cleanup_drops_expired_partitions_whole() {
         "a dry run drops nothing"
     );
 
-    let report = pgoutbox::cleanup::run(
-        &db.pool,
-        &table,
-        &pgoutbox::cleanup::CleanupOptions {
+    let report = pgoutbox::store::cleanup::run(
+        &store,
+        &pgoutbox::store::cleanup::CleanupOptions {
             dry_run: false,
             ..options
         },

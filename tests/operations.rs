@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
+use pgoutbox::store::Store;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -420,8 +421,8 @@ async fn a_cleanup_waits(db: &TestDb) -> bool {
 }
 
 /// The cleanup settings of the leader tests: an hour of retention, small chunks.
-fn hour_retention_in_chunks_of_five() -> pgoutbox::cleanup::CleanupOptions {
-    pgoutbox::cleanup::CleanupOptions {
+fn hour_retention_in_chunks_of_five() -> pgoutbox::store::cleanup::CleanupOptions {
+    pgoutbox::store::cleanup::CleanupOptions {
         attempts_retention: Duration::from_secs(7 * 86_400),
         retention: Duration::from_secs(3600),
         dead_retention: None,
@@ -437,9 +438,12 @@ async fn another_leader_takes_over(db: &TestDb) {
     let options = hour_retention_in_chunks_of_five();
     let mut report = None;
     for _ in 0..100 {
-        report = pgoutbox::cleanup::run_if_leader(&pool, &table, &options)
-            .await
-            .expect("cleanup");
+        report = pgoutbox::store::cleanup::run_if_leader(
+            &Store::new(pool.clone(), table.clone()),
+            &options,
+        )
+        .await
+        .expect("cleanup");
         if report.is_some() {
             break;
         }
@@ -469,9 +473,9 @@ async fn the_cleanup_lock_ends_with_a_dropped_or_failed_cleanup() {
     let first = sqlx::PgPool::connect(&db.url).await.expect("first relay");
     let task = {
         let (first, table, options) = (first.clone(), table.clone(), options.clone());
-        tokio::spawn(
-            async move { pgoutbox::cleanup::run_if_leader(&first, &table, &options).await },
-        )
+        tokio::spawn(async move {
+            pgoutbox::store::cleanup::run_if_leader(&Store::new(first, table), &options).await
+        })
     };
     assert!(a_cleanup_waits(&db).await, "the first cleanup is mid-run");
     task.abort();
@@ -486,7 +490,11 @@ async fn the_cleanup_lock_ends_with_a_dropped_or_failed_cleanup() {
         .connect_with(options_timeout.options([("statement_timeout", "300")]))
         .await
         .expect("failing relay");
-    let failed = pgoutbox::cleanup::run_if_leader(&failing, &table, &options).await;
+    let failed = pgoutbox::store::cleanup::run_if_leader(
+        &Store::new(failing.clone(), table.clone()),
+        &options,
+    )
+    .await;
     assert!(failed.is_err(), "{failed:?}");
     blocker.rollback().await.expect("rollback");
     another_leader_takes_over(&db).await;

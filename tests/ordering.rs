@@ -252,10 +252,9 @@ async fn followers_wait_with_their_failed_head() {
         3
     );
     // …until the dead head is retried: then they are due again (behind it).
-    let retried = pgoutbox::dead::retry(
-        &db.pool,
-        &config.table,
-        &pgoutbox::dead::DeadFilter::default(),
+    let retried = pgoutbox::store::dead::retry(
+        &pgoutbox::store::Store::new(db.pool.clone(), config.table.clone()),
+        &pgoutbox::store::dead::DeadFilter::default(),
         false,
     )
     .await

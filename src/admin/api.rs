@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{redacted_target, ApiError, Console};
-use crate::dead::DeadFilter;
-use crate::inspect::{EventQuery, EventState};
+use crate::store::dead::DeadFilter;
+use crate::store::inspect::{EventQuery, EventState};
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -43,7 +43,7 @@ struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, b: &crate::observe::Backlog) {
+    fn add(&mut self, b: &crate::store::backlog::Backlog) {
         self.due += b.due;
         self.backoff += (b.backoff - b.held - b.in_flight).max(0);
         self.held += b.held;
@@ -78,9 +78,7 @@ fn lag(seconds: f64) -> Option<f64> {
 pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> ApiResult<Overview> {
     c.authorize(&headers, false)?;
     let config = c.relay.config();
-    let backlog = crate::observe::backlog(&c.relay)
-        .await
-        .map_err(crate::Error::from)?;
+    let backlog = crate::observe::backlog(&c.relay).await?;
     let states = crate::store::destinations::read(c.relay.store()).await?;
     let last = c.samples.last();
     let mut totals = Counts::default();
@@ -181,7 +179,7 @@ fn event_id(s: &str) -> Result<Uuid, ApiError> {
 
 #[derive(Debug, Serialize)]
 pub(super) struct EventsPage {
-    events: Vec<crate::inspect::EventRow>,
+    events: Vec<crate::store::inspect::EventRow>,
     next_cursor: Option<String>,
 }
 
@@ -203,7 +201,7 @@ pub(super) async fn events(
         until: timestamp("until", p.until)?,
         after: non_empty(p.cursor)
             .map(|s| {
-                crate::inspect::Cursor::parse(&s)
+                crate::store::inspect::Cursor::parse(&s)
                     .ok_or_else(|| ApiError::bad_request("cursor: use the next_cursor of a page"))
             })
             .transpose()?,
@@ -214,7 +212,7 @@ pub(super) async fn events(
             "state=all is for a lookup by id: search dead, pending or published (each has its index; every state at once would read the whole table)",
         ));
     }
-    let page = crate::inspect::search(c.relay.pool(), &c.relay.config().table, &query).await?;
+    let page = crate::store::inspect::search(c.relay.store(), &query).await?;
     Ok(Json(EventsPage {
         events: page.events,
         next_cursor: page.next_cursor.map(|s| s.to_string()),
@@ -226,10 +224,10 @@ pub(super) async fn event(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<crate::inspect::EventDetail> {
+) -> ApiResult<crate::store::inspect::EventDetail> {
     c.authorize(&headers, false)?;
     let id = event_id(&id)?;
-    match crate::inspect::show(c.relay.pool(), &c.relay.config().table, id).await? {
+    match crate::store::inspect::show(c.relay.store(), id).await? {
         Some(detail) => Ok(Json(detail)),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -294,10 +292,13 @@ async fn dead_action(
 ) -> ApiResult<Matched> {
     c.authorize(headers, true)?;
     let filter = body.filter()?;
-    let (pool, table) = (c.relay.pool(), &c.relay.config().table);
     let matched = match action {
-        DeadAction::Retry => crate::dead::retry(pool, table, &filter, body.dry_run).await?,
-        DeadAction::Discard => crate::dead::discard(pool, table, &filter, body.dry_run).await?,
+        DeadAction::Retry => {
+            crate::store::dead::retry(c.relay.store(), &filter, body.dry_run).await?
+        }
+        DeadAction::Discard => {
+            crate::store::dead::discard(c.relay.store(), &filter, body.dry_run).await?
+        }
     };
     if !body.dry_run {
         tracing::info!(matched, ?filter, ?action, "console: dead events changed");

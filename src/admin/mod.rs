@@ -1,9 +1,9 @@
 //! The operator console: a JSON API and a web page on the relay's observability listener, for
 //! "is anything stuck, where, why" and for fixing it without a shell on the box.
 //!
-//! The API is a thin layer over the library the CLI uses: [`crate::status`]'s backlog and
-//! [`crate::breaker`] for the overview and pause/resume, [`crate::dead`] for retry and
-//! discard, [`crate::inspect`] for finding events. The page (`page/`: HTML, CSS and plain
+//! The API is a thin layer over the library the CLI uses: [`crate::observe::backlog`] and
+//! [`crate::breaker`] for the overview and pause/resume, [`crate::store::dead`] for retry and
+//! discard, [`crate::store::inspect`] for finding events. The page (`page/`: HTML, CSS and plain
 //! JavaScript) is compiled into the binary, so nothing is fetched from a network at run time.
 //!
 //! Security: the listener is wherever `observability.listen` says (the examples bind 127.0.0.1).

@@ -218,8 +218,9 @@ async fn sql_limit(
         // As the relay does at start-up (retention 7d and cleanup every minute, as in the
         // relay's runs below).
         let week = Duration::from_secs(7 * 86400);
-        let ahead = pgoutbox::history::ahead(week, Duration::from_secs(60));
-        pgoutbox::history::ensure(&scratch.pool, &table, week, ahead).await?;
+        let ahead = pgoutbox::store::history::ahead(week, Duration::from_secs(60));
+        let store = pgoutbox::store::Store::new(scratch.pool.clone(), table.clone());
+        pgoutbox::store::history::ensure(&store, week, ahead).await?;
     }
     let done = Arc::new(AtomicU64::new(0));
     let bar = out.bar(args.events, "sql-limit");

@@ -4,9 +4,10 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pgoutbox::cleanup::{self, CleanupOptions};
 use pgoutbox::inbox::{Inbox, InboxTable};
 use pgoutbox::settle::SettleMode;
+use pgoutbox::store::cleanup::{self, CleanupOptions};
+use pgoutbox::store::{history, Store};
 
 use super::{parse_duration, Cli};
 
@@ -39,6 +40,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         return inbox(&pool, &config, args).await;
     }
     let pool = super::connect_checked(&config, 1).await?;
+    let store = Store::new(pool.clone(), config.table.clone());
     let mut options = CleanupOptions::from_config(&config);
     options.dry_run = args.dry_run;
     options.chunk_rows = args.batch_rows.max(1);
@@ -46,7 +48,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         options.retention = r;
     }
     let tty = std::io::stderr().is_terminal();
-    let report = cleanup::run(&pool, &config.table, &options, |r| {
+    let report = cleanup::run(&store, &options, |r| {
         if tty {
             eprint!(
                 "\r{} rows {} in {} batches…",
@@ -90,8 +92,8 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         // The relay does this on each tick too; a relay role that does not own the history
         // cannot, and this command, run by the owner, is then what keeps partitions ahead.
         use anyhow::Context;
-        let ahead = pgoutbox::history::ahead(config.retention, config.cleanup_interval);
-        let created = pgoutbox::history::ensure(&pool, &config.table, config.retention, ahead)
+        let ahead = history::ahead(config.retention, config.cleanup_interval);
+        let created = history::ensure(&store, config.retention, ahead)
             .await
             .context(
                 "cannot create the history's next partitions (only the history's owner can)",
@@ -103,11 +105,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if !args.dry_run {
         // Rows waiting behind a dead event that this cleanup removed (or on a destination that is
         // back) are due again, as the long-running relay's cleanup would make them.
-        let released = pgoutbox::store::waiting::unpark_followers(&pgoutbox::store::Store::new(
-            pool.clone(),
-            config.table.clone(),
-        ))
-        .await?;
+        let released = pgoutbox::store::waiting::unpark_followers(&store).await?;
         if released > 0 {
             println!("{released} rows no longer held back are due again");
         }

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::bail;
-use pgoutbox::dead::{self, DeadFilter};
+use pgoutbox::store::dead::{self, DeadFilter};
+use pgoutbox::store::Store;
 use uuid::Uuid;
 
 use super::{parse_duration, Cli};
@@ -84,6 +85,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect_checked(&config, 1).await?;
     let table = &config.table;
+    let store = Store::new(pool, table.clone());
     match cmd {
         Command::List {
             filter,
@@ -97,8 +99,8 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
                 destination: filter.destination.clone(),
                 since: *since,
             };
-            let events = dead::list(&pool, table, &f, *limit).await?;
-            let total = dead::count(&pool, table, &f).await?;
+            let events = dead::list(&store, &f, *limit).await?;
+            let total = dead::count(&store, &f).await?;
             if *json {
                 for e in &events {
                     println!("{}", serde_json::to_string(e)?);
@@ -119,7 +121,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
             println!("{} dead events shown, {} match", events.len(), total);
         }
         Command::Show { id } => {
-            let dead = dead::show(&pool, table, *id).await?;
+            let dead = dead::show(&store, *id).await?;
             if dead.is_empty() {
                 bail!("no dead event with id {id} in {table}");
             }
@@ -128,7 +130,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(e)?);
             }
             // Its failed attempts, as the console shows them.
-            if let Some(detail) = pgoutbox::inspect::show(&pool, table, *id).await? {
+            if let Some(detail) = pgoutbox::store::inspect::show(&store, *id).await? {
                 eprintln!("failed attempts ({}):", detail.attempts.len());
                 for a in &detail.attempts {
                     eprintln!(
@@ -142,7 +144,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Retry(sel) => {
-            let n = dead::retry(&pool, table, &sel.filter(), sel.dry_run).await?;
+            let n = dead::retry(&store, &sel.filter(), sel.dry_run).await?;
             if sel.dry_run {
                 println!("dry run: {n} dead events would be put back as due");
             } else {
@@ -151,7 +153,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
         }
         Command::Discard { selection, yes } => {
             let filter = selection.filter();
-            let n = dead::count(&pool, table, &filter).await?;
+            let n = dead::count(&store, &filter).await?;
             if selection.dry_run {
                 println!("dry run: {n} dead events would be discarded");
                 return Ok(ExitCode::SUCCESS);
@@ -163,7 +165,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
                 println!("nothing discarded");
                 return Ok(ExitCode::FAILURE);
             }
-            let n = dead::discard(&pool, table, &filter, false).await?;
+            let n = dead::discard(&store, &filter, false).await?;
             println!("{n} dead events discarded");
         }
     }

@@ -15,6 +15,7 @@ use pgoutbox::engine::{Destination, Relay};
 use pgoutbox::model::outcome::Outcome;
 use pgoutbox::model::retry::RetryPolicy;
 use pgoutbox::sinks::{Sink, StdoutSink};
+use pgoutbox::store::demo;
 use pgoutbox::{Event, Outbox, OutboxEvent, OutboxTable};
 use serde_json::json;
 use uuid::Uuid;
@@ -79,14 +80,9 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let pool = super::connect(&url, 4).await?;
 
     eprintln!("1. fresh schema pgoutbox_demo: orders table + outbox (pgoutbox migrate)");
-    sqlx::raw_sql(
-        "DROP SCHEMA IF EXISTS pgoutbox_demo CASCADE;
-         CREATE SCHEMA pgoutbox_demo;
-         CREATE TABLE pgoutbox_demo.orders (id bigint PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL);",
-    )
-    .execute(&pool)
-    .await
-    .context("cannot create the demo schema")?;
+    demo::reset(&pool)
+        .await
+        .context("cannot create the demo schema")?;
     pgoutbox::schema::migrate(&pool, &config.table).await?;
 
     eprintln!(
@@ -100,14 +96,12 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         let order_id = n as i64 + 1;
         let total = 1000 + 250 * order_id;
         let mut tx = pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO pgoutbox_demo.orders (id, customer, total_cents) VALUES ($1, $2, $3)",
-        )
-        .bind(order_id)
-        .bind(format!("customer-{}", order_id % 3))
-        .bind(total)
-        .execute(&mut *tx)
-        .await?;
+        let order = demo::Order {
+            id: order_id,
+            customer: format!("customer-{}", order_id % 3),
+            total_cents: total,
+        };
+        demo::insert_order(&mut tx, &order).await?;
         let event = Event::new(
             "order.created",
             &json!({"order_id": order_id, "total_cents": total}),

@@ -193,9 +193,7 @@ pub async fn check_relay_privileges(pool: &PgPool, config: &Config) -> anyhow::R
     let mut conn = pool.acquire().await?;
     let missing = pgoutbox::schema::missing_relay_privileges(&mut conn, &config.table).await?;
     if !missing.is_empty() {
-        let role: String = sqlx::query_scalar("SELECT current_user::text")
-            .fetch_one(&mut *conn)
-            .await?;
+        let role = pgoutbox::store::server::current_user(&mut *conn).await?;
         anyhow::bail!(
             "role {role} lacks {} on {}: as the table owner, run `pgoutbox migrate --grant-relay {role}`",
             missing.join(", "),

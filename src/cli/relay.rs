@@ -35,10 +35,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     super::check_relay_privileges(&pool, &config).await?;
     // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
     // them, and without it claims slow down as they pile up.
-    if let Ok(off) = sqlx::query_scalar::<_, String>("SHOW autovacuum")
-        .fetch_one(&pool)
-        .await
-    {
+    if let Ok(off) = pgoutbox::store::server::autovacuum(&pool).await {
         if off == "off" {
             tracing::warn!(
                 "autovacuum is off on this server: the outbox's dead rows and index entries will pile up and claims will slow down; turn autovacuum on or VACUUM the outbox regularly"

@@ -71,10 +71,7 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
                 );
                 return Ok(ExitCode::from(1));
             };
-            let keep: String =
-                sqlx::query_scalar("SELECT current_setting('max_slot_wal_keep_size')")
-                    .fetch_one(&pool)
-                    .await?;
+            let keep = pgoutbox::store::server::max_slot_wal_keep_size(&pool).await?;
             println!("slot              {}", s.slot_name);
             println!("plugin            {}", s.plugin.unwrap_or_default());
             println!(

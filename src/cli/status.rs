@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use pgoutbox::route::Router;
+use pgoutbox::store::Store;
 
 use super::{human_age, Cli};
 
@@ -20,35 +21,16 @@ pub struct Args {
     interval: std::time::Duration,
 }
 
-/// One recent failure: destination, topic, error, state, when.
-type RecentError = (
-    String,
-    String,
-    Option<String>,
-    String,
-    chrono::DateTime<chrono::Utc>,
-);
-
-/// RecentErrors. Newest failures first: backing-off rows by due time (a backwards scan of the
-/// pending index), dead rows by dead_at (the dead index).
-const RECENT_ERRORS: &str = "
-(SELECT coalesce(destination, '-'), topic, last_error, 'retrying' AS state, next_attempt_at AS at
-   FROM {outbox} WHERE published_at IS NULL AND dead_at IS NULL AND attempts > 0
-   ORDER BY next_attempt_at DESC LIMIT 5)
-UNION ALL
-(SELECT coalesce(destination, '-'), topic, last_error, 'dead', dead_at
-   FROM {outbox} WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT 5)
-ORDER BY at DESC LIMIT 5";
-
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let config = cli.load_config()?;
     let pool = super::connect_checked(&config, 1).await?;
+    let store = Store::new(pool.clone(), config.table.clone());
     let router = Router::new(&config.destinations);
     let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
     if args.watch {
-        return watch(&pool, &config.table, &router, &names, args.interval).await;
+        return watch(&store, &router, &names, args.interval).await;
     }
-    let status = pgoutbox::status::read(&pool, &config.table, Some((&router, &names))).await?;
+    let status = pgoutbox::status::read(&store, Some((&router, &names))).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(ExitCode::SUCCESS);
@@ -79,16 +61,14 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 
 /// The live view: the status table, throughput per destination and the newest errors.
 async fn watch(
-    pool: &sqlx::PgPool,
-    table: &pgoutbox::OutboxTable,
+    store: &Store,
     router: &Router,
     names: &[String],
     interval: std::time::Duration,
 ) -> anyhow::Result<ExitCode> {
-    let errors_sql = table.render(RECENT_ERRORS);
     let mut previous: Option<(std::time::Instant, std::collections::HashMap<String, i64>)> = None;
     loop {
-        let status = pgoutbox::status::read(pool, table, Some((router, names))).await?;
+        let status = pgoutbox::status::read(store, Some((router, names))).await?;
         let now = std::time::Instant::now();
         let mut published: std::collections::HashMap<String, i64> = Default::default();
         for row in &status.rows {
@@ -121,14 +101,14 @@ async fn watch(
         }
         println!();
         println!("RECENT ERRORS");
-        let errors: Vec<RecentError> = sqlx::query_as(&errors_sql).fetch_all(pool).await?;
+        let errors = pgoutbox::store::status::recent_errors(store).await?;
         if errors.is_empty() {
             println!("  none");
         }
-        for (destination, topic, error, state, _) in errors {
-            let mut error = error.unwrap_or_default();
+        for e in errors {
+            let mut error = e.error.unwrap_or_default();
             error.truncate(120);
-            println!("  [{state}] {destination} {topic}: {error}");
+            println!("  [{}] {} {}: {error}", e.state, e.destination, e.topic);
         }
         previous = Some((now, published));
         tokio::time::sleep(interval).await;

@@ -15,7 +15,7 @@ pub enum History {
     #[default]
     Outbox,
     /// Moved at settle to `<table>_history`, partitioned by publish time; cleanup drops whole
-    /// partitions, so neither table bloats (see [`crate::history`]).
+    /// partitions, so neither table bloats (see [`crate::store::history`]).
     Partitions,
 }
 

@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::Relay;
 use crate::error::Result;
 use crate::settle::SettleMode;
-use crate::store::{deliveries, waiting};
+use crate::store::{cleanup, deliveries, history, waiting};
 
 /// How long past their due time pairs of an unconfigured destination must have waited, unclaimed,
 /// before cleanup dead-letters them: a relay that serves the destination claims its due pairs
@@ -32,8 +32,8 @@ impl Relay {
     /// One round of upkeep; each part logs its own failure and the others go on.
     async fn upkeep(&self) {
         self.ensure_history().await;
-        let options = crate::cleanup::CleanupOptions::from_config(&self.config);
-        match crate::cleanup::run_if_leader(self.store.pool(), self.store.table(), &options).await {
+        let options = cleanup::CleanupOptions::from_config(&self.config);
+        match cleanup::run_if_leader(&self.store, &options).await {
             Ok(Some(r)) if r.deleted() + r.dropped_partitions > 0 => info!(
                 published = r.deleted_published,
                 dead = r.deleted_dead,
@@ -87,14 +87,8 @@ impl Relay {
         if self.settle_mode != SettleMode::Move {
             return;
         }
-        let ahead = crate::history::ahead(self.config.retention, self.config.cleanup_interval);
-        let ensured = crate::history::ensure(
-            self.store.pool(),
-            self.store.table(),
-            self.config.retention,
-            ahead,
-        )
-        .await;
+        let ahead = history::ahead(self.config.retention, self.config.cleanup_interval);
+        let ensured = history::ensure(&self.store, self.config.retention, ahead).await;
         if let Err(e) = ensured {
             warn!(error = %crate::error_chain(&e), "cannot create the history's next partitions (the relay's role must own the history, or run `pgoutbox cleanup` as its owner); settles land in its default partition until then");
         }

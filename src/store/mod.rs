@@ -6,12 +6,30 @@
 //! configured outbox table once, when the [`Store`] is built; each says which index it uses and
 //! which locks it takes. What an application runs itself (enqueue, the inbox, migrations) lives
 //! in `pgoutbox-core`.
+//!
+//! A file per table or concern. The relay's own: the [`outbox`] table, the split events'
+//! [`deliveries`], the [`held_batches`], the rows [`waiting`] to be released, the
+//! [`destinations`]' shared state and the failed [`attempts`]. The operator's: [`dead`] letters,
+//! the event search ([`inspect`]), the [`status`] and [`backlog`] counts, [`cleanup`] and the
+//! partitioned [`history`]. Then the statements about the server rather than the outbox table,
+//! which take a pool or a connection instead of a [`Store`] (nothing in them is rendered for a
+//! table): its settings ([`server`]), the WAL source's [`slot`] and publication, and the
+//! [`demo`]'s own tables.
 
 pub mod attempts;
+pub mod backlog;
+pub mod cleanup;
+pub mod dead;
 pub mod deliveries;
+pub mod demo;
 pub mod destinations;
 pub mod held_batches;
+pub mod history;
+pub mod inspect;
 pub mod outbox;
+pub mod server;
+pub mod slot;
+pub mod status;
 pub mod waiting;
 
 use std::sync::Arc;
@@ -31,10 +49,16 @@ pub struct Store {
 /// Every statement, rendered for one outbox table.
 struct Statements {
     attempts: attempts::Sql,
+    backlog: backlog::Sql,
+    cleanup: cleanup::Sql,
+    dead: dead::Sql,
     deliveries: deliveries::Sql,
     destinations: destinations::Sql,
     held_batches: held_batches::Sql,
+    history: history::Sql,
+    inspect: inspect::Sql,
     outbox: outbox::Sql,
+    status: status::Sql,
     waiting: waiting::Sql,
 }
 
@@ -42,10 +66,16 @@ impl Statements {
     fn render(table: &OutboxTable) -> Self {
         Self {
             attempts: attempts::Sql::render(table),
+            backlog: backlog::Sql::render(table),
+            cleanup: cleanup::Sql::render(table),
+            dead: dead::Sql::render(table),
             deliveries: deliveries::Sql::render(table),
             destinations: destinations::Sql::render(table),
             held_batches: held_batches::Sql::render(table),
+            history: history::Sql::render(table),
+            inspect: inspect::Sql::render(table),
             outbox: outbox::Sql::render(table),
+            status: status::Sql::render(table),
             waiting: waiting::Sql::render(table),
         }
     }

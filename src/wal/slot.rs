@@ -4,10 +4,16 @@
 //! The relay never creates or drops a slot by itself: a slot pins WAL until it is dropped, and a
 //! slot dropped by mistake loses the events that only live in the WAL (`emit()` messages). It
 //! creates the publication if it is missing, which costs nothing until a slot reads it.
+//!
+//! The statements are the store's ([`crate::store::slot`]); this module decides what their
+//! answers mean and says it in words an operator can act on.
 
 use sqlx::PgPool;
 
+pub use crate::store::slot::SlotStatus;
+
 use crate::config::WalConfig;
+use crate::store::{self, slot as sql};
 use crate::table::{Ident, OutboxTable};
 
 /// Oldest PostgreSQL the WAL source runs on: 14 added `pgoutput`'s `messages` option, which
@@ -23,6 +29,15 @@ pub enum SlotError {
     /// The server or the role is not set up for logical replication.
     #[error("{0}")]
     NotReady(String),
+}
+
+impl From<crate::Error> for SlotError {
+    fn from(e: crate::Error) -> Self {
+        match e {
+            crate::Error::Database(e) => Self::Database(e),
+            other => Self::NotReady(crate::error_chain(&other)),
+        }
+    }
 }
 
 /// The slot and publication names of one outbox table.
@@ -44,25 +59,17 @@ impl Names {
     }
 }
 
-/// ServerSetup. What the checks need from the server and the role, in one round trip.
-const SERVER_SETUP: &str = "
-SELECT current_setting('wal_level') AS wal_level,
-       current_setting('server_version_num')::int AS version,
-       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) AS replication,
-       current_setting('max_slot_wal_keep_size') AS keep_size,
-       current_user AS role";
-
 /// Checks that the server can serve the WAL source: `wal_level = logical`, PostgreSQL 14 or
 /// newer, and a role with the REPLICATION attribute. Returns warnings worth logging (no
 /// `max_slot_wal_keep_size`: a relay that is down for long fills the disk with WAL).
 pub async fn check_server(pool: &PgPool) -> Result<Vec<String>, SlotError> {
-    let (wal_level, version, replication, keep_size, role): (
-        String,
-        i32,
-        Option<bool>,
-        String,
-        String,
-    ) = sqlx::query_as(SERVER_SETUP).fetch_one(pool).await?;
+    let sql::ServerSetup {
+        wal_level,
+        version,
+        replication,
+        keep_size,
+        role,
+    } = sql::server_setup(pool).await?;
     if version < MIN_SERVER_VERSION {
         return Err(SlotError::NotReady(format!(
             "source = \"wal\" needs PostgreSQL 14 or newer (this server is {}.{}); use source = \"poll\"",
@@ -94,51 +101,10 @@ pub async fn check_server(pool: &PgPool) -> Result<Vec<String>, SlotError> {
     Ok(warnings)
 }
 
-/// One slot as `pg_replication_slots` shows it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct SlotStatus {
-    /// The slot's name.
-    pub slot_name: String,
-    /// Its output plugin (must be `pgoutput`).
-    pub plugin: Option<String>,
-    /// Its database.
-    pub database: Option<String>,
-    /// Whether a session streams from it now.
-    pub active: bool,
-    /// That session's backend pid.
-    pub active_pid: Option<i32>,
-    /// The position up to which the relay confirmed delivery.
-    pub confirmed_flush_lsn: Option<String>,
-    /// WAL written since the confirmed position, in bytes: what the slot holds back.
-    pub lag_bytes: Option<i64>,
-    /// `reserved`, `extended`, `unreserved` or `lost` (the slot's WAL was removed).
-    pub wal_status: Option<String>,
-    /// Bytes that can still be written before the slot risks losing WAL (`max_slot_wal_keep_size`);
-    /// NULL when that is unset.
-    pub safe_wal_size: Option<i64>,
-}
-
-/// SlotStatus. One row of `pg_replication_slots`, with the lag computed against the current WAL
-/// position.
-const SLOT_STATUS: &str = "
-SELECT slot_name::text, plugin::text, database::text, active, active_pid,
-       confirmed_flush_lsn::text,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS lag_bytes,
-       wal_status, safe_wal_size
-FROM pg_replication_slots WHERE slot_name = $1";
-
 /// The slot's status, `None` when there is no slot of that name.
 pub async fn status(pool: &PgPool, names: &Names) -> Result<Option<SlotStatus>, SlotError> {
-    Ok(sqlx::query_as(SLOT_STATUS)
-        .bind(&names.slot)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sql::slot_status(pool, &names.slot).await?)
 }
-
-/// Whether the publication exists and publishes the outbox table.
-const PUBLICATION_STATUS: &str = "
-SELECT EXISTS (SELECT FROM pg_publication_tables
-               WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)";
 
 /// Creates the publication of the outbox table's inserts if it is missing (`CREATE PUBLICATION`
 /// takes no lock that blocks writers). Returns whether it was created.
@@ -147,21 +113,10 @@ pub async fn ensure_publication(
     table: &OutboxTable,
     names: &Names,
 ) -> Result<bool, SlotError> {
-    let publishes: bool = sqlx::query_scalar(PUBLICATION_STATUS)
-        .bind(&names.publication)
-        .bind(table.schema().as_str())
-        .bind(table.table().as_str())
-        .fetch_one(pool)
-        .await?;
-    if publishes {
+    if sql::publication_publishes(pool, &names.publication, table).await? {
         return Ok(false);
     }
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)")
-            .bind(&names.publication)
-            .fetch_one(pool)
-            .await?;
-    if exists {
+    if sql::publication_exists(pool, &names.publication).await? {
         return Err(SlotError::NotReady(format!(
             "publication {} exists but does not publish {table}: \
              ALTER PUBLICATION {} ADD TABLE {}, or configure another wal.publication",
@@ -171,15 +126,9 @@ pub async fn ensure_publication(
         )));
     }
     // Validated identifiers (config), quoted: the only DDL here built from names.
-    let publication = Ident::parse(&names.publication)
-        .map_err(|e| SlotError::NotReady(e.to_string()))?
-        .quoted();
-    sqlx::query(&format!(
-        "CREATE PUBLICATION {publication} FOR TABLE {} WITH (publish = 'insert')",
-        table.qualified()
-    ))
-    .execute(pool)
-    .await?;
+    let publication =
+        Ident::parse(&names.publication).map_err(|e| SlotError::NotReady(e.to_string()))?;
+    sql::create_publication(pool, &publication, table).await?;
     Ok(true)
 }
 
@@ -207,14 +156,7 @@ pub async fn create(
             check_slot(&existing, pool).await?;
             None
         }
-        None => Some(
-            sqlx::query_scalar(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            )
-            .bind(&names.slot)
-            .fetch_one(pool)
-            .await?,
-        ),
+        None => Some(sql::create_slot(pool, &names.slot).await?),
     };
     Ok(Created {
         publication,
@@ -234,30 +176,22 @@ pub async fn drop(pool: &PgPool, names: &Names, publication: bool) -> Result<boo
             )))
         }
         Some(_) => {
-            sqlx::query("SELECT pg_drop_replication_slot($1)")
-                .bind(&names.slot)
-                .execute(pool)
-                .await?;
+            sql::drop_slot(pool, &names.slot).await?;
             true
         }
         None => false,
     };
     if publication {
-        let quoted = Ident::parse(&names.publication)
-            .map_err(|e| SlotError::NotReady(e.to_string()))?
-            .quoted();
-        sqlx::query(&format!("DROP PUBLICATION IF EXISTS {quoted}"))
-            .execute(pool)
-            .await?;
+        let publication =
+            Ident::parse(&names.publication).map_err(|e| SlotError::NotReady(e.to_string()))?;
+        sql::drop_publication(pool, &publication).await?;
     }
     Ok(dropped)
 }
 
 /// Checks an existing slot: in this database, `pgoutput`, WAL not lost.
 async fn check_slot(slot: &SlotStatus, pool: &PgPool) -> Result<(), SlotError> {
-    let database: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(pool)
-        .await?;
+    let database = store::server::current_database(pool).await?;
     if slot.database.as_deref() != Some(database.as_str()) {
         return Err(SlotError::NotReady(format!(
             "slot {} belongs to database {}, not {database}: configure another wal.slot",

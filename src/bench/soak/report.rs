@@ -73,7 +73,7 @@ pub fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], deli
         "partitions" => {
             args.retention.as_secs_f64() / 60.0
                 + args.cleanup_interval.as_secs_f64() / 60.0
-                + pgoutbox::history::width_minutes(args.retention) as f64
+                + pgoutbox::store::history::width_minutes(args.retention) as f64
         }
         _ => 1.0,
     };

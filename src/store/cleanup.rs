@@ -1,6 +1,6 @@
 //! Cleanup: deleting published rows older than `retention` (and dead rows older than
 //! `dead_retention`, when set), in short bounded batches, and dropping the partitions of the
-//! published history that are past `retention` ([`crate::history`]).
+//! published history that are past `retention` ([`super::history`]).
 //!
 //! The walk follows the index of published rows (and the dead-letter index) oldest first, in
 //! chunks; each chunk is one autocommit DELETE, so no transaction or lock lasts longer than one
@@ -12,15 +12,19 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 use tracing::debug;
 
+use super::Store;
 use crate::config::Config;
 use crate::error::Result;
 use crate::table::OutboxTable;
 
 /// Advisory lock key of the cleanup leader (one per database; cleanup is cheap to serialize).
 const CLEANUP_LOCK_KEY: i64 = 0x7067_6f62_636c_6e75;
+
+/// CleanupLeader. The session-level advisory lock `$1` ([`CLEANUP_LOCK_KEY`]), if free: held
+/// until the session ends.
+const TRY_LEADER: &str = "SELECT pg_try_advisory_lock($1)";
 
 /// What to delete and how.
 #[derive(Debug, Clone)]
@@ -114,29 +118,59 @@ impl Stamp {
         };
         table.render(&template.replace("{stamp}", column))
     }
+
+    /// Its index in [`Sql`]'s per-stamp statements.
+    fn at(self) -> usize {
+        self as usize
+    }
+}
+
+/// This module's statements, rendered.
+pub(super) struct Sql {
+    /// OutboxDeleteExpired, per [`Stamp`].
+    delete_expired: [String; 2],
+    /// OutboxCountExpired, per [`Stamp`].
+    count_expired: [String; 2],
+    delete_old_attempts: String,
+    delete_dead_deliveries: String,
+    count_dead_deliveries: String,
+}
+
+impl Sql {
+    pub(super) fn render(table: &OutboxTable) -> Self {
+        let stamps = |template: &str| {
+            [Stamp::Published, Stamp::Dead].map(|stamp| stamp.render(table, template))
+        };
+        Self {
+            delete_expired: stamps(DELETE_EXPIRED),
+            count_expired: stamps(COUNT_EXPIRED),
+            delete_old_attempts: table.render(DELETE_OLD_ATTEMPTS),
+            delete_dead_deliveries: table.render(DELETE_DEAD_DELIVERIES),
+            count_dead_deliveries: table.render(COUNT_DEAD_DELIVERIES),
+        }
+    }
 }
 
 /// Runs cleanup unless another instance holds the cleanup lock; `None` when it was skipped.
 pub async fn run_if_leader(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     options: &CleanupOptions,
 ) -> Result<Option<CleanupReport>> {
-    let mut conn = pool.acquire().await?;
+    let mut conn = store.pool().acquire().await?;
     // The lock is the session's, so the session ends with the run: this connection never goes
     // back to the pool (where it would keep the lock and leave every relay a follower), whether
     // the run ends, fails, or is dropped mid-way (the relay aborts cleanup at shutdown). Marked
     // before asking for the lock, as a future dropped while the answer is on its way would
     // otherwise return it to the pool holding it. The price is one new connection per interval.
     conn.close_on_drop();
-    let leader: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+    let leader: bool = sqlx::query_scalar(TRY_LEADER)
         .bind(CLEANUP_LOCK_KEY)
         .fetch_one(&mut *conn)
         .await?;
     if !leader {
         return Ok(None);
     }
-    let report = run(pool, table, options, |_| {}).await?;
+    let report = run(store, options, |_| {}).await?;
     // Closing ends the session and so releases the lock; no separate unlock to forget.
     conn.close().await?;
     Ok(Some(report))
@@ -144,19 +178,22 @@ pub async fn run_if_leader(
 
 /// Runs cleanup now; `progress` is called after every chunk with the running totals.
 pub async fn run(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     options: &CleanupOptions,
     mut progress: impl FnMut(&CleanupReport),
 ) -> Result<CleanupReport> {
+    let sql = &store.sql.cleanup;
     let mut report = CleanupReport::default();
     let retention = options.retention.as_secs_f64();
     let dead_retention = options.dead_retention.map(|d| d.as_secs_f64());
     if options.dry_run {
         let count = |stamp: Stamp, secs: f64| {
-            let sql = stamp.render(table, COUNT_EXPIRED);
+            let statement = &sql.count_expired[stamp.at()];
             async move {
-                let (n,): (i64,) = sqlx::query_as(&sql).bind(secs).fetch_one(pool).await?;
+                let (n,): (i64,) = sqlx::query_as(statement)
+                    .bind(secs)
+                    .fetch_one(store.pool())
+                    .await?;
                 Ok::<_, sqlx::Error>(n.max(0) as u64)
             }
         };
@@ -169,8 +206,7 @@ pub async fn run(
         progress(&report);
     } else {
         walk(
-            pool,
-            table,
+            store,
             options,
             Stamp::Published,
             retention,
@@ -179,23 +215,13 @@ pub async fn run(
         )
         .await?;
         if let Some(d) = dead_retention {
-            walk(
-                pool,
-                table,
-                options,
-                Stamp::Dead,
-                d,
-                &mut report,
-                &mut progress,
-            )
-            .await?;
+            walk(store, options, Stamp::Dead, d, &mut report, &mut progress).await?;
         }
     }
     // The partitioned history (`history = "partitions"`, or left from it): whole partitions. Run
     // whatever the setting, so that switching back to the outbox still expires them.
-    let expired = crate::history::expire(
-        pool,
-        table,
+    let expired = super::history::expire(
+        store,
         options.retention,
         options.chunk_rows,
         options.dry_run,
@@ -208,14 +234,14 @@ pub async fn run(
     }
     if let Some(dead_retention) = dead_retention {
         // Dead pairs of split events: a table as small as the current failures, one statement.
-        let statement = table.render(if options.dry_run {
-            COUNT_DEAD_DELIVERIES
+        let statement = if options.dry_run {
+            &sql.count_dead_deliveries
         } else {
-            DELETE_DEAD_DELIVERIES
-        });
-        let (deleted,): (i64,) = sqlx::query_as(&statement)
+            &sql.delete_dead_deliveries
+        };
+        let (deleted,): (i64,) = sqlx::query_as(statement)
             .bind(dead_retention)
-            .fetch_one(pool)
+            .fetch_one(store.pool())
             .await?;
         report.deleted_dead += deleted as u64;
         if deleted > 0 {
@@ -225,8 +251,8 @@ pub async fn run(
     if !options.dry_run {
         // The attempt history: small rows, chunk after chunk by age (`{name:attempts_at_idx}`).
         let (deleted, chunks) = delete_in_chunks(
-            pool,
-            &table.render(DELETE_OLD_ATTEMPTS),
+            store,
+            &sql.delete_old_attempts,
             options.attempts_retention,
             options.chunk_rows,
         )
@@ -239,8 +265,8 @@ pub async fn run(
 
 /// Runs `statement` (one chunk: binds `$1` the age in seconds, `$2` the chunk size; returns the
 /// rows deleted) until a chunk comes back short; returns the rows deleted and the chunks run.
-pub(crate) async fn delete_in_chunks(
-    pool: &PgPool,
+pub(super) async fn delete_in_chunks(
+    store: &Store,
     statement: &str,
     older_than: Duration,
     chunk_rows: i64,
@@ -250,7 +276,7 @@ pub(crate) async fn delete_in_chunks(
         let (deleted,): (i64,) = sqlx::query_as(statement)
             .bind(older_than.as_secs_f64())
             .bind(chunk_rows)
-            .fetch_one(pool)
+            .fetch_one(store.pool())
             .await?;
         rows += deleted as u64;
         chunks += 1;
@@ -275,23 +301,22 @@ SELECT count(*) FROM gone";
 /// Runs OutboxDeleteExpired for `stamp` chunk after chunk, each one short autocommit statement,
 /// until a chunk comes back short: nothing older than the cutoff is left.
 async fn walk(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     options: &CleanupOptions,
     stamp: Stamp,
     retention_secs: f64,
     report: &mut CleanupReport,
     progress: &mut impl FnMut(&CleanupReport),
 ) -> Result<()> {
-    let statement = stamp.render(table, DELETE_EXPIRED);
+    let statement = &store.sql.cleanup.delete_expired[stamp.at()];
     let mut cursor: Option<DateTime<Utc>> = None;
     loop {
         let started = Instant::now();
-        let stamps: Vec<DateTime<Utc>> = sqlx::query_scalar(&statement)
+        let stamps: Vec<DateTime<Utc>> = sqlx::query_scalar(statement)
             .bind(options.chunk_rows)
             .bind(retention_secs)
             .bind(cursor)
-            .fetch_all(pool)
+            .fetch_all(store.pool())
             .await?;
         let elapsed = started.elapsed();
         match stamp {

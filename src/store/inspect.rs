@@ -2,18 +2,20 @@
 //! key, destination, state and time, a page at a time with a cursor; and one event whole, with
 //! its payload, headers, where it stands at each destination and its failed attempts. The
 //! operator console and its API use these; the CLI's `dead` commands are the dead-letter subset
-//! (see [`crate::dead`]).
+//! (see [`super::dead`]).
 //!
 //! Statements are built from fixed fragments, one per filter given, with the values bound. Each
 //! state is walked in the order of its partial index (see [`order`]) from the cursor on, so a page
-//! costs its own rows, not the table; a lookup by id uses the primary key.
+//! costs its own rows, not the table; a lookup by id uses the primary key. A search is the one
+//! statement assembled per call (from those fragments); the lookup's are rendered once (`Sql`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgArguments;
-use sqlx::{Arguments, PgPool};
+use sqlx::Arguments;
 use uuid::Uuid;
 
+use super::Store;
 use crate::error::Result;
 use crate::table::OutboxTable;
 
@@ -246,7 +248,7 @@ struct Order {
 
 /// EventSearch: one page in the state's order (see [`order`]), at most `limit` (plus one, to know
 /// whether a next page exists).
-pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Result<EventPage> {
+pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
     let limit = q.limit.clamp(1, 500);
     let Order {
         column,
@@ -318,8 +320,8 @@ pub async fn search(pool: &PgPool, table: &OutboxTable, q: &EventQuery) -> Resul
             "\nORDER BY sort_ts {direction}, seq {direction} LIMIT ${n}"
         ));
     }
-    let mut rows: Vec<(EventRow, String)> = sqlx::query_as_with(&table.render(&sql), args)
-        .fetch_all(pool)
+    let mut rows: Vec<(EventRow, String)> = sqlx::query_as_with(&store.table().render(&sql), args)
+        .fetch_all(store.pool())
         .await?
         .into_iter()
         .map(|row: SortedRow| (row.event, row.sort_at))
@@ -347,12 +349,58 @@ struct SortedRow {
     sort_at: String,
 }
 
+/// EventShow's head. The event's payload and headers: primary key on the outbox; a split event in
+/// delete mode has only its pairs left (each holds a copy of the payload), found by the
+/// deliveries' (event_id, destination) key; a moved one its history row
+/// (`{name:history_id_idx}`).
+const SHOW_HEAD: &str =
+    "SELECT seq, topic, key, created_at, payload, headers FROM {outbox} WHERE id = $1
+         UNION ALL
+         (SELECT seq, topic, key, created_at, payload, headers FROM {qname:deliveries}
+          WHERE event_id = $1 LIMIT 1)
+         UNION ALL
+         (SELECT coalesce(seq, 0), coalesce(topic, ''), key, coalesce(created_at, published_at),
+                 coalesce(payload, 'null'), headers FROM {qname:history}
+          WHERE id = $1 LIMIT 1)
+         LIMIT 1";
+
+/// EventShow's deliveries: its row, each pair and its history row, by the same keys.
+fn show_deliveries() -> String {
+    format!(
+        "SELECT {ROW_COLUMNS} FROM {{outbox}} WHERE id = $1
+         UNION ALL
+         SELECT {PAIR_COLUMNS} FROM {{qname:deliveries}} WHERE event_id = $1
+         UNION ALL
+         SELECT {HISTORY_COLUMNS} FROM {{qname:history}} WHERE id = $1
+         ORDER BY destination NULLS FIRST"
+    )
+}
+
+/// EventShow's attempts. `{name:attempts_event_idx}`: this event's history, in order.
+const SHOW_ATTEMPTS: &str =
+    "SELECT destination, at, error, dead FROM {qname:attempts} WHERE event_id = $1
+         ORDER BY at, destination LIMIT 1000";
+
+/// This module's statements that do not depend on a search's filters, rendered.
+pub(super) struct Sql {
+    show_head: String,
+    show_deliveries: String,
+    show_attempts: String,
+}
+
+impl Sql {
+    pub(super) fn render(table: &OutboxTable) -> Self {
+        Self {
+            show_head: table.render(SHOW_HEAD),
+            show_deliveries: table.render(&show_deliveries()),
+            show_attempts: table.render(SHOW_ATTEMPTS),
+        }
+    }
+}
+
 /// EventShow: the event `id` whole, or `None` when no row has it (delivered and cleaned up, or
 /// never written).
-pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option<EventDetail>> {
-    // Primary key on the outbox; a split event in delete mode has only its pairs left (each holds
-    // a copy of the payload), found by the deliveries' (event_id, destination) key; a moved one
-    // its history row (`{name:history_id_idx}`).
+pub async fn show(store: &Store, id: Uuid) -> Result<Option<EventDetail>> {
     type Head = (
         i64,
         String,
@@ -361,42 +409,22 @@ pub async fn show(pool: &PgPool, table: &OutboxTable, id: Uuid) -> Result<Option
         serde_json::Value,
         Option<serde_json::Value>,
     );
-    let head: Option<Head> = sqlx::query_as(&table.render(
-        "SELECT seq, topic, key, created_at, payload, headers FROM {outbox} WHERE id = $1
-         UNION ALL
-         (SELECT seq, topic, key, created_at, payload, headers FROM {qname:deliveries}
-          WHERE event_id = $1 LIMIT 1)
-         UNION ALL
-         (SELECT coalesce(seq, 0), coalesce(topic, ''), key, coalesce(created_at, published_at),
-                 coalesce(payload, 'null'), headers FROM {qname:history}
-          WHERE id = $1 LIMIT 1)
-         LIMIT 1",
-    ))
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
+    let sql = &store.sql.inspect;
+    let head: Option<Head> = sqlx::query_as(&sql.show_head)
+        .bind(id)
+        .fetch_optional(store.pool())
+        .await?;
     let Some((seq, topic, key, created_at, payload, headers)) = head else {
         return Ok(None);
     };
-    let deliveries: Vec<EventRow> = sqlx::query_as(&table.render(&format!(
-        "SELECT {ROW_COLUMNS} FROM {{outbox}} WHERE id = $1
-         UNION ALL
-         SELECT {PAIR_COLUMNS} FROM {{qname:deliveries}} WHERE event_id = $1
-         UNION ALL
-         SELECT {HISTORY_COLUMNS} FROM {{qname:history}} WHERE id = $1
-         ORDER BY destination NULLS FIRST"
-    )))
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
-    // `{name:attempts_event_idx}`: this event's history, in order.
-    let attempts: Vec<Attempt> = sqlx::query_as(&table.render(
-        "SELECT destination, at, error, dead FROM {qname:attempts} WHERE event_id = $1
-         ORDER BY at, destination LIMIT 1000",
-    ))
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
+    let deliveries: Vec<EventRow> = sqlx::query_as(&sql.show_deliveries)
+        .bind(id)
+        .fetch_all(store.pool())
+        .await?;
+    let attempts: Vec<Attempt> = sqlx::query_as(&sql.show_attempts)
+        .bind(id)
+        .fetch_all(store.pool())
+        .await?;
     Ok(Some(EventDetail {
         id,
         seq,

@@ -16,9 +16,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use sqlx::PgPool;
 use tracing::{debug, info};
 
+use super::Store;
 use crate::error::Result;
 use crate::table::OutboxTable;
 
@@ -32,6 +32,13 @@ const WIDTHS_MINUTES: [i64; 6] = [1, 5, 15, 60, 360, 1440];
 /// while it waits, every settle queues behind it (the DDL locks the parent), and partitions are
 /// kept far enough ahead that a few missed runs are harmless.
 const DDL_LOCK_TIMEOUT: &str = "250ms";
+
+/// HistoryLock. Serializes partition creation ([`PARTITIONS_LOCK_KEY`]) until the transaction
+/// ends.
+const PARTITIONS_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// The database's clock, which partition bounds are taken from (never the relay's).
+const NOW: &str = "SELECT statement_timestamp()";
 
 /// The width of new partitions for `retention`: the widest of [`WIDTHS_MINUTES`] no wider than a
 /// quarter of it, so that at most about a quarter of a retention period's rows outlive it.
@@ -100,17 +107,32 @@ WHERE i.inhparent = '{qname:history}'::regclass";
 /// covered its time): no partition may be created over it. `{name:history_published_idx}`.
 const DEFAULT_NEWEST: &str = "SELECT max(published_at) FROM {qname:history_default}";
 
-/// The history's partitions (ours only), oldest first.
-pub async fn partitions(
-    conn: &mut sqlx::PgConnection,
-    table: &OutboxTable,
-) -> Result<Vec<Partition>> {
-    let names: Vec<String> = sqlx::query_scalar(&table.render(PARTITIONS))
+/// This module's statements, rendered (partition DDL names a partition: it is built per call).
+pub(super) struct Sql {
+    partitions: String,
+    default_newest: String,
+    delete_expired_default: String,
+}
+
+impl Sql {
+    pub(super) fn render(table: &OutboxTable) -> Self {
+        Self {
+            partitions: table.render(PARTITIONS),
+            default_newest: table.render(DEFAULT_NEWEST),
+            delete_expired_default: table.render(DELETE_EXPIRED_DEFAULT),
+        }
+    }
+}
+
+/// HistoryPartitions: the history's partitions (ours only), oldest first, on `conn` (in its
+/// transaction, if one is open).
+pub async fn partitions(store: &Store, conn: &mut sqlx::PgConnection) -> Result<Vec<Partition>> {
+    let names: Vec<String> = sqlx::query_scalar(&store.sql.history.partitions)
         .fetch_all(&mut *conn)
         .await?;
     let mut found: Vec<Partition> = names
         .iter()
-        .filter_map(|n| Partition::parse(table, n))
+        .filter_map(|n| Partition::parse(store.table(), n))
         .collect();
     found.sort_by_key(|p| p.start);
     Ok(found)
@@ -137,27 +159,21 @@ fn slot_start(at: DateTime<Utc>, minutes: i64) -> DateTime<Utc> {
 /// transaction per partition; returns how many were created. New partitions start after every
 /// existing one (so a change of width never overlaps) and after any row of the default
 /// partition.
-pub async fn ensure(
-    pool: &PgPool,
-    table: &OutboxTable,
-    retention: Duration,
-    ahead: Duration,
-) -> Result<u64> {
+pub async fn ensure(store: &Store, retention: Duration, ahead: Duration) -> Result<u64> {
+    let table = store.table();
     let minutes = width_minutes(retention);
     let mut created = 0;
     loop {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        let mut tx = store.pool().begin().await?;
+        sqlx::query(PARTITIONS_LOCK)
             .bind(PARTITIONS_LOCK_KEY)
             .execute(&mut *tx)
             .await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT statement_timestamp()")
-            .fetch_one(&mut *tx)
-            .await?;
+        let now: DateTime<Utc> = sqlx::query_scalar(NOW).fetch_one(&mut *tx).await?;
         let horizon = now + chrono::Duration::from_std(ahead).unwrap_or_default();
-        let existing = partitions(&mut tx, table).await?;
+        let existing = partitions(store, &mut tx).await?;
         let newest_default: Option<DateTime<Utc>> =
-            sqlx::query_scalar(&table.render(DEFAULT_NEWEST))
+            sqlx::query_scalar(&store.sql.history.default_newest)
                 .fetch_one(&mut *tx)
                 .await?;
         let mut from = slot_start(now, minutes);
@@ -217,19 +233,17 @@ pub struct Expired {
 /// transaction, then deletes the default partition's expired rows in chunks of `chunk_rows`. A
 /// dry run only counts the partitions.
 pub async fn expire(
-    pool: &PgPool,
-    table: &OutboxTable,
+    store: &Store,
     retention: Duration,
     chunk_rows: i64,
     dry_run: bool,
 ) -> Result<Expired> {
+    let table = store.table();
     let mut done = Expired::default();
-    let mut conn = pool.acquire().await?;
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT statement_timestamp()")
-        .fetch_one(&mut *conn)
-        .await?;
+    let mut conn = store.pool().acquire().await?;
+    let now: DateTime<Utc> = sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?;
     let cutoff = now - chrono::Duration::from_std(retention).unwrap_or_default();
-    for p in partitions(&mut conn, table).await? {
+    for p in partitions(store, &mut conn).await? {
         if p.end > cutoff {
             break;
         }
@@ -250,9 +264,9 @@ pub async fn expire(
         return Ok(done);
     }
     drop(conn);
-    let statement = table.render(DELETE_EXPIRED_DEFAULT);
+    let statement = &store.sql.history.delete_expired_default;
     (done.default_rows, _) =
-        crate::cleanup::delete_in_chunks(pool, &statement, retention, chunk_rows).await?;
+        super::cleanup::delete_in_chunks(store, statement, retention, chunk_rows).await?;
     Ok(done)
 }
 

@@ -1,0 +1,174 @@
+//! The replication slot's and the publication's statements (`source = "wal"`): what the server
+//! and the role allow, a slot's state in `pg_replication_slots`, and creating and dropping both.
+//! What the answers mean (readiness, the operator's messages) is [`crate::wal::slot`]'s.
+//!
+//! These read the server and its catalogs rather than the outbox table, so they take the pool,
+//! not a [`super::Store`]: nothing in them is rendered for a table, and callers without one (a
+//! bench's scratch server) run them too.
+
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::table::{Ident, OutboxTable};
+
+/// ServerSetup. What the checks need from the server and the role, in one round trip.
+const SERVER_SETUP: &str = "
+SELECT current_setting('wal_level') AS wal_level,
+       current_setting('server_version_num')::int AS version,
+       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) AS replication,
+       current_setting('max_slot_wal_keep_size') AS keep_size,
+       current_user AS role";
+
+/// What the server and the role are set up for, as ServerSetup reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSetup {
+    /// `wal_level`.
+    pub wal_level: String,
+    /// `server_version_num`.
+    pub version: i32,
+    /// Whether the role has REPLICATION (or is a superuser); `None` when it is not in `pg_roles`.
+    pub replication: Option<bool>,
+    /// `max_slot_wal_keep_size` as the server writes it (`-1`: unset).
+    pub keep_size: String,
+    /// The role.
+    pub role: String,
+}
+
+/// ServerSetup: the server's and the role's replication settings.
+pub async fn server_setup(pool: &PgPool) -> Result<ServerSetup> {
+    let (wal_level, version, replication, keep_size, role): (
+        String,
+        i32,
+        Option<bool>,
+        String,
+        String,
+    ) = sqlx::query_as(SERVER_SETUP).fetch_one(pool).await?;
+    Ok(ServerSetup {
+        wal_level,
+        version,
+        replication,
+        keep_size,
+        role,
+    })
+}
+
+/// One slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SlotStatus {
+    /// The slot's name.
+    pub slot_name: String,
+    /// Its output plugin (must be `pgoutput`).
+    pub plugin: Option<String>,
+    /// Its database.
+    pub database: Option<String>,
+    /// Whether a session streams from it now.
+    pub active: bool,
+    /// That session's backend pid.
+    pub active_pid: Option<i32>,
+    /// The position up to which the relay confirmed delivery.
+    pub confirmed_flush_lsn: Option<String>,
+    /// WAL written since the confirmed position, in bytes: what the slot holds back.
+    pub lag_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (the slot's WAL was removed).
+    pub wal_status: Option<String>,
+    /// Bytes that can still be written before the slot risks losing WAL (`max_slot_wal_keep_size`);
+    /// NULL when that is unset.
+    pub safe_wal_size: Option<i64>,
+}
+
+/// SlotStatus. One row of `pg_replication_slots`, with the lag computed against the current WAL
+/// position.
+const SLOT_STATUS: &str = "
+SELECT slot_name::text, plugin::text, database::text, active, active_pid,
+       confirmed_flush_lsn::text,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS lag_bytes,
+       wal_status, safe_wal_size
+FROM pg_replication_slots WHERE slot_name = $1";
+
+/// SlotStatus: the slot named `slot`, `None` when there is none.
+pub async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<SlotStatus>> {
+    Ok(sqlx::query_as(SLOT_STATUS)
+        .bind(slot)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// SlotCreate. A logical slot with `pgoutput`; returns the position it starts at.
+const SLOT_CREATE: &str =
+    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')";
+
+/// SlotCreate: creates the slot `slot`; returns its starting position.
+pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<String> {
+    Ok(sqlx::query_scalar(SLOT_CREATE)
+        .bind(slot)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// SlotDrop. Fails while a session streams from the slot.
+const SLOT_DROP: &str = "SELECT pg_drop_replication_slot($1)";
+
+/// SlotDrop: drops the slot `slot`.
+pub async fn drop_slot(pool: &PgPool, slot: &str) -> Result<()> {
+    sqlx::query(SLOT_DROP).bind(slot).execute(pool).await?;
+    Ok(())
+}
+
+/// PublicationStatus. Whether the publication exists and publishes the outbox table.
+const PUBLICATION_STATUS: &str = "
+SELECT EXISTS (SELECT FROM pg_publication_tables
+               WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)";
+
+/// PublicationStatus: whether `publication` publishes `table`.
+pub async fn publication_publishes(
+    pool: &PgPool,
+    publication: &str,
+    table: &OutboxTable,
+) -> Result<bool> {
+    Ok(sqlx::query_scalar(PUBLICATION_STATUS)
+        .bind(publication)
+        .bind(table.schema().as_str())
+        .bind(table.table().as_str())
+        .fetch_one(pool)
+        .await?)
+}
+
+/// PublicationExists. Whether a publication of that name exists, whatever it publishes.
+const PUBLICATION_EXISTS: &str = "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)";
+
+/// PublicationExists: whether a publication named `publication` exists.
+pub async fn publication_exists(pool: &PgPool, publication: &str) -> Result<bool> {
+    Ok(sqlx::query_scalar(PUBLICATION_EXISTS)
+        .bind(publication)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// PublicationCreate: the publication of `table`'s inserts. `CREATE PUBLICATION` takes no lock
+/// that blocks writers. Built from validated identifiers, quoted: the only DDL here made from
+/// names.
+pub async fn create_publication(
+    pool: &PgPool,
+    publication: &Ident,
+    table: &OutboxTable,
+) -> Result<()> {
+    sqlx::query(&format!(
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+        publication.quoted(),
+        table.qualified()
+    ))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// PublicationDrop: drops `publication` if it exists.
+pub async fn drop_publication(pool: &PgPool, publication: &Ident) -> Result<()> {
+    sqlx::query(&format!(
+        "DROP PUBLICATION IF EXISTS {}",
+        publication.quoted()
+    ))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
