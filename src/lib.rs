@@ -45,7 +45,6 @@ pub mod sinks;
 pub mod sources;
 pub mod status;
 pub mod store;
-pub mod wal;
 
 // The application side lives in `pgoutbox-core` (what an application links); the relay uses it
 // through the same paths.

@@ -197,8 +197,8 @@ async fn chaos(settings: Settings, source: Source) {
         Source::Poll => String::new(),
         Source::Wal => {
             let config = parse_config(&format!("database_url = \"{}\"", db.url));
-            let names = pgoutbox::wal::slot::Names::of(&config.wal, &config.table);
-            pgoutbox::wal::slot::create(&db.pool, &config.table, &names)
+            let names = pgoutbox::sources::wal::slot::Names::of(&config.wal, &config.table);
+            pgoutbox::sources::wal::slot::create(&db.pool, &config.table, &names)
                 .await
                 .expect("create the slot");
             // Confirmed often, so that a killed relay's successor re-reads little.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::logical::LogicalPg;
 use common::*;
-use pgoutbox::wal::slot::{self, Names};
+use pgoutbox::sources::wal::slot::{self, Names};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::postgres::PgPoolOptions;

@@ -66,7 +66,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         args.events > 0 && args.per_transaction > 0,
         "--events and --per-transaction must be more than 0"
     );
-    pgoutbox::wal::slot::check_server(&scratch.pool)
+    pgoutbox::sources::wal::slot::check_server(&scratch.pool)
         .await
         .context("bench catchup reads a backlog from a logical replication slot")?;
     let program = match &args.pg_recvlogical {

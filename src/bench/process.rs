@@ -152,7 +152,7 @@ impl RelayProcess {
         let (_, names) = scratch.wal_names();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let status = pgoutbox::wal::slot::status(pool, &names).await?;
+            let status = pgoutbox::sources::wal::slot::status(pool, &names).await?;
             if status.is_some_and(|s| s.active) {
                 return Ok(());
             }

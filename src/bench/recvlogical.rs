@@ -56,7 +56,8 @@ struct Conninfo {
 
 impl Conninfo {
     fn of(database_url: &str) -> anyhow::Result<Self> {
-        let url = pgoutbox::wal::UrlParts::parse(database_url).map_err(anyhow::Error::msg)?;
+        let url =
+            pgoutbox::sources::wal::UrlParts::parse(database_url).map_err(anyhow::Error::msg)?;
         let mut pairs: Vec<(&str, String)> = vec![("dbname", url.dbname.clone())];
         if let Some(host) = &url.host {
             pairs.push(("host", host.clone()));

@@ -78,13 +78,13 @@ impl Scratch {
     /// server's, not the database's: the slot is named after the scratch database, so that the
     /// default `pgoutbox_outbox` slot of a real relay on the same server is never in the way (nor
     /// touched); the publication (per database) keeps its default name.
-    pub fn wal_names(&self) -> (pgoutbox::OutboxTable, pgoutbox::wal::slot::Names) {
+    pub fn wal_names(&self) -> (pgoutbox::OutboxTable, pgoutbox::sources::wal::slot::Names) {
         let table = pgoutbox::OutboxTable::default_table();
         let wal = pgoutbox::config::WalConfig {
             slot: Some(self.name.clone()),
             ..Default::default()
         };
-        let names = pgoutbox::wal::slot::Names::of(&wal, &table);
+        let names = pgoutbox::sources::wal::slot::Names::of(&wal, &table);
         (table, names)
     }
 
@@ -99,7 +99,7 @@ impl Scratch {
         sql::setup::drop_publication(&self.pool, &publication).await?;
         self.fresh_outbox().await?;
         if source == Source::Wal {
-            pgoutbox::wal::slot::create(&self.pool, &table, &names)
+            pgoutbox::sources::wal::slot::create(&self.pool, &table, &names)
                 .await
                 .with_context(|| {
                     format!(

@@ -46,9 +46,9 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         if args.once {
             bail!("--once claims from the table: it works with source = \"poll\" only");
         }
-        let names = pgoutbox::wal::slot::Names::of(&config.wal, &config.table);
+        let names = pgoutbox::sources::wal::slot::Names::of(&config.wal, &config.table);
         // Fails fast on a server or slot that cannot serve; warnings are logged by the source.
-        pgoutbox::wal::slot::ready(&pool, &config.table, &names)
+        pgoutbox::sources::wal::slot::ready(&pool, &config.table, &names)
             .await
             .context("cannot read events from the WAL (source = \"wal\")")?;
     }
@@ -114,7 +114,7 @@ async fn run_relay(
             shutdown.clone(),
         ));
         if config.source == Source::Wal {
-            tokio::spawn(pgoutbox::wal::refresh_gauges(
+            tokio::spawn(pgoutbox::sources::wal::refresh_gauges(
                 Arc::clone(&relay),
                 config.observability.gauge_interval,
                 shutdown.clone(),

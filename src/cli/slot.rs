@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use pgoutbox::wal::slot::{self, Names};
+use pgoutbox::sources::wal::slot::{self, Names};
 
 use super::Cli;
 

@@ -39,8 +39,8 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if config.source == pgoutbox::config::Source::Wal {
         // Events written with emit() and not yet read live only in the WAL: the slot's lag is
         // their backlog.
-        let names = pgoutbox::wal::slot::Names::of(&config.wal, &config.table);
-        match pgoutbox::wal::slot::status(&pool, &names).await? {
+        let names = pgoutbox::sources::wal::slot::Names::of(&config.wal, &config.table);
+        match pgoutbox::sources::wal::slot::status(&pool, &names).await? {
             Some(s) => {
                 println!(
                 "wal slot {}: {}, {} bytes behind, wal_status {} (details: pgoutbox slot status)",

@@ -27,7 +27,7 @@ pub enum Source {
     #[default]
     Poll,
     /// Read inserted rows and `outbox_emit` messages from a logical replication slot, in commit
-    /// order (see [`crate::wal`]).
+    /// order (see [`crate::sources::wal`]).
     Wal,
 }
 

@@ -1,7 +1,7 @@
 //! The relay engine: sources → route → lanes (sinks) → settle → retries and dead letters → upkeep.
 //!
 //! A source hands the engine batches: claim workers claim due rows from the table
-//! ([`crate::sources::poll`]), or one reader streams them from the WAL ([`crate::wal`]). Each batch
+//! ([`crate::sources::poll`]), or one reader streams them from the WAL ([`crate::sources::wal`]). Each batch
 //! is routed into *items*, one per (event, destination), and each destination's items go to its
 //! *lane* ([`lane`]): its sink, behind its gate — pause, circuit breaker, and `concurrency` for the
 //! whole process ([`crate::gate`]). Lanes publish side by side, each at its own pace. When they

@@ -62,7 +62,7 @@ impl Relay {
             Source::Wal => {
                 let relay = Arc::clone(&self);
                 let shutdown = shutdown.clone();
-                workers.spawn(async move { crate::wal::run(relay, shutdown).await });
+                workers.spawn(async move { crate::sources::wal::run(relay, shutdown).await });
             }
         }
         for d in 0..self.lanes.len() {

@@ -28,7 +28,7 @@ use crate::store::outbox;
 pub type WalSettled = Result<(BatchReport, DeliveredRows)>;
 
 impl Relay {
-    /// WAL source: publishes and settles one batch read from the slot ([`crate::wal`]).
+    /// WAL source: publishes and settles one batch read from the slot ([`crate::sources::wal`]).
     ///
     /// Routed and published like a claimed batch, within `publish_timeout`; then settled so that
     /// nothing of it needs the slot again: delivered rows are marked published (or deleted), and
@@ -43,10 +43,10 @@ impl Relay {
     /// confirm the last position, and would wait forever for a relay that cannot reach it.
     pub async fn process_wal_batch(
         self: Arc<Self>,
-        batch: crate::wal::WalBatch,
+        batch: crate::sources::wal::WalBatch,
         settled: oneshot::Sender<WalSettled>,
     ) {
-        let crate::wal::WalBatch {
+        let crate::sources::wal::WalBatch {
             events,
             poison,
             rowless,

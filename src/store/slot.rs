@@ -1,6 +1,6 @@
 //! The replication slot's and the publication's statements (`source = "wal"`): what the server
 //! and the role allow, a slot's state in `pg_replication_slots`, and creating and dropping both.
-//! What the answers mean (readiness, the operator's messages) is [`crate::wal::slot`]'s.
+//! What the answers mean (readiness, the operator's messages) is [`crate::sources::wal::slot`]'s.
 //!
 //! These read the server and its catalogs rather than the outbox table, so they take the pool,
 //! not a [`super::Store`]: nothing in them is rendered for a table, and callers without one (a

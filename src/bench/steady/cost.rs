@@ -108,7 +108,7 @@ impl Setup {
                 .stderr(Stdio::null())
                 .spawn()?;
                 let deadline = Instant::now() + Duration::from_secs(30);
-                while !pgoutbox::wal::slot::status(&scratch.pool, &names)
+                while !pgoutbox::sources::wal::slot::status(&scratch.pool, &names)
                     .await?
                     .is_some_and(|s| s.active)
                 {

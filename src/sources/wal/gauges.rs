@@ -1,0 +1,47 @@
+//! The WAL gauges: the slot's lag, safe WAL size and status, read on an interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::slot::Names;
+use crate::engine::Relay;
+use crate::model::metric;
+
+/// Reads the slot's health into the WAL gauges every `interval` until `stop`.
+pub async fn refresh_gauges(relay: Arc<Relay>, interval: Duration, stop: CancellationToken) {
+    let config = relay.config().clone();
+    let names = Names::of(&config.wal, &config.table);
+    let mut known: Option<String> = None;
+    loop {
+        match super::slot::status(relay.pool(), &names).await {
+            Ok(Some(s)) => {
+                metrics::gauge!(metric::WAL_SLOT_LAG_BYTES).set(s.lag_bytes.unwrap_or(0) as f64);
+                // NULL when max_slot_wal_keep_size is unset: no bound, shown as -1.
+                metrics::gauge!(metric::WAL_SLOT_SAFE_WAL_SIZE_BYTES)
+                    .set(s.safe_wal_size.map_or(-1.0, |v| v as f64));
+                let status = s.wal_status.unwrap_or_else(|| "unknown".into());
+                if let Some(old) = known.replace(status.clone()).filter(|o| *o != status) {
+                    metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => old).set(0.0);
+                }
+                metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => status).set(1.0);
+            }
+            Ok(None) => {
+                if let Some(old) = known.take() {
+                    metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => old).set(0.0);
+                }
+                metrics::gauge!(metric::WAL_SLOT_STATUS, "status" => "missing").set(1.0);
+            }
+            Err(e) => {
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+                warn!(error = %crate::error_chain(&e), "cannot read the replication slot's status");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The WAL source (`source = "wal"`): events read from a logical replication slot, in commit
+//! order, instead of claimed from the table.
+//!
+//! A reader streams the slot (`pgoutput` on the outbox table's publication, plus this table's
+//! `emit()` messages) and hands each committed transaction's events to the processor in commit
+//! order. The processor publishes them in batches through the relay's own route → publish →
+//! settle path ([`Relay::process_wal_batch`]): every event a destination did not take goes to the
+//! per-destination deliveries table, where the relay's deliveries loop retries it like any split
+//! event, and delivered table rows are marked published (or deleted) a little later, several
+//! batches' in one statement (`wal.settle_wait`). Only then is the slot's confirmed position moved
+//! past the batch's last transaction, so a failing destination never holds the slot, and a crash
+//! between publish and settle means the batch is read again (at least once).
+//!
+//! One relay streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
+//! standby and take over when its session ends. A quiet outbox still lets the slot advance: the
+//! reader confirms the server's position whenever nothing is in flight, and a heartbeat message
+//! keeps the stream moving.
+
+mod confirm;
+pub mod decode;
+mod gauges;
+mod process;
+pub mod slot;
+mod url;
+
+pub use gauges::refresh_gauges;
+pub use url::{replication_config, UrlParts};
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::engine::{BatchReport, Relay};
+use crate::model::event::OutboxEvent;
+use crate::model::metric;
+use decode::{Decoded, Decoder};
+use slot::Names;
+
+/// Prefix of the heartbeat messages (non-transactional, never an event).
+use process::process;
+
+pub const HEARTBEAT_PREFIX: &str = "pgoutbox-heartbeat";
+
+/// One batch of events read from the slot, in commit order.
+#[derive(Debug, Default)]
+pub struct WalBatch {
+    /// The events, in commit order (and statement order within a transaction).
+    pub events: Vec<OutboxEvent>,
+    /// Outbox rows that cannot be read as events: dead-lettered.
+    pub poison: Vec<(Uuid, String)>,
+    /// Events that have no table row (`emit()` messages).
+    pub rowless: HashSet<Uuid>,
+}
+
+/// What the reader hands the processor, in stream order.
+#[derive(Debug)]
+pub(super) enum Item {
+    /// Decoded records of a transaction; `commit` is its end position once it is complete (a
+    /// transaction larger than a batch arrives in several parts, only the last with it).
+    Part {
+        records: Vec<(Decoded, bool)>,
+        commit: Option<Lsn>,
+    },
+    /// A position with nothing before it left to deliver (a keepalive or heartbeat outside any
+    /// transaction): confirmed once everything handed over earlier is settled.
+    Idle(Lsn),
+}
+
+/// How the session ended.
+enum End {
+    /// Shutdown: stop.
+    Shutdown,
+    /// Another relay streams the slot: wait, then try again.
+    Standby(String),
+    /// An error: log, wait, reconnect.
+    Failed(String),
+}
+
+/// Runs the WAL source until `shutdown`: one streaming session at a time, reconnecting (or
+/// waiting on standby) when a session ends.
+pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport {
+    let config = relay.config().clone();
+    let names = Names::of(&config.wal, &config.table);
+    let mut total = BatchReport::default();
+    // The last position this relay had settled: a new session starts there, so a reconnect does
+    // not deliver again what was settled but not yet reported to the server.
+    let mut settled = Lsn::ZERO;
+    let mut standby_logged = false;
+    let mut warned = false;
+    let mut pause = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let ready = slot::ready(relay.pool(), &config.table, &names).await;
+        let end = match ready {
+            Ok(warnings) => {
+                if !std::mem::replace(&mut warned, true) {
+                    for w in warnings {
+                        warn!("{w}");
+                    }
+                }
+                let mut streamed = false;
+                let end = session(
+                    &relay,
+                    &names,
+                    &mut settled,
+                    &mut total,
+                    &shutdown,
+                    &mut streamed,
+                )
+                .await;
+                if streamed {
+                    // A session that streamed: the next outage starts its back-off afresh, and a
+                    // later standby spell is logged again.
+                    pause = Duration::from_millis(100);
+                    standby_logged = false;
+                }
+                end
+            }
+            Err(e) => End::Failed(crate::error_chain(&e)),
+        };
+        let wait = match end {
+            End::Shutdown => break,
+            End::Standby(why) => {
+                if !standby_logged {
+                    info!(slot = %names.slot, "standby: {why}; taking over when it is free");
+                    standby_logged = true;
+                }
+                metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
+                config.wal.standby_retry
+            }
+            End::Failed(why) => {
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+                warn!(slot = %names.slot, error = %why, retry_in_ms = pause.as_millis() as u64, "WAL session ended; reconnecting");
+                metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
+                let p = pause;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                p
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    total
+}
+
+/// One streaming session: connect, start at `settled`, relay until it ends.
+async fn session(
+    relay: &Arc<Relay>,
+    names: &Names,
+    settled: &mut Lsn,
+    total: &mut BatchReport,
+    shutdown: &CancellationToken,
+    streamed: &mut bool,
+) -> End {
+    let config = relay.config();
+    let url = match config.database_url() {
+        Ok(url) => url.to_owned(),
+        Err(e) => return End::Failed(e.to_string()),
+    };
+    let cfg = match replication_config(&url, names, config.wal.status_interval) {
+        Ok(cfg) => cfg.with_start_lsn(*settled),
+        Err(e) => return End::Failed(e),
+    };
+    let mut client = match ReplicationClient::connect(cfg).await {
+        Ok(client) => client,
+        Err(e) => return ended(&e),
+    };
+    if let Err(e) = client.wait_started().await {
+        return ended(&e);
+    }
+    info!(slot = %names.slot, from = %settled, "streaming the replication slot");
+    *streamed = true;
+    metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(1.0);
+
+    let (items_tx, items_rx) = mpsc::channel::<Item>(64);
+    let (confirm_tx, mut confirm_rx) = watch::channel(*settled);
+    let stop = CancellationToken::new();
+    let processor = {
+        let relay = Arc::clone(relay);
+        let stop = stop.clone();
+        tokio::spawn(async move { process(relay, items_rx, confirm_tx, stop).await })
+    };
+
+    let mut decoder = Decoder::new(&config.table);
+    let batch_size = config.relay.batch_size;
+    let mut records: Vec<(Decoded, bool)> = Vec::new();
+    let mut in_transaction = false;
+    let end = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break End::Shutdown,
+            changed = confirm_rx.changed() => {
+                if changed.is_err() {
+                    // The processor stopped: a batch could not be settled (its error follows).
+                    break End::Failed("a batch could not be settled".into());
+                }
+                let lsn = *confirm_rx.borrow_and_update();
+                client.update_applied_lsn(lsn);
+                *settled = lsn.max(*settled);
+            }
+            event = client.recv() => {
+                let event = match event {
+                    Ok(Some(event)) => event,
+                    Ok(None) => break End::Failed("the server ended the replication stream".into()),
+                    Err(e) => break ended(&e),
+                };
+                let item = match event {
+                    ReplicationEvent::Begin { .. } => {
+                        in_transaction = true;
+                        None
+                    }
+                    ReplicationEvent::XLogData { data, .. } => {
+                        match decoder.change(&data) {
+                            Ok(Some(decoded)) => records.push((decoded, false)),
+                            Ok(None) => {}
+                            Err(e) => break End::Failed(e.to_string()),
+                        }
+                        (records.len() >= batch_size).then(|| Item::Part {
+                            records: std::mem::take(&mut records),
+                            commit: None,
+                        })
+                    }
+                    ReplicationEvent::Message { transactional: true, lsn, prefix, content } => {
+                        if let Some(decoded) = decoder.message(&prefix, lsn.as_u64(), &content) {
+                            records.push((decoded, true));
+                        }
+                        (records.len() >= batch_size).then(|| Item::Part {
+                            records: std::mem::take(&mut records),
+                            commit: None,
+                        })
+                    }
+                    ReplicationEvent::Commit { end_lsn, .. } => {
+                        in_transaction = false;
+                        if records.is_empty() {
+                            Some(Item::Idle(end_lsn))
+                        } else {
+                            Some(Item::Part { records: std::mem::take(&mut records), commit: Some(end_lsn) })
+                        }
+                    }
+                    // Outside a transaction the server's position has nothing undelivered
+                    // before it (inside one, it may be past the commit being sent).
+                    ReplicationEvent::KeepAlive { wal_end, .. } if !in_transaction => {
+                        Some(Item::Idle(wal_end))
+                    }
+                    ReplicationEvent::Message { transactional: false, lsn, .. } if !in_transaction => {
+                        Some(Item::Idle(lsn))
+                    }
+                    _ => None,
+                };
+                if let Some(item) = item {
+                    // Backpressure: the stream waits while the processor is behind.
+                    tokio::select! {
+                        sent = items_tx.send(item) => if sent.is_err() { break End::Shutdown },
+                        _ = shutdown.cancelled() => break End::Shutdown,
+                    }
+                }
+            }
+        }
+    };
+    // Let the processor finish its batch (the shutdown grace bounds it), then report the last
+    // settled position before closing the stream: the server would otherwise only learn it at the
+    // next status interval, and a restart would deliver that batch again.
+    drop(items_tx);
+    stop.cancel();
+    let end = match processor.await {
+        Ok((report, failed)) => {
+            *total += report;
+            match (end, failed) {
+                (End::Shutdown, _) => End::Shutdown,
+                (_, Some(why)) => End::Failed(why),
+                (end, None) => end,
+            }
+        }
+        Err(e) => End::Failed(format!("the WAL processor ended abnormally: {e}")),
+    };
+    let last = *confirm_rx.borrow();
+    *settled = last.max(*settled);
+    client.update_applied_lsn(*settled);
+    let metrics = client.metrics();
+    let deadline =
+        tokio::time::Instant::now() + config.wal.status_interval + Duration::from_secs(1);
+    while metrics.last_applied_lsn() < *settled
+        && client.is_running()
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+    debug!(slot = %names.slot, confirmed = %settled, "WAL session closed");
+    end
+}
+
+/// A session error: standby when another session holds the slot.
+fn ended(e: &pgwire_replication::PgWireError) -> End {
+    let text = e.to_string();
+    if text.contains("is active for PID") || text.contains("55006") {
+        End::Standby(text)
+    } else {
+        End::Failed(text)
+    }
+}
