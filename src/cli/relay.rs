@@ -115,7 +115,8 @@ async fn run_relay(
         ));
         if config.source == Source::Wal {
             tokio::spawn(pgoutbox::sources::wal::refresh_gauges(
-                Arc::clone(&relay),
+                relay.store().clone(),
+                config.clone(),
                 config.observability.gauge_interval,
                 shutdown.clone(),
             ));

@@ -26,7 +26,7 @@ impl Relay {
     /// later, in order). Chains run side by side, each at its own pace: a slow request holds back
     /// only its own key. Every other item of a lane goes out in one publish; the lanes run side
     /// by side.
-    pub(super) async fn publish(&self, run: &Run<'_>) {
+    pub(super) async fn publish_run(&self, run: &Run<'_>) {
         let mut singles: Vec<Vec<usize>> = vec![Vec::new(); self.lanes.len()];
         let mut chains: Vec<(usize, Vec<usize>)> = Vec::new();
         let mut chain_of_key: HashMap<(usize, &str), usize> = HashMap::new();

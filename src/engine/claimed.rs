@@ -88,7 +88,7 @@ impl Relay {
         };
         let run = Run::new(&events, &items, self.lanes.len(), deadline);
         let mut watch = Watch::new(&run, self.lanes.len());
-        let mut publish = Box::pin(tokio::time::timeout_at(deadline, self.publish(&run)));
+        let mut publish = Box::pin(tokio::time::timeout_at(deadline, self.publish_run(&run)));
         let mut detach = detach;
         let stop = self
             .drive(&run, publish.as_mut(), &mut watch, &mut detach)

@@ -41,7 +41,6 @@ pub use self::lane::Destination;
 use self::lane::Lane;
 use self::pacing::Sizing;
 pub use self::report::BatchReport;
-pub use self::wal::WalSettled;
 use crate::config::{Config, Ordering};
 use crate::error::Result;
 use crate::model::metric;

@@ -67,7 +67,7 @@ impl Relay {
         let deadline = tokio::time::Instant::now() + settings.publish_timeout;
         let run = Run::new(&events, &items, self.lanes.len(), deadline);
         let aborted = tokio::select! {
-            _ = tokio::time::timeout_at(deadline, self.publish(&run)) => false,
+            _ = tokio::time::timeout_at(deadline, self.publish_run(&run)) => false,
             _ = self.abort.cancelled() => true,
         };
         let (answers, _) = run.finish(aborted, &self.lanes, settings.publish_timeout);

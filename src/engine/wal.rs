@@ -11,9 +11,9 @@ use uuid::Uuid;
 use super::batch::{Run, Watch};
 use super::drive::Stop;
 use super::items::Dispatch;
-use super::report::BatchReport;
 use super::settle_batch::{Origin, Results};
 use super::Relay;
+use crate::config::Config;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
@@ -21,11 +21,35 @@ use crate::model::outcome::Outcome;
 use crate::settle::plan::InFlightLease;
 use crate::settle::{self, DeliveredRows};
 use crate::sources::poll::Guard;
+use crate::sources::wal::{WalBatch, WalEngine, WalSettled};
 use crate::store::outbox;
+use crate::store::Store;
 
-/// A WAL batch's settle answer: its report, and the rows it delivered everywhere (written later
-/// with other batches').
-pub type WalSettled = Result<(BatchReport, DeliveredRows)>;
+impl WalEngine for Relay {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn keeps_key_order(&self) -> bool {
+        self.claim.ordered
+    }
+
+    fn publish(
+        self: Arc<Self>,
+        batch: WalBatch,
+        settled: oneshot::Sender<WalSettled>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.process_wal_batch(batch, settled)
+    }
+
+    async fn write_rows(self: Arc<Self>, rows: DeliveredRows) -> Result<u64> {
+        self.write_wal_rows(&rows).await
+    }
+}
 
 impl Relay {
     /// WAL source: publishes and settles one batch read from the slot ([`crate::sources::wal`]).
@@ -41,12 +65,12 @@ impl Relay {
     /// read again (and published again) once the database answers. Retrying the settle while
     /// holding the stream would be worse: a PostgreSQL shutdown waits for the stream's client to
     /// confirm the last position, and would wait forever for a relay that cannot reach it.
-    pub async fn process_wal_batch(
+    async fn process_wal_batch(
         self: Arc<Self>,
-        batch: crate::sources::wal::WalBatch,
+        batch: WalBatch,
         settled: oneshot::Sender<WalSettled>,
     ) {
-        let crate::sources::wal::WalBatch {
+        let WalBatch {
             events,
             poison,
             rowless,
@@ -63,7 +87,7 @@ impl Relay {
         };
         let run = Run::new(&events, &items, self.lanes.len(), deadline);
         let mut watch = Watch::new(&run, self.lanes.len());
-        let mut publish = Box::pin(tokio::time::timeout_at(deadline, self.publish(&run)));
+        let mut publish = Box::pin(tokio::time::timeout_at(deadline, self.publish_run(&run)));
         let stop = self
             .drive(&run, publish.as_mut(), &mut watch, &mut None)
             .await;
@@ -146,7 +170,7 @@ impl Relay {
 
     /// WAL source: deletes (or marks published) the rows that settled WAL batches delivered
     /// everywhere, several batches' at once (the processor confirms their positions after).
-    pub async fn write_wal_rows(&self, rows: &DeliveredRows) -> Result<u64> {
+    async fn write_wal_rows(&self, rows: &DeliveredRows) -> Result<u64> {
         let started = Instant::now();
         let written = settle::write_delivered(&self.store, rows, self.settle_mode).await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());

@@ -6,12 +6,14 @@
 //! settles their rows — and [`write`] writes them under the batch's claim.
 
 pub mod plan;
+pub mod report;
 pub mod verdict;
 pub mod write;
 
 use crate::store::outbox::Delivered;
 
 pub use plan::{DeliveredRows, SettlePlan};
+pub use report::BatchReport;
 pub use write::{apply, apply_deliveries, write_delivered, SettleReport};
 
 /// What settling a delivered event does to its outbox row.

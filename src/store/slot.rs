@@ -172,3 +172,13 @@ pub async fn drop_publication(pool: &PgPool, publication: &Ident) -> Result<()> 
     .await?;
     Ok(())
 }
+
+/// WalHeartbeat: a non-transactional logical decoding message with `prefix`, so that a quiet
+/// slot's position moves on even when only other tables (or other databases) write.
+pub async fn heartbeat(pool: &PgPool, prefix: &str) -> Result<()> {
+    sqlx::query("SELECT pg_logical_emit_message(false, $1, '')")
+        .bind(prefix)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -7,14 +7,14 @@ use std::time::Duration;
 use pgwire_replication::Lsn;
 use tokio::sync::watch;
 
-use crate::engine::Relay;
+use super::WalEngine;
 use crate::settle::DeliveredRows;
 
 /// Settled batches' delivered rows, gathered and written together (one statement for many
-/// batches instead of a settle transaction each: what the relay costs the database per event is
+/// batches instead of a settle transaction each: what the engine costs the database per event is
 /// then about one row write), and the positions waiting for them. A position is confirmed once
 /// the rows of its batch and of every batch before it are written, so the slot never passes an
-/// event whose row could still be claimed by the polling relay. Rows are written when
+/// event whose row could still be claimed by the polling engine. Rows are written when
 /// `batch_size` of them are gathered or the oldest has waited `wait`, one write at a time; a
 /// crash before a write means its batches are read again (at least once, as before).
 pub(super) struct Confirmer {
@@ -64,23 +64,23 @@ impl Confirmer {
     /// Waits for the write in progress to end (then starts the next if enough rows are
     /// gathered), or else for the gathered rows to be due and starts writing them; pending for
     /// ever when there is neither (a select! branch: cancel-safe).
-    pub(super) async fn step(&mut self, relay: &Arc<Relay>) -> Result<(), String> {
+    pub(super) async fn step<E: WalEngine>(&mut self, engine: &Arc<E>) -> Result<(), String> {
         if self.writing.is_some() {
             self.written().await?;
-            self.write_if_due(relay, false);
+            self.write_if_due(engine, false);
             return Ok(());
         }
         let Some(since) = self.since else {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(since + self.wait).await;
-        self.write_if_due(relay, true);
+        self.write_if_due(engine, true);
         Ok(())
     }
 
     /// Starts writing the gathered rows if there are `batch_size` of them, or (`timed_out`)
     /// any, and no write is in progress.
-    pub(super) fn write_if_due(&mut self, relay: &Arc<Relay>, timed_out: bool) {
+    pub(super) fn write_if_due<E: WalEngine>(&mut self, engine: &Arc<E>, timed_out: bool) {
         if self.writing.is_some() || self.rows.is_empty() {
             return;
         }
@@ -89,8 +89,7 @@ impl Confirmer {
         }
         let rows = std::mem::take(&mut self.rows);
         self.since = None;
-        let relay = Arc::clone(relay);
-        let task = tokio::spawn(async move { relay.write_wal_rows(&rows).await });
+        let task = tokio::spawn(Arc::clone(engine).write_rows(rows));
         self.writing = Some((task, self.waiting.take()));
     }
 
@@ -131,9 +130,9 @@ impl Confirmer {
 
     /// On stop: waits for the write in progress, then writes what is left and confirms the last
     /// position.
-    pub(super) async fn finish(&mut self, relay: &Arc<Relay>) -> Result<(), String> {
+    pub(super) async fn finish<E: WalEngine>(&mut self, engine: &Arc<E>) -> Result<(), String> {
         loop {
-            self.write_if_due(relay, true);
+            self.write_if_due(engine, true);
             if self.writing.is_none() {
                 return Ok(());
             }

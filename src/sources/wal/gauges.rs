@@ -1,22 +1,27 @@
 //! The WAL gauges: the slot's lag, safe WAL size and status, read on an interval.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::slot::Names;
-use crate::engine::Relay;
+use crate::config::Config;
 use crate::model::metric;
+use crate::store::Store;
 
-/// Reads the slot's health into the WAL gauges every `interval` until `stop`.
-pub async fn refresh_gauges(relay: Arc<Relay>, interval: Duration, stop: CancellationToken) {
-    let config = relay.config().clone();
+/// Reads the slot's health (the slot of `config`) into the WAL gauges every `interval` until
+/// `stop`.
+pub async fn refresh_gauges(
+    store: Store,
+    config: Config,
+    interval: Duration,
+    stop: CancellationToken,
+) {
     let names = Names::of(&config.wal, &config.table);
     let mut known: Option<String> = None;
     loop {
-        match super::slot::status(relay.pool(), &names).await {
+        match super::slot::status(store.pool(), &names).await {
             Ok(Some(s)) => {
                 metrics::gauge!(metric::WAL_SLOT_LAG_BYTES).set(s.lag_bytes.unwrap_or(0) as f64);
                 // NULL when max_slot_wal_keep_size is unset: no bound, shown as -1.

@@ -11,7 +11,7 @@
 //! past the batch's last transaction, so a failing destination never holds the slot, and a crash
 //! between publish and settle means the batch is read again (at least once).
 //!
-//! One relay streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
+//! One engine streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
 //! standby and take over when its session ends. A quiet outbox still lets the slot advance: the
 //! reader confirms the server's position whenever nothing is in flight, and a heartbeat message
 //! keeps the stream moving.
@@ -36,11 +36,45 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::engine::{BatchReport, Relay};
+use crate::config::Config;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
+use crate::settle::{BatchReport, DeliveredRows};
+use crate::store::Store;
 use decode::{Decoded, Decoder};
 use slot::Names;
+
+/// What a batch's settle answers: its report, and the rows it delivered everywhere (written later
+/// with other batches' rows, [`WalEngine::write_rows`]).
+pub type WalSettled = crate::error::Result<(BatchReport, DeliveredRows)>;
+
+/// What the WAL source hands its batches to (the engine), so that the source knows nothing of
+/// routing, sinks or settling.
+pub trait WalEngine: Send + Sync + 'static {
+    /// The configuration: the table, `[wal]`, `[relay]`.
+    fn config(&self) -> &Config;
+
+    /// The store (slot checks, heartbeats).
+    fn store(&self) -> &Store;
+
+    /// Whether a destination keeps key order: then batches settle one at a time, in order.
+    fn keeps_key_order(&self) -> bool;
+
+    /// Publishes and settles `batch`, answering on `settled` once it is settled (the task may go
+    /// on waiting for late answers after that). A database error is answered: the batch is then
+    /// read again.
+    fn publish(
+        self: Arc<Self>,
+        batch: WalBatch,
+        settled: tokio::sync::oneshot::Sender<WalSettled>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static;
+
+    /// Writes the rows that settled batches delivered everywhere, several batches' at once.
+    fn write_rows(
+        self: Arc<Self>,
+        rows: DeliveredRows,
+    ) -> impl std::future::Future<Output = crate::error::Result<u64>> + Send + 'static;
+}
 
 /// Prefix of the heartbeat messages (non-transactional, never an event).
 use process::process;
@@ -76,7 +110,7 @@ pub(super) enum Item {
 enum End {
     /// Shutdown: stop.
     Shutdown,
-    /// Another relay streams the slot: wait, then try again.
+    /// Another engine streams the slot: wait, then try again.
     Standby(String),
     /// An error: log, wait, reconnect.
     Failed(String),
@@ -84,18 +118,18 @@ enum End {
 
 /// Runs the WAL source until `shutdown`: one streaming session at a time, reconnecting (or
 /// waiting on standby) when a session ends.
-pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport {
-    let config = relay.config().clone();
+pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> BatchReport {
+    let config = engine.config().clone();
     let names = Names::of(&config.wal, &config.table);
     let mut total = BatchReport::default();
-    // The last position this relay had settled: a new session starts there, so a reconnect does
+    // The last position this engine had settled: a new session starts there, so a reconnect does
     // not deliver again what was settled but not yet reported to the server.
     let mut settled = Lsn::ZERO;
     let mut standby_logged = false;
     let mut warned = false;
     let mut pause = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
-        let ready = slot::ready(relay.pool(), &config.table, &names).await;
+        let ready = slot::ready(engine.store().pool(), &config.table, &names).await;
         let end = match ready {
             Ok(warnings) => {
                 if !std::mem::replace(&mut warned, true) {
@@ -105,7 +139,7 @@ pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport 
                 }
                 let mut streamed = false;
                 let end = session(
-                    &relay,
+                    &engine,
                     &names,
                     &mut settled,
                     &mut total,
@@ -150,16 +184,16 @@ pub async fn run(relay: Arc<Relay>, shutdown: CancellationToken) -> BatchReport 
     total
 }
 
-/// One streaming session: connect, start at `settled`, relay until it ends.
-async fn session(
-    relay: &Arc<Relay>,
+/// One streaming session: connect, start at `settled`, engine until it ends.
+async fn session<E: WalEngine>(
+    engine: &Arc<E>,
     names: &Names,
     settled: &mut Lsn,
     total: &mut BatchReport,
     shutdown: &CancellationToken,
     streamed: &mut bool,
 ) -> End {
-    let config = relay.config();
+    let config = engine.config();
     let url = match config.database_url() {
         Ok(url) => url.to_owned(),
         Err(e) => return End::Failed(e.to_string()),
@@ -183,9 +217,9 @@ async fn session(
     let (confirm_tx, mut confirm_rx) = watch::channel(*settled);
     let stop = CancellationToken::new();
     let processor = {
-        let relay = Arc::clone(relay);
+        let engine = Arc::clone(engine);
         let stop = stop.clone();
-        tokio::spawn(async move { process(relay, items_rx, confirm_tx, stop).await })
+        tokio::spawn(async move { process(engine, items_rx, confirm_tx, stop).await })
     };
 
     let mut decoder = Decoder::new(&config.table);

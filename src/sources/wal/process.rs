@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::decode::Decoded;
-use crate::engine::{BatchReport, Relay};
+use super::WalEngine;
 use crate::model::metric;
+use crate::settle::BatchReport;
 use crate::settle::DeliveredRows;
 
 use super::confirm::Confirmer;
@@ -19,7 +20,7 @@ use super::{Item, WalBatch, HEARTBEAT_PREFIX};
 
 /// What a batch's task answers once it is settled: its report, and the rows it delivered
 /// everywhere, which the processor writes with other batches' ([`Confirmer`]).
-type Answer = crate::error::Result<(BatchReport, DeliveredRows)>;
+type Answer = super::WalSettled;
 
 /// A batch handed to its task, oldest first, until its position is passed to the [`Confirmer`].
 struct InFlight {
@@ -32,23 +33,23 @@ struct InFlight {
 }
 
 /// The processor: gathers the reader's items into batches of up to `batch_size` events,
-/// publishes and settles each through the relay, then confirms the last complete transaction.
-/// With no destination ordered by key, up to `relay.workers` batches are in flight at once (their
+/// publishes and settles each through the engine, then confirms the last complete transaction.
+/// With no destination ordered by key, up to `engine.workers` batches are in flight at once (their
 /// events have no order to keep, as within one batch); confirmations still go in commit order,
 /// each once every batch before it is settled and its delivered rows written. On `stop` it
 /// finishes the batches in hand and returns; on a batch that cannot be settled it returns at once
 /// with the error (the session ends, and the batches not confirmed are read again).
-pub(super) async fn process(
-    relay: Arc<Relay>,
+pub(super) async fn process<E: WalEngine>(
+    engine: Arc<E>,
     mut items: mpsc::Receiver<Item>,
     confirm: watch::Sender<Lsn>,
     stop: CancellationToken,
 ) -> (BatchReport, Option<String>) {
-    let config = relay.config().clone();
+    let config = engine.config().clone();
     let batch_size = config.relay.batch_size;
     let heartbeat = config.wal.heartbeat_interval;
     // Ordered keys need each batch settled (its failures recorded) before the next is routed.
-    let most_in_flight = if relay.ordered() {
+    let most_in_flight = if engine.keeps_key_order() {
         1
     } else {
         config.relay.workers.max(1)
@@ -70,11 +71,11 @@ pub(super) async fn process(
                 if let Err(e) = confirm_settled(&mut in_flight, &mut confirmer, &mut total) {
                     break 'run Some(e);
                 }
-                confirmer.write_if_due(&relay, false);
+                confirmer.write_if_due(&engine, false);
                 continue;
             }
             // A write of delivered rows ended, or gathered rows are due.
-            stepped = confirmer.step(&relay) => {
+            stepped = confirmer.step(&engine) => {
                 if let Err(e) = stepped {
                     break 'run Some(e);
                 }
@@ -87,10 +88,8 @@ pub(super) async fn process(
             _ = tokio::time::sleep(heartbeat) => {
                 // A quiet stream: a heartbeat moves the server's position on, so that the slot
                 // advances even when only other tables (or other databases) write.
-                if let Err(e) = sqlx::query("SELECT pg_logical_emit_message(false, $1, '')")
-                    .bind(HEARTBEAT_PREFIX)
-                    .execute(relay.pool())
-                    .await
+                if let Err(e) =
+                    crate::store::slot::heartbeat(engine.store().pool(), HEARTBEAT_PREFIX).await
                 {
                     debug!(error = %e, "WAL heartbeat failed");
                 }
@@ -142,7 +141,7 @@ pub(super) async fn process(
             // The batch runs as a task of its own: once it is settled it signals, and the slot
             // moves on while the task may still wait for a few straggling requests.
             let (settled_tx, settled_rx) = tokio::sync::oneshot::channel();
-            stragglers.spawn(Arc::clone(&relay).process_wal_batch(batch, settled_tx));
+            stragglers.spawn(Arc::clone(&engine).publish(batch, settled_tx));
             Some(settled_rx)
         };
         in_flight.push_back(InFlight {
@@ -159,7 +158,7 @@ pub(super) async fn process(
         {
             break 'run Some(e);
         }
-        confirmer.write_if_due(&relay, false);
+        confirmer.write_if_due(&engine, false);
         if let Err(e) = confirmer.keep_up().await {
             break 'run Some(e);
         }
@@ -170,7 +169,7 @@ pub(super) async fn process(
     let failed = match failed {
         Some(e) => Some(e),
         None => match settle_down_to(&mut in_flight, 1, &mut confirmer, &mut total).await {
-            Ok(()) => confirmer.finish(&relay).await.err(),
+            Ok(()) => confirmer.finish(&engine).await.err(),
             Err(e) => Some(e),
         },
     };
