@@ -658,6 +658,17 @@ async fn a_standby_relay_takes_over_the_slot() {
         "only one relay streams:\n{}",
         relay_log(dir.path(), passive_tag)
     );
+    // On standby the relay retries quietly: one INFO line, no ERROR or WARN per retry.
+    let waiting = relay_log(dir.path(), passive_tag);
+    assert_eq!(
+        waiting.matches("standby:").count(),
+        1,
+        "one line on standby:\n{waiting}"
+    );
+    assert!(
+        !waiting.contains("ERROR") && !waiting.contains("WAL session ended"),
+        "no error per retry on standby:\n{waiting}"
+    );
     signal(&active, libc::SIGKILL);
     let _ = active.wait();
     let after = write(&db, 5, 2, "order.updated").await;

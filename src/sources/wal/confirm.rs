@@ -11,10 +11,10 @@ use super::WalEngine;
 use crate::settle::DeliveredRows;
 
 /// Settled batches' delivered rows, gathered and written together (one statement for many
-/// batches instead of a settle transaction each: what the engine costs the database per event is
+/// batches instead of a settle transaction each: what the relay costs the database per event is
 /// then about one row write), and the positions waiting for them. A position is confirmed once
 /// the rows of its batch and of every batch before it are written, so the slot never passes an
-/// event whose row could still be claimed by the polling engine. Rows are written when
+/// event whose row could still be claimed by the polling relay. Rows are written when
 /// `batch_size` of them are gathered or the oldest has waited `wait`, one write at a time; a
 /// crash before a write means its batches are read again (at least once, as before).
 pub(super) struct Confirmer {

@@ -11,7 +11,7 @@
 //! past the batch's last transaction, so a failing destination never holds the slot, and a crash
 //! between publish and settle means the batch is read again (at least once).
 //!
-//! One engine streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
+//! One relay streams a slot at a time (PostgreSQL allows one session per slot); the others wait on
 //! standby and take over when its session ends. A quiet outbox still lets the slot advance: the
 //! reader confirms the server's position whenever nothing is in flight, and a heartbeat message
 //! keeps the stream moving.
@@ -110,7 +110,7 @@ pub(super) enum Item {
 enum End {
     /// Shutdown: stop.
     Shutdown,
-    /// Another engine streams the slot: wait, then try again.
+    /// Another relay streams the slot: wait, then try again.
     Standby(String),
     /// An error: log, wait, reconnect.
     Failed(String),
@@ -122,7 +122,7 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
     let config = engine.config().clone();
     let names = Names::of(&config.wal, &config.table);
     let mut total = BatchReport::default();
-    // The last position this engine had settled: a new session starts there, so a reconnect does
+    // The last position this relay had settled: a new session starts there, so a reconnect does
     // not deliver again what was settled but not yet reported to the server.
     let mut settled = Lsn::ZERO;
     let mut standby_logged = false;
@@ -138,15 +138,22 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
                     }
                 }
                 let mut streamed = false;
-                let end = session(
-                    &engine,
-                    &names,
-                    &mut settled,
-                    &mut total,
-                    &shutdown,
-                    &mut streamed,
-                )
-                .await;
+                let end = match held_elsewhere(&engine, &names).await {
+                    // Another relay streams the slot: no session is tried (it would fail with
+                    // an ERROR in the server's log and the client's, at every retry).
+                    Some(why) => End::Standby(why),
+                    None => {
+                        session(
+                            &engine,
+                            &names,
+                            &mut settled,
+                            &mut total,
+                            &shutdown,
+                            &mut streamed,
+                        )
+                        .await
+                    }
+                };
                 if streamed {
                     // A session that streamed: the next outage starts its back-off afresh, and a
                     // later standby spell is logged again.
@@ -184,7 +191,20 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
     total
 }
 
-/// One streaming session: connect, start at `settled`, engine until it ends.
+/// Whether another session streams the slot now (`Some(why)`): then this relay waits on standby
+/// without trying a session. A failed look is `None`: the session tells.
+async fn held_elsewhere<E: WalEngine>(engine: &Arc<E>, names: &Names) -> Option<String> {
+    let status = slot::status(engine.store().pool(), names).await.ok()??;
+    status.active.then(|| {
+        format!(
+            "replication slot {:?} is active for PID {}",
+            names.slot,
+            status.active_pid.unwrap_or_default()
+        )
+    })
+}
+
+/// One streaming session: connect, start at `settled`, relay until it ends.
 async fn session<E: WalEngine>(
     engine: &Arc<E>,
     names: &Names,
@@ -331,12 +351,49 @@ async fn session<E: WalEngine>(
     end
 }
 
-/// A session error: standby when another session holds the slot.
+/// SQLSTATE 55006 (object_in_use): the replication slot is active for another session.
+const SLOT_IN_USE: &str = "55006";
+
+/// A session error: standby when another session holds the slot (SQLSTATE 55006).
 fn ended(e: &pgwire_replication::PgWireError) -> End {
     let text = e.to_string();
-    if text.contains("is active for PID") || text.contains("55006") {
+    if sqlstate(e) == Some(SLOT_IN_USE) {
         End::Standby(text)
     } else {
         End::Failed(text)
+    }
+}
+
+/// The SQLSTATE of a server error. pgwire-replication hands a server's error response over as
+/// its message followed by `(SQLSTATE xxxxx)` (its `ErrorFields::to_error_string`), the code's
+/// only form in its public error type.
+fn sqlstate(e: &pgwire_replication::PgWireError) -> Option<&str> {
+    let pgwire_replication::PgWireError::Server(message) = e else {
+        return None;
+    };
+    let code = message.strip_suffix(')')?.rsplit_once("(SQLSTATE ")?.1;
+    (code.len() == 5 && code.bytes().all(|b| b.is_ascii_alphanumeric())).then_some(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwire_replication::PgWireError;
+
+    #[test]
+    fn a_slot_in_use_is_recognised_by_its_sqlstate() {
+        let busy = PgWireError::Server(
+            "replication slot \"s\" is active for PID 4242 (SQLSTATE 55006)".into(),
+        );
+        assert_eq!(sqlstate(&busy), Some("55006"));
+        assert!(matches!(ended(&busy), End::Standby(_)));
+        for other in [
+            PgWireError::Server("permission denied to start WAL sender (SQLSTATE 42501)".into()),
+            PgWireError::Server("a message that mentions 55006 (SQLSTATE 57P01)".into()),
+            PgWireError::Server("no code at all".into()),
+            PgWireError::Protocol("unexpected message (SQLSTATE 55006)".into()),
+        ] {
+            assert!(matches!(ended(&other), End::Failed(_)), "{other}");
+        }
     }
 }

@@ -34,7 +34,7 @@ struct InFlight {
 
 /// The processor: gathers the reader's items into batches of up to `batch_size` events,
 /// publishes and settles each through the engine, then confirms the last complete transaction.
-/// With no destination ordered by key, up to `engine.workers` batches are in flight at once (their
+/// With no destination ordered by key, up to `relay.workers` batches are in flight at once (their
 /// events have no order to keep, as within one batch); confirmations still go in commit order,
 /// each once every batch before it is settled and its delivered rows written. On `stop` it
 /// finishes the batches in hand and returns; on a batch that cannot be settled it returns at once
