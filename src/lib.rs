@@ -32,14 +32,13 @@
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
 pub mod config;
 pub mod engine;
 pub mod gate;
 pub mod model;
-pub mod observe;
 pub mod otlp;
 pub mod route;
+pub mod server;
 pub mod settle;
 pub mod sinks;
 pub mod sources;

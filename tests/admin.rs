@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgoutbox::engine::Relay;
-use pgoutbox::observe::Samples;
+use pgoutbox::server::Samples;
 use serde_json::{json, Value};
 
 use common::*;

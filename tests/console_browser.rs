@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
 use pgoutbox::engine::Relay;
-use pgoutbox::observe::Samples;
+use pgoutbox::server::Samples;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -109,7 +109,7 @@ async fn retry_a_dead_event_from_the_page() {
     let relay = Arc::new(Relay::new(db.pool.clone(), &config).expect("relay"));
     let stop = CancellationToken::new();
     let samples = Arc::new(Samples::default());
-    tokio::spawn(pgoutbox::observe::refresh_gauges(
+    tokio::spawn(pgoutbox::server::refresh_gauges(
         relay.clone(),
         Duration::from_millis(500),
         samples.clone(),

@@ -64,15 +64,15 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let console_pool = crate::connect::connect(&scratch.url, 1).await?;
     let relay = Arc::new(pgoutbox::engine::Relay::new(console_pool.clone(), &config)?);
     let admin: pgoutbox::config::AdminConfig = toml::from_str("token = \"bench\"")?;
-    let console = pgoutbox::admin::Console::new(
+    let console = pgoutbox::server::console::Console::new(
         relay,
-        Arc::new(pgoutbox::observe::Samples::default()),
+        Arc::new(pgoutbox::server::Samples::default()),
         &admin,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
+        let _ = axum::serve(listener, pgoutbox::server::console::router(console)).await;
     });
 
     let some_dead = sql::watch::some_dead_event(&scratch.pool).await?;

@@ -54,7 +54,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     // The recorder goes first: metrics registered while the relay is built must reach it.
     let metrics = match config.observability.listen {
-        Some(_) => Some(pgoutbox::observe::install_recorder().map_err(anyhow::Error::msg)?),
+        Some(_) => Some(pgoutbox::server::install_recorder().map_err(anyhow::Error::msg)?),
         None => None,
     };
     let relay = Arc::new(Relay::new(pool, &config).context("cannot set up the destinations")?);
@@ -106,22 +106,23 @@ async fn run_relay(
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
     if let (Some(addr), Some(handle)) = (config.observability.listen, metrics) {
-        let samples = Arc::new(pgoutbox::observe::Samples::default());
-        tokio::spawn(pgoutbox::observe::refresh_gauges(
+        let samples = Arc::new(pgoutbox::server::Samples::default());
+        tokio::spawn(pgoutbox::server::refresh_gauges(
             Arc::clone(&relay),
             config.observability.gauge_interval,
             samples.clone(),
             shutdown.clone(),
         ));
         if config.source == Source::Wal {
-            tokio::spawn(pgoutbox::sources::wal::refresh_gauges(
+            tokio::spawn(pgoutbox::server::refresh_wal_gauges(
                 relay.store().clone(),
                 config.clone(),
                 config.observability.gauge_interval,
                 shutdown.clone(),
             ));
         }
-        let console = pgoutbox::admin::Console::new(Arc::clone(&relay), samples, &config.admin);
+        let console =
+            pgoutbox::server::console::Console::new(Arc::clone(&relay), samples, &config.admin);
         if !addr.ip().is_loopback() && config.admin.read_token.is_none() {
             warn!(%addr, "the console and its API are readable by anyone who reaches this address: bind observability.listen to 127.0.0.1 or set admin.read_token");
         }
@@ -131,7 +132,7 @@ async fn run_relay(
         drop(listener_check);
         let (relay, stop) = (Arc::clone(&relay), shutdown.clone());
         tokio::spawn(async move {
-            if let Err(e) = pgoutbox::observe::serve(addr, handle, relay, Some(console), stop).await
+            if let Err(e) = pgoutbox::server::serve(addr, handle, relay, Some(console), stop).await
             {
                 warn!(error = %e, "metrics and health endpoint stopped");
             }

@@ -596,17 +596,17 @@ pub fn signal(child: &Child, sig: i32) {
 /// (the `[admin]` table as TOML); returns its base URL.
 pub async fn serve_console(
     relay: Arc<Relay>,
-    samples: Arc<pgoutbox::observe::Samples>,
+    samples: Arc<pgoutbox::server::Samples>,
     admin: &str,
 ) -> String {
     let config: pgoutbox::config::AdminConfig = toml::from_str(admin).expect("admin config");
-    let console = pgoutbox::admin::Console::new(relay, samples, &config);
+    let console = pgoutbox::server::console::Console::new(relay, samples, &config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::admin::router(console)).await;
+        let _ = axum::serve(listener, pgoutbox::server::console::router(console)).await;
     });
     base
 }

@@ -18,12 +18,10 @@
 
 mod confirm;
 pub mod decode;
-mod gauges;
 mod process;
 pub mod slot;
 mod url;
 
-pub use gauges::refresh_gauges;
 pub use url::{replication_config, UrlParts};
 
 use std::collections::HashSet;

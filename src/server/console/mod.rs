@@ -1,7 +1,7 @@
 //! The operator console: a JSON API and a web page on the relay's observability listener, for
 //! "is anything stuck, where, why" and for fixing it without a shell on the box.
 //!
-//! The API is a thin layer over the library the CLI uses: [`crate::observe::backlog`] and
+//! The API is a thin layer over the library the CLI uses: [`crate::server::backlog`] and
 //! [`crate::breaker`] for the overview and pause/resume, [`crate::store::dead`] for retry and
 //! discard, [`crate::store::inspect`] for finding events. The page (`page/`: HTML, CSS and plain
 //! JavaScript) is compiled into the binary, so nothing is fetched from a network at run time.
@@ -24,7 +24,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::{AdminConfig, Secret};
 use crate::engine::Relay;
-use crate::observe::Samples;
+use crate::server::Samples;
 
 /// What the console's handlers share.
 #[derive(Clone)]

@@ -78,7 +78,7 @@ fn lag(seconds: f64) -> Option<f64> {
 pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> ApiResult<Overview> {
     c.authorize(&headers, false)?;
     let config = c.relay.config();
-    let backlog = crate::observe::backlog(&c.relay).await?;
+    let backlog = crate::server::gauges::backlog(&c.relay).await?;
     let states = crate::store::destinations::read(c.relay.store()).await?;
     let last = c.samples.last();
     let mut totals = Counts::default();
@@ -129,7 +129,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
 #[derive(Debug, Serialize)]
 pub(super) struct SamplesView {
     interval_seconds: f64,
-    samples: Vec<crate::observe::Sample>,
+    samples: Vec<crate::server::Sample>,
 }
 
 /// `GET /api/v1/samples`: this relay's last hour of lag, backlog and throughput samples.

@@ -5,14 +5,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::slot::Names;
 use crate::config::Config;
 use crate::model::metric;
+use crate::sources::wal::slot::Names;
 use crate::store::Store;
 
 /// Reads the slot's health (the slot of `config`) into the WAL gauges every `interval` until
 /// `stop`.
-pub async fn refresh_gauges(
+pub async fn refresh_wal_gauges(
     store: Store,
     config: Config,
     interval: Duration,
@@ -21,7 +21,7 @@ pub async fn refresh_gauges(
     let names = Names::of(&config.wal, &config.table);
     let mut known: Option<String> = None;
     loop {
-        match super::slot::status(store.pool(), &names).await {
+        match crate::sources::wal::slot::status(store.pool(), &names).await {
             Ok(Some(s)) => {
                 metrics::gauge!(metric::WAL_SLOT_LAG_BYTES).set(s.lag_bytes.unwrap_or(0) as f64);
                 // NULL when max_slot_wal_keep_size is unset: no bound, shown as -1.

@@ -1,41 +1,16 @@
-//! Observability: Prometheus metrics, and the health and readiness endpoints.
-//!
-//! Counters and histograms are recorded on the relay's hot path through the `metrics` facade (a
-//! no-op until a recorder is installed). Backlog gauges (pending, backoff, dead, lag) come from one
-//! query over the pending and dead indexes ([`crate::store::backlog`]), run on an interval by each
-//! relay — never per scrape.
-//! Every metric is listed in [`METRICS`], which the README's table and the tests follow.
+//! The backlog gauges (pending, backoff, held, dead, lag per destination and topic), refreshed
+//! on an interval by each relay from one query over the pending and dead indexes — never per
+//! scrape — and the console's samples of the last hour.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::engine::Relay;
 use crate::model::metric::*;
 use crate::store::backlog::{Backlog, BacklogRow};
-
-/// Installs the Prometheus recorder for this process; returns the handle that renders a scrape.
-pub fn install_recorder() -> Result<PrometheusHandle, String> {
-    let seconds = [
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-        60.0,
-    ];
-    let sizes = [
-        1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
-    ];
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
-        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &sizes))
-        .and_then(|b| b.install_recorder())
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
-}
 
 /// Reads the backlog per (destination, topic) from the relay's store ([`crate::store::backlog`]);
 /// rows not yet routed count for each destination of `relay` whose topics match (`(unrouted)`
@@ -187,89 +162,5 @@ pub async fn refresh_gauges(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-    }
-}
-
-#[derive(Clone)]
-struct ServerState {
-    handle: PrometheusHandle,
-    relay: Arc<Relay>,
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `stop`, and the operator console
-/// (its page and `/api/…`, see [`crate::admin`]) when given one.
-pub async fn serve(
-    addr: SocketAddr,
-    handle: PrometheusHandle,
-    relay: Arc<Relay>,
-    console: Option<crate::admin::Console>,
-    stop: CancellationToken,
-) -> std::io::Result<()> {
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(|State(s): State<ServerState>| async move { s.handle.render() }),
-        )
-        .route("/healthz", axum::routing::get(healthz))
-        .route("/readyz", axum::routing::get(readyz))
-        .route(
-            "/readyz/:destination",
-            axum::routing::get(readyz_destination),
-        )
-        .with_state(ServerState { handle, relay });
-    let app = match console {
-        Some(console) => app.merge(crate::admin::router(console)),
-        None => app,
-    };
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-}
-
-/// Alive unless a claim worker died (a bug): then 503, and the process is on its way out.
-async fn healthz(State(s): State<ServerState>) -> impl IntoResponse {
-    match s.relay.failure() {
-        None => (StatusCode::OK, "ok\n".to_owned()),
-        Some(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("unhealthy: {why}\n"),
-        ),
-    }
-}
-
-/// Ready when the database answers, every sink passes its healthcheck and no breaker is open; the
-/// body has a line per check either way. `?destination=NAME` checks the database and that one
-/// destination only (404 for an unknown name), as does `/readyz/NAME`.
-async fn readyz(
-    State(s): State<ServerState>,
-    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
-) -> impl IntoResponse {
-    ready_response(&s.relay, query.get("destination").map(String::as_str)).await
-}
-
-/// `/readyz/NAME`: see [`readyz`].
-async fn readyz_destination(
-    State(s): State<ServerState>,
-    axum::extract::Path(name): axum::extract::Path<String>,
-) -> impl IntoResponse {
-    ready_response(&s.relay, Some(&name)).await
-}
-
-async fn ready_response(relay: &Relay, only: Option<&str>) -> (StatusCode, String) {
-    if let Some(name) = only {
-        if !relay.has_destination(name) {
-            return (
-                StatusCode::NOT_FOUND,
-                format!("no destination is named {name:?}\n"),
-            );
-        }
-    }
-    match relay.readiness_of(only).await {
-        Ok(lines) => (StatusCode::OK, format!("ready\n{}", lines.join(""))),
-        Err(lines) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready\n{}", lines.join("")),
-        ),
     }
 }
