@@ -111,6 +111,7 @@ fn bad_settings_are_config_errors() {
     ] {
         let text = format!("[[destinations]]\nname = \"r\"\ntype = \"rabbitmq\"\n{settings}\n");
         let e = pgoutbox::config::Config::parse(&text, |_| None)
+            .and_then(|config| pgoutbox::sinks::check(&config))
             .expect_err(settings)
             .to_string();
         assert!(e.contains(says), "{settings}: {e}");

@@ -125,31 +125,25 @@ async fn round(
         ),
     });
 
+    let backlog = Backlog {
+        start: &start,
+        end: &end,
+        bytes: wal_bytes,
+    };
     let recv = async {
         let run = recvlogical(
             scratch,
             out,
             program,
             (&second, &names.publication),
-            &end,
-            &start,
-            wal_bytes,
+            &backlog,
         )
         .await?;
         // Its slot holds WAL back and has done its part.
         sql::setup::drop_replication_slot(&scratch.pool, &second).await?;
         Ok::<_, anyhow::Error>(run)
     };
-    let relay = relay(
-        scratch,
-        out,
-        args,
-        batch_size,
-        &names.slot,
-        &end,
-        &start,
-        wal_bytes,
-    );
+    let relay = relay(scratch, out, (args, batch_size), &names.slot, &backlog);
     // One after the other (they share the cores), in the order asked.
     let (recv, relay) = if args.relay_first {
         let relay = relay.await?;
@@ -215,17 +209,26 @@ struct RecvRun {
     walsender: Option<Duration>,
 }
 
-/// pg_recvlogical streams its slot to /dev/null up to `end`.
-#[allow(clippy::too_many_arguments)]
+/// The WAL each run streams: from `start` to `end`, `bytes` of it.
+struct Backlog<'a> {
+    start: &'a str,
+    end: &'a str,
+    bytes: i64,
+}
+
+/// pg_recvlogical streams its slot to /dev/null up to the backlog's end.
 async fn recvlogical(
     scratch: &Scratch,
     out: &Output,
     program: &Path,
     (slot, publication): (&str, &str),
-    end: &str,
-    start: &str,
-    wal_bytes: i64,
+    backlog: &Backlog<'_>,
 ) -> anyhow::Result<RecvRun> {
+    let Backlog {
+        start,
+        end,
+        bytes: wal_bytes,
+    } = *backlog;
     let mut command = recvlogical_command(&scratch.url, program, slot, publication, Some(end))?;
     let bar = out.bar(wal_bytes.max(0) as u64, "recvlogical");
     let started = Instant::now();
@@ -328,18 +331,20 @@ fn walsender_cpu(cpu: Option<Duration>, elapsed: Duration) -> String {
     .unwrap_or_default()
 }
 
-/// The relay process streams its slot until the slot's confirmed position reaches `end`.
-#[allow(clippy::too_many_arguments)]
+/// The relay process streams its slot until the slot's confirmed position reaches the backlog's
+/// end.
 async fn relay(
     scratch: &Scratch,
     out: &Output,
-    args: &Args,
-    batch_size: usize,
+    (args, batch_size): (&Args, usize),
     slot: &str,
-    end: &str,
-    start: &str,
-    wal_bytes: i64,
+    backlog: &Backlog<'_>,
 ) -> anyhow::Result<RelayRun> {
+    let Backlog {
+        start,
+        end,
+        bytes: wal_bytes,
+    } = *backlog;
     let bar = out.bar(wal_bytes.max(0) as u64, "relay");
     let started = Instant::now();
     let mut relay = RelayProcess::spawn(

@@ -29,6 +29,12 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if config.destinations.is_empty() {
         bail!("no destinations configured: add a [[destinations]] table to the config file (see README)");
     }
+    // The sinks are built (and their settings checked) once, before the database is reached: a
+    // typo in a destination is reported first.
+    let sinks = pgoutbox::sinks::build_all(&config).map_err(|mut e| {
+        e.file = cli.config.clone();
+        e
+    })?;
     let workers = config.relay.workers;
     let pool_settings = pool_settings(&config.relay);
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
@@ -57,7 +63,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         Some(_) => Some(pgoutbox::server::install_recorder().map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let relay = Arc::new(Relay::new(pool, &config).context("cannot set up the destinations")?);
+    let relay = Arc::new(Relay::with_sinks(pool, &config, sinks));
     let spans = pgoutbox::otlp::start(&config.observability.otlp, |k| std::env::var(k).ok())
         .map_err(anyhow::Error::msg)
         .context("cannot export spans over OTLP")?;

@@ -21,7 +21,8 @@ use super::Relay;
 use crate::error::Result;
 use crate::model::metric;
 use crate::settle::plan::InFlightLease;
-use crate::sources::poll::{claim_due, release, ClaimedBatch, Guard};
+use crate::sources::poll::{claim_due, release, ClaimedBatch};
+use crate::store::outbox::Guard;
 
 /// How long past the batch's deadline a pair handed over with its request out stays leased to the
 /// batch: the request ends by the deadline, and its settle needs a moment.

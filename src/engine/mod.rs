@@ -41,14 +41,14 @@ pub use self::lane::Destination;
 use self::lane::Lane;
 use self::pacing::Sizing;
 pub use self::report::BatchReport;
-use crate::config::{Config, Ordering};
-use crate::error::Result;
+use crate::config::{Config, ConfigError, Ordering};
 use crate::model::metric;
 use crate::route::Router;
 use crate::settle::SettleMode;
-use crate::sinks;
+use crate::sinks::{self, Sink};
 use crate::sources::poll::ClaimOptions;
 use crate::store::Store;
+use std::sync::Arc;
 
 /// The relay engine.
 pub struct Relay {
@@ -78,20 +78,26 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Builds the relay and its sinks (once each) from the configuration.
-    pub fn new(pool: PgPool, config: &Config) -> Result<Self> {
+    /// Builds the relay and its sinks (once each) from the configuration; a destination whose
+    /// type or settings are wrong is a configuration error naming it.
+    pub fn new(pool: PgPool, config: &Config) -> std::result::Result<Self, ConfigError> {
+        Ok(Self::with_sinks(pool, config, sinks::build_all(config)?))
+    }
+
+    /// Builds the relay around the sinks [`sinks::build_all`] made for `config`, one per
+    /// destination in order.
+    pub fn with_sinks(pool: PgPool, config: &Config, sinks: Vec<Arc<dyn Sink>>) -> Self {
         let destinations = config
             .destinations
             .iter()
-            .map(|d| {
-                Ok(Destination {
-                    name: d.name.clone(),
-                    sink: sinks::build(d)?,
-                    retry: d.retry.clone(),
-                })
+            .zip(sinks)
+            .map(|(d, sink)| Destination {
+                name: d.name.clone(),
+                sink,
+                retry: d.retry.clone(),
             })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self::with_destinations(pool, config, destinations))
+            .collect();
+        Self::with_destinations(pool, config, destinations)
     }
 
     /// Builds the relay around sinks made by the caller (embedding, demos, tests). The i-th

@@ -24,7 +24,8 @@ use crate::model::metric;
 use crate::model::outcome::Outcome;
 use crate::settle::verdict::{verdict, Attempt, Pair, Verdict};
 use crate::settle::{self, SettlePlan};
-use crate::sources::poll::{claim_delivery_probe, Guard};
+use crate::sources::poll::claim_delivery_probe;
+use crate::store::outbox::Guard;
 use crate::store::{destinations, waiting};
 
 /// How often each relay re-reads the shared destination state.

@@ -23,9 +23,9 @@ use crate::model::outcome::Outcome;
 use crate::settle::plan::InFlightLease;
 use crate::settle::verdict::{verdict, Attempt, Pair, Verdict};
 use crate::settle::{self, SettlePlan};
-use crate::sources::poll::Guard;
 use crate::store::held_batches::HeldBatch;
 use crate::store::outbox;
+use crate::store::outbox::Guard;
 
 /// Where a batch came from, which decides how its events settle.
 #[derive(Debug, Clone, Copy)]

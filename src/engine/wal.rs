@@ -20,9 +20,9 @@ use crate::model::metric;
 use crate::model::outcome::Outcome;
 use crate::settle::plan::InFlightLease;
 use crate::settle::{self, DeliveredRows};
-use crate::sources::poll::Guard;
 use crate::sources::wal::{WalBatch, WalEngine, WalSettled};
 use crate::store::outbox;
+use crate::store::outbox::Guard;
 use crate::store::Store;
 
 impl WalEngine for Relay {

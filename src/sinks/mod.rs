@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::config::DestinationConfig;
+use crate::config::{Config, ConfigError, DestinationConfig};
 use crate::error::{Error, Result};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -127,15 +127,52 @@ pub fn registry() -> Vec<SinkKind> {
     kinds
 }
 
-/// Builds the sink of a configured destination.
+/// Builds every configured destination's sink, once each, checking its type and settings; the
+/// error names the destination's place in the file (`destinations[1] ("billing")`). No I/O:
+/// connections are made on first publish.
+pub fn build_all(config: &Config) -> std::result::Result<Vec<Arc<dyn Sink>>, ConfigError> {
+    config
+        .destinations
+        .iter()
+        .enumerate()
+        .map(|(i, dest)| {
+            let kinds = registry();
+            let Some(kind) = kinds.iter().find(|k| k.name == dest.sink.kind) else {
+                let known: Vec<&str> = kinds.iter().map(|k| k.name).collect();
+                return Err(ConfigError::at(
+                    format!("destinations[{i}].type"),
+                    format!(
+                        "unknown destination type {:?}; known types: {}",
+                        dest.sink.kind,
+                        known.join(", ")
+                    ),
+                ));
+            };
+            install_crypto_provider();
+            (kind.build)(&dest.name, &dest.sink.settings)
+                .map_err(|m| ConfigError::at(format!("destinations[{i}] ({:?})", dest.name), m))
+        })
+        .collect()
+}
+
+/// Checks every configured destination's type and settings, as [`build_all`] does.
+pub fn check(config: &Config) -> std::result::Result<(), ConfigError> {
+    build_all(config).map(drop)
+}
+
+/// Client libraries that build their own rustls configuration (Redis, RabbitMQ) take the
+/// process's default crypto provider: ring, as everywhere else here.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Builds the sink of one configured destination.
 pub fn build(dest: &DestinationConfig) -> Result<Arc<dyn Sink>> {
     let fail = |message: String| Error::SinkConfig {
         name: dest.name.clone(),
         message,
     };
-    // Client libraries that build their own rustls configuration (Redis, RabbitMQ) take the
-    // process's default crypto provider: ring, as everywhere else here.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_crypto_provider();
     let kind = registry()
         .into_iter()
         .find(|k| k.name == dest.sink.kind)
@@ -172,5 +209,38 @@ impl<'a> Envelope<'a> {
             key: event.key.as_deref(),
             data: &event.payload,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(text: &str) -> String {
+        let config = Config::parse(text, |_| None).expect("the common keys are fine");
+        check(&config).expect_err("must be rejected").to_string()
+    }
+
+    #[test]
+    fn a_destination_of_an_unknown_type_or_with_bad_settings_is_rejected_naming_it() {
+        let e = error_of("[[destinations]]\nname = \"x\"\ntype = \"carrier-pigeon\"\n");
+        assert!(
+            e.contains("destinations[0].type")
+                && e.contains("carrier-pigeon")
+                && e.contains("webhook"),
+            "{e}"
+        );
+        let e = error_of(
+            "[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\nurll = 1\n",
+        );
+        assert!(e.contains("destinations[0]") && e.contains("urll"), "{e}");
+        let e = error_of("[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\nsecret = \"whsec_n0t-base64!\"\n");
+        assert!(e.contains("secret") && !e.contains("n0t-base64"), "{e}");
+        let ok = Config::parse(
+            "[[destinations]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"http://a\"\n",
+            |_| None,
+        )
+        .expect("valid");
+        assert_eq!(build_all(&ok).expect("builds").len(), 1);
     }
 }

@@ -10,7 +10,6 @@
 
 use std::time::Duration;
 
-use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::config::{ClaimMode, DestinationConfig, Ordering};
@@ -18,19 +17,8 @@ use crate::config::{ClaimMode, DestinationConfig, Ordering};
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::store::deliveries::{self, ClaimPairs, ClaimedPair};
-use crate::store::outbox::{self, Claim, OrderedClaim};
+use crate::store::outbox::{self, Claim, Guard, OrderedClaim};
 use crate::store::Store;
-
-/// What keeps a claimed batch this relay's until it is settled.
-pub enum Guard {
-    /// The open claiming transaction, holding the row locks.
-    Transaction(Transaction<'static, Postgres>),
-    /// The lease's fencing token.
-    Lease(Uuid),
-    /// Nothing holds the rows (WAL batches: no claim took them): a settle that has something to
-    /// write opens a transaction of its own.
-    Nothing,
-}
 
 /// A batch of claimed events and what holds them.
 pub struct ClaimedBatch {

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::Store;
@@ -245,6 +245,17 @@ impl Sql {
             wal_unmark: r(WAL_UNMARK),
         }
     }
+}
+
+/// What keeps a claimed batch this relay's until it is settled.
+pub enum Guard {
+    /// The open claiming transaction, holding the row locks.
+    Transaction(Transaction<'static, Postgres>),
+    /// The lease's fencing token.
+    Lease(Uuid),
+    /// Nothing holds the rows (WAL batches: no claim took them): a settle that has something to
+    /// write opens a transaction of its own.
+    Nothing,
 }
 
 /// One claimed row: its event, or why it cannot be read as one.
