@@ -211,14 +211,18 @@ pub(super) async fn producer_cost(
         null_sink: args.cost_sink == "null",
         ..RelaySpec::new(&receiver.url)
     };
+    // Fixed: the first wait after an empty claim is the longest one (min = max).
     spec.min_poll = "250ms";
-    let relay = RelayProcess::spawn(scratch, &spec)?;
+    spec.poll_interval = Some("250ms");
+    let mut relay = RelayProcess::spawn(scratch, &spec)?;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    running(&mut relay, "fixed 250 ms polling")?;
     let fixed_poll = unthrottled(scratch, args, "outbox").await?;
+    running(&mut relay, "fixed 250 ms polling")?;
     drop(relay);
 
     scratch.fresh_outbox().await?;
-    let relay = RelayProcess::spawn(
+    let mut relay = RelayProcess::spawn(
         scratch,
         &RelaySpec {
             null_sink: args.cost_sink == "null",
@@ -226,7 +230,9 @@ pub(super) async fn producer_cost(
         },
     )?;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    running(&mut relay, "adaptive polling")?;
     let with_relay = unthrottled(scratch, args, "outbox").await?;
+    running(&mut relay, "adaptive polling")?;
     drop(relay);
 
     scratch.fresh_outbox().await?;
@@ -375,4 +381,13 @@ async fn wal_producer_cost(
         });
     }
     Ok(())
+}
+
+/// Fails the run when the relay of its `setting` is not running: producers measured beside a relay
+/// that exited (a configuration it refused) would be measured alone.
+fn running(relay: &mut RelayProcess, setting: &str) -> anyhow::Result<()> {
+    match relay.exited() {
+        Some(why) => anyhow::bail!("the relay of the {setting} run stopped: {why}"),
+        None => Ok(()),
+    }
 }
