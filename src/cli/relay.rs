@@ -36,7 +36,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         e
     })?;
     let workers = config.relay.workers;
-    let pool_settings = pool_settings(&config.relay);
+    let pool_settings = pool_settings(&config.relay, config.destinations.len());
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
     super::check_relay_privileges(&pool, &config).await?;
     // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
@@ -176,12 +176,17 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 ///   that (twice it, plus 30 s), so a server default cannot cut a healthy claim, while a relay
 ///   that hangs with its rows locked still loses them.
 /// - `statement_timeout`: [`STATEMENT_TIMEOUT`], whatever the server's default.
-fn pool_settings(relay: &RelayConfig) -> PoolSettings {
+fn pool_settings(relay: &RelayConfig, destinations: usize) -> PoolSettings {
     let workers = u32::try_from(relay.workers).unwrap_or(u32::MAX);
+    // Each destination's retry loop takes one to claim and settle its pairs.
+    let lanes = u32::try_from(destinations).unwrap_or(u32::MAX);
     let idle_in_transaction = relay.publish_timeout * 2 + Duration::from_secs(30);
     PoolSettings {
         application_name: "pgoutbox-relay",
-        max_connections: workers.saturating_mul(2).saturating_add(5),
+        max_connections: workers
+            .saturating_mul(2)
+            .saturating_add(lanes)
+            .saturating_add(5),
         acquire_timeout: ACQUIRE_TIMEOUT,
         session: vec![
             ("statement_timeout", millis(STATEMENT_TIMEOUT)),
@@ -232,9 +237,12 @@ mod tests {
             publish_timeout: Duration::from_secs(20),
             ..RelayConfig::default()
         };
-        let settings = pool_settings(&relay);
+        let settings = pool_settings(&relay, 4);
         assert_eq!(settings.application_name, "pgoutbox-relay");
-        assert_eq!(settings.max_connections, 11);
+        assert_eq!(
+            settings.max_connections, 15,
+            "3 workers x 2, 4 retry loops, 5 others"
+        );
         assert_eq!(
             settings.session,
             vec![
