@@ -78,22 +78,7 @@ fn topic_matches(globs: &[Pattern], topic: &str) -> bool {
 mod tests {
     use super::*;
     use crate::config::Config;
-
-    fn event(topic: &str, key: Option<&str>, headers: &[(&str, &str)]) -> OutboxEvent {
-        OutboxEvent {
-            id: uuid::Uuid::new_v4(),
-            seq: 1,
-            topic: topic.into(),
-            key: key.map(str::to_owned),
-            payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        }
-    }
+    use crate::model::event::testing::event;
 
     #[test]
     fn every_matching_destination_takes_the_event() {

@@ -158,29 +158,25 @@ impl<'a> Run<'a> {
     /// its breaker), or it would be retried at no cost forever — unless shutdown cut the batch
     /// short or the lane was handed over.
     pub(super) fn finish(
-        self,
+        &self,
         aborted: bool,
         lanes: &[Lane],
         publish_timeout: Duration,
     ) -> (Vec<Option<(Outcome, Counted)>>, Vec<bool>) {
-        let started: Vec<bool> = self.slots.iter().map(Slot::started).collect();
+        let (mut answers, started) = self.snapshot();
         let stopped = self.stopped();
         let mine = |d: usize| {
             let items = &self.items.list;
             (0..items.len())
                 .filter(move |&i| items[i].lane == Some(d) && items[i].dispatch == Dispatch::Send)
         };
-        let stalled: Vec<usize> = (0..lanes.len())
-            .filter(|&d| {
-                !aborted
-                    && !stopped[d]
-                    && mine(d).any(|i| started[i])
-                    && mine(d).all(|i| self.slots[i].answer().is_none())
-            })
-            .collect();
-        let mut answers: Vec<Option<(Outcome, Counted)>> =
-            self.slots.into_iter().map(Slot::into_answer).collect();
-        for d in stalled {
+        let stalled = (0..lanes.len()).filter(|&d| {
+            !aborted
+                && !stopped[d]
+                && mine(d).any(|i| started[i])
+                && mine(d).all(|i| answers[i].is_none())
+        });
+        for d in stalled.collect::<Vec<_>>() {
             for i in mine(d).filter(|&i| started[i]) {
                 let outcome = Outcome::retry(format!(
                     "no answer within publish_timeout ({})",

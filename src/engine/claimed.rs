@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::batch::{Run, Watch};
-use super::drive::Stop;
+use super::drive::{in_flight_lease, Stop};
 use super::report::BatchReport;
 use super::settle_batch::{Origin, Results};
 use super::Relay;
@@ -23,10 +23,6 @@ use crate::model::metric;
 use crate::settle::plan::InFlightLease;
 use crate::sources::poll::{claim_due, release, ClaimedBatch};
 use crate::store::outbox::Guard;
-
-/// How long past the batch's deadline a pair handed over with its request out stays leased to the
-/// batch: the request ends by the deadline, and its settle needs a moment.
-const IN_FLIGHT_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Relay {
     /// Claims, publishes and settles one batch.
@@ -98,7 +94,6 @@ impl Relay {
         let lanes = match stop {
             Stop::Done | Stop::Aborted => {
                 let aborted = stop == Stop::Aborted;
-                drop(publish);
                 let (answers, started) = run.finish(aborted, &self.lanes, settings.publish_timeout);
                 let handed = vec![false; self.lanes.len()];
                 let results = Results {
@@ -120,48 +115,32 @@ impl Relay {
             Stop::HandOff(lanes) => lanes,
         };
         // Hand the lagging lanes over: settle everything else now.
-        run.stop(&lanes, &self.lanes);
-        let handed = run.stopped();
+        let handed = self.hand_over(&run, lanes);
         // Rows handed over with their request out are settled later under a lease: the claim's
         // own in lease mode, a new one otherwise.
         let token = match &guard {
             Guard::Lease(token) => *token,
             Guard::Transaction(_) | Guard::Nothing => Uuid::new_v4(),
         };
-        let (answers, started) = run.snapshot();
-        let early = Results {
-            events: &events,
-            items: &items,
-            answers: &answers,
-            started: &started,
-            handed: &handed,
-        };
+        let early = handed.results(&run);
         let late = early.in_flight();
-        let lease = InFlightLease(deadline_left(deadline) + IN_FLIGHT_MARGIN);
+        let lease = in_flight_lease(deadline);
         let planned = self.plan_batch(&early, Origin::Claimed, (token, lease))?;
         let leased_rows = planned.leased_rows.clone();
         let (mut report, retried) = self
             .settle_planned(&events, planned, guard, extra, false)
             .await?;
-        for &d in &lanes {
-            self.lanes[d].handed.notify_one();
-        }
         if let Some(signal) = detach.take() {
             let _ = signal.send(());
         }
-        // Then wait for the requests still out, and settle their pairs.
-        let aborted = self.drive_rest(publish.as_mut()).await;
-        drop(publish);
-        let (answers, started) = run.finish(aborted, &self.lanes, settings.publish_timeout);
-        let results = Results {
-            events: &events,
-            items: &items,
-            answers: &answers,
-            started: &started,
-            handed: &handed,
-        };
+        // Then wait for the requests still out, and settle them.
         report += self
-            .settle_late(&results, &late, (token, &leased_rows))
+            .finish_handed(
+                &run,
+                publish.as_mut(),
+                &handed,
+                (&late, token, &leased_rows),
+            )
             .await?;
         Ok((report, retried))
     }

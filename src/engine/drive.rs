@@ -7,8 +7,27 @@ use std::pin::Pin;
 
 use tokio::sync::oneshot;
 
+use uuid::Uuid;
+
 use super::batch::{Run, Watch, WATCH_EVERY};
+use super::report::BatchReport;
+use super::settle_batch::Results;
 use super::Relay;
+use crate::error::Result;
+use crate::gate::Counted;
+use crate::model::outcome::Outcome;
+use crate::settle::plan::InFlightLease;
+
+/// How long past the batch's deadline a pair (or row) handed over with its request out stays
+/// leased to the batch: the request ends by the deadline, and its settle needs a moment.
+const IN_FLIGHT_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The lease of what a batch with budget until `deadline` hands over with its request out.
+pub(super) fn in_flight_lease(deadline: tokio::time::Instant) -> InFlightLease {
+    InFlightLease(
+        deadline.saturating_duration_since(tokio::time::Instant::now()) + IN_FLIGHT_MARGIN,
+    )
+}
 
 /// Why [`Relay::drive`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,5 +79,72 @@ impl Relay {
             _ = publish => false,
             _ = self.abort.cancelled() => true,
         }
+    }
+}
+
+/// The lanes a batch handed over, and what it had seen of its items then.
+pub(super) struct Handed {
+    /// The lanes handed over.
+    pub(super) lanes: Vec<usize>,
+    /// Per lane: whether it was handed over.
+    pub(super) mask: Vec<bool>,
+    /// Per item: its answer then.
+    pub(super) answers: Vec<Option<(Outcome, Counted)>>,
+    /// Per item: whether its request had started then.
+    pub(super) started: Vec<bool>,
+}
+
+impl Handed {
+    /// What the batch settles now.
+    pub(super) fn results<'a>(&'a self, run: &Run<'a>) -> Results<'a> {
+        Results {
+            events: run.events,
+            items: run.items,
+            answers: &self.answers,
+            started: &self.started,
+            handed: &self.mask,
+        }
+    }
+}
+
+impl Relay {
+    /// Stops `lanes` of `run` (none of their requests starts from now on) and takes what the
+    /// batch has seen, for the settle that goes on without them.
+    pub(super) fn hand_over(&self, run: &Run<'_>, lanes: Vec<usize>) -> Handed {
+        run.stop(&lanes, &self.lanes);
+        let (answers, started) = run.snapshot();
+        Handed {
+            mask: run.stopped(),
+            lanes,
+            answers,
+            started,
+        }
+    }
+
+    /// After the settle that went on without the handed lanes: wakes their retry loops (their
+    /// unsent items are theirs now), waits for the requests still out (`late`), and settles them
+    /// when their answers come (or the budget ends), under `token`; `leased_rows` are the events
+    /// whose rows (not pairs) wait under that lease.
+    pub(super) async fn finish_handed<F: Future>(
+        &self,
+        run: &Run<'_>,
+        publish: Pin<&mut F>,
+        handed: &Handed,
+        (late, token, leased_rows): (&[usize], Uuid, &[Uuid]),
+    ) -> Result<BatchReport> {
+        for &d in &handed.lanes {
+            self.lanes[d].handed.notify_one();
+        }
+        let aborted = self.drive_rest(publish).await;
+        let (answers, started) =
+            run.finish(aborted, &self.lanes, self.config.relay.publish_timeout);
+        let results = Results {
+            events: run.events,
+            items: run.items,
+            answers: &answers,
+            started: &started,
+            handed: &handed.mask,
+        };
+        self.settle_late(&results, late, (token, leased_rows)).await
     }
 }

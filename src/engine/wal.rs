@@ -9,7 +9,7 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::batch::{Run, Watch};
-use super::drive::Stop;
+use super::drive::{in_flight_lease, Stop};
 use super::items::Dispatch;
 use super::settle_batch::{Origin, Results};
 use super::Relay;
@@ -99,7 +99,6 @@ impl Relay {
         let lanes = match stop {
             Stop::Done | Stop::Aborted => {
                 let aborted = stop == Stop::Aborted;
-                drop(publish);
                 let (answers, started) = run.finish(aborted, &self.lanes, timeout);
                 let handed = vec![false; self.lanes.len()];
                 let results = Results {
@@ -124,43 +123,21 @@ impl Relay {
         };
         // A lane fell behind: settle now, so that the slot moves on; its requests still out are
         // pairs leased to this batch until their answers come.
-        run.stop(&lanes, &self.lanes);
-        let handed = run.stopped();
+        let handed = self.hand_over(&run, lanes);
         let token = Uuid::new_v4();
-        let (answers, started) = run.snapshot();
-        let early = Results {
-            events: &events,
-            items: &items,
-            answers: &answers,
-            started: &started,
-            handed: &handed,
-        };
+        let early = handed.results(&run);
         let late = early.in_flight();
-        // From the WAL, everything handed over goes on as pairs: no row is leased.
-        let leased_rows: Vec<Uuid> = Vec::new();
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let lease = InFlightLease(left + std::time::Duration::from_secs(5));
+        let lease = in_flight_lease(deadline);
         let result = self.settle_wal(&batch, &early, (token, lease), false).await;
         let failed = result.is_err();
         let _ = settled.send(result);
         if failed {
             return;
         }
-        for &d in &lanes {
-            self.lanes[d].handed.notify_one();
-        }
-        let aborted = self.drive_rest(publish.as_mut()).await;
-        drop(publish);
-        let (answers, started) = run.finish(aborted, &self.lanes, timeout);
-        let results = Results {
-            events: &events,
-            items: &items,
-            answers: &answers,
-            started: &started,
-            handed: &handed,
-        };
+        // From the WAL, everything handed over goes on as pairs: no row is leased.
+        let handed_late = (late.as_slice(), token, [].as_slice());
         if let Err(e) = self
-            .settle_late(&results, &late, (token, &leased_rows))
+            .finish_handed(&run, publish.as_mut(), &handed, handed_late)
             .await
         {
             // The pairs stay leased until their lease ends, then are sent again (at least once).

@@ -91,3 +91,26 @@ pub(crate) fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String>
         Err(e) => Err(format!("headers are not JSON: {e}")),
     }
 }
+
+/// Events for the unit tests of the modules that read them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::OutboxEvent;
+
+    /// An event of `topic`, with `key` and `headers`, an empty payload, never attempted.
+    pub(crate) fn event(topic: &str, key: Option<&str>, headers: &[(&str, &str)]) -> OutboxEvent {
+        OutboxEvent {
+            id: uuid::Uuid::new_v4(),
+            seq: 1,
+            topic: topic.into(),
+            key: key.map(str::to_owned),
+            payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+}

@@ -124,22 +124,7 @@ impl PartialEq for Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn event(topic: &str, key: Option<&str>, headers: &[(&str, &str)]) -> OutboxEvent {
-        OutboxEvent {
-            id: uuid::Uuid::new_v4(),
-            seq: 1,
-            topic: topic.into(),
-            key: key.map(str::to_owned),
-            payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        }
-    }
+    use crate::model::event::testing::event;
 
     /// The expression forms the README documents, each against the same event.
     #[test]

@@ -118,11 +118,6 @@ impl Slot {
     pub fn started(&self) -> bool {
         self.started.load(Ordering::Acquire)
     }
-
-    /// The answer, taken out of the slot.
-    pub fn into_answer(self) -> Option<(Outcome, Counted)> {
-        self.answer.into_inner()
-    }
 }
 
 /// A sink's view of one publish call: its events' slots in the lane's batch, the lane's budget in
