@@ -658,7 +658,9 @@ async fn a_standby_relay_takes_over_the_slot() {
         "only one relay streams:\n{}",
         relay_log(dir.path(), passive_tag)
     );
-    // On standby the relay retries quietly: one INFO line, no ERROR or WARN per retry.
+    // On standby the relay retries quietly (every 200 ms here): one INFO line, no ERROR or WARN
+    // per retry. Both relays start at once, so the first try may race the other's and fail in
+    // the client library (one ERROR line of its own, at most); the retries look first.
     let waiting = relay_log(dir.path(), passive_tag);
     assert_eq!(
         waiting.matches("standby:").count(),
@@ -666,7 +668,7 @@ async fn a_standby_relay_takes_over_the_slot() {
         "one line on standby:\n{waiting}"
     );
     assert!(
-        !waiting.contains("ERROR") && !waiting.contains("WAL session ended"),
+        waiting.matches("ERROR").count() <= 1 && !waiting.contains("WAL session ended"),
         "no error per retry on standby:\n{waiting}"
     );
     signal(&active, libc::SIGKILL);
