@@ -15,6 +15,8 @@ pub struct RelaySpec<'a> {
     pub min_poll: &'a str,
     /// `relay.poll_interval` (None: the relay's default).
     pub poll_interval: Option<&'a str>,
+    /// `relay.batch_wait` (None: the relay's default).
+    pub batch_wait: Option<&'a str>,
     /// `retention` ("0s": delete at settle).
     pub retention: &'a str,
     /// `history` ("outbox" or "partitions").
@@ -42,6 +44,7 @@ impl<'a> RelaySpec<'a> {
             receiver_url,
             min_poll: "1ms",
             poll_interval: None,
+            batch_wait: None,
             retention: "0s",
             history: "outbox",
             cleanup_interval: "1m",
@@ -83,7 +86,7 @@ impl RelayProcess {
             &path,
             format!(
                 "database_url = \"{url}\"\nsource = \"{source}\"\nretention = \"{retention}\"\nhistory = \"{history}\"\ncleanup_interval = \"{cleanup}\"\n\
-                 [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}\
+                 [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}{fill}\
                  [wal]\nslot = \"{slot}\"\n{status}{batch_wait}\
                  [observability]\nlisten = \"127.0.0.1:{port}\"\n\
                  [[destinations]]\nname = \"bench\"\n{destination}",
@@ -98,6 +101,10 @@ impl RelayProcess {
                 poll = spec
                     .poll_interval
                     .map(|p| format!("poll_interval = \"{p}\"\n"))
+                    .unwrap_or_default(),
+                fill = spec
+                    .batch_wait
+                    .map(|w| format!("batch_wait = \"{w}\"\n"))
                     .unwrap_or_default(),
                 batch = spec
                     .batch_size

@@ -57,6 +57,12 @@ pub struct RelayConfig {
     /// Set it equal to `poll_interval` for fixed-interval polling.
     #[serde(with = "duration_str")]
     pub min_poll_interval: Duration,
+    /// After a claim that did not fill its batch, how long the claim loop lets events gather
+    /// before it claims again: fewer, larger batches (each claim and settle costs the database
+    /// about as much for one event as for hundreds) for at most this much latency. "0s" claims
+    /// again at once. A full batch is followed by the next claim at once, whatever this says.
+    #[serde(with = "duration_str")]
+    pub batch_wait: Duration,
     /// Upper bound for publishing one batch; a row lock or lease is never held on the network longer.
     #[serde(with = "duration_str")]
     pub publish_timeout: Duration,
@@ -114,6 +120,7 @@ impl Default for RelayConfig {
             workers: 2,
             poll_interval: Duration::from_millis(25),
             min_poll_interval: Duration::from_millis(1),
+            batch_wait: Duration::ZERO,
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,
             shutdown_grace: Duration::from_secs(10),

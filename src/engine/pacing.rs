@@ -35,6 +35,8 @@ pub(super) struct Pacing {
     max: Duration,
     idle: Duration,
     backoff: Duration,
+    /// After a claim that did not fill its batch (`relay.batch_wait`).
+    batch_wait: Duration,
 }
 
 impl Pacing {
@@ -42,7 +44,10 @@ impl Pacing {
 
     /// The claim loops' pacing.
     pub(super) fn new(settings: &RelayConfig) -> Self {
-        Self::between(settings.min_poll_interval, settings.poll_interval)
+        Self {
+            batch_wait: settings.batch_wait,
+            ..Self::between(settings.min_poll_interval, settings.poll_interval)
+        }
     }
 
     /// Idle waits from `min` doubling up to `max`.
@@ -52,6 +57,7 @@ impl Pacing {
             max,
             idle: min,
             backoff: Self::FIRST_BACKOFF,
+            batch_wait: Duration::ZERO,
         }
     }
 
@@ -59,6 +65,18 @@ impl Pacing {
     pub(super) fn busy(&mut self) {
         self.idle = self.min;
         self.backoff = Self::FIRST_BACKOFF;
+    }
+
+    /// A claim found `found` events of a batch of `batch`: the pause before the next claim — none
+    /// after a full batch (a backlog: drain it), `batch_wait` after a partial one (let the next
+    /// batch gather).
+    pub(super) fn after_batch(&mut self, found: usize, batch: usize) -> Duration {
+        self.busy();
+        if found >= batch {
+            Duration::ZERO
+        } else {
+            self.batch_wait
+        }
     }
 
     /// A claim found nothing: the pause before the next one.
@@ -221,6 +239,24 @@ mod tests {
         assert_eq!(p.idle(), Duration::from_millis(1));
         let failures: Vec<u64> = (0..8).map(|_| p.failed().as_millis() as u64).collect();
         assert_eq!(failures, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
+
+    #[test]
+    fn a_partial_batch_lets_the_next_one_gather_and_a_full_one_does_not() {
+        let settings = RelayConfig {
+            batch_wait: Duration::from_millis(4),
+            ..RelayConfig::default()
+        };
+        let mut p = Pacing::new(&settings);
+        assert_eq!(p.after_batch(500, 500), Duration::ZERO);
+        assert_eq!(p.after_batch(12, 500), Duration::from_millis(4));
+        assert_eq!(
+            p.idle(),
+            settings.min_poll_interval,
+            "work found: the idle wait starts short"
+        );
+        let mut at_once = Pacing::new(&RelayConfig::default());
+        assert_eq!(at_once.after_batch(1, 500), Duration::ZERO);
     }
 
     /// (batch, heads found, followers found, heads asked) → (heads, followers) of the next claim.

@@ -130,6 +130,7 @@ impl Relay {
         let mut total = BatchReport::default();
         let mut pacing = Pacing::new(&self.config.relay);
         let what = format!("claim worker {worker}");
+        let batch_size = self.config.relay.batch_size;
         let mut db_down = false;
         let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
         let mut quiet = false;
@@ -180,24 +181,32 @@ impl Relay {
             let relay = Arc::clone(&self);
             let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
             let result = tokio::select! {
-                joined = &mut batch => joined_batch(joined).map(|(report, _)| (report.claimed > 0, report)),
+                joined = &mut batch => joined_batch(joined).map(|(report, _)| (report.claimed, report)),
                 Ok(()) = detached => {
                     // A lane of it is behind: claim on while the batch waits; its report is
                     // counted when it ends.
                     if let Some(previous) = waiting.replace(batch) {
                         total += self.report_of(worker, joined_batch(previous.await));
                     }
-                    Ok((true, BatchReport::default()))
+                    // A lane of it is behind: the next batch goes at once.
+                    Ok((batch_size, BatchReport::default()))
                 }
             };
             let pause = match result {
                 Ok((found, report)) => {
                     db_reachable(&what, &mut db_down);
-                    if found {
+                    if found > 0 {
                         total += report;
-                        pacing.busy();
                         quiet = false;
                         self.wake.notify_waiters();
+                        let pause = pacing.after_batch(found, batch_size);
+                        if pause.is_zero() {
+                            continue;
+                        }
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
                         continue;
                     }
                     quiet = true;

@@ -41,6 +41,10 @@ pub struct Args {
     /// `relay.poll_interval` of the measured relay (its default when absent).
     #[arg(long)]
     pub(super) relay_poll_interval: Option<String>,
+    /// `relay.batch_wait` of the measured relay and of the adaptive-polling producer-cost run (its
+    /// default when absent).
+    #[arg(long)]
+    pub(super) relay_batch_wait: Option<String>,
     /// `wal.batch_wait` of the measured relay with --source wal (its default when absent).
     #[arg(long)]
     pub(super) wal_batch_wait: Option<String>,
@@ -72,6 +76,7 @@ impl Args {
             idle: Duration::from_secs(5),
             relay_synchronous_commit: "on".into(),
             relay_poll_interval: None,
+            relay_batch_wait: None,
             wal_batch_wait: None,
             timeline: false,
             source: Source::Poll,

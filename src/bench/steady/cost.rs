@@ -226,6 +226,7 @@ pub(super) async fn producer_cost(
         scratch,
         &RelaySpec {
             null_sink: args.cost_sink == "null",
+            batch_wait: args.relay_batch_wait.as_deref(),
             ..RelaySpec::new(&receiver.url)
         },
     )?;

@@ -47,6 +47,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         &RelaySpec {
             synchronous_commit: &args.relay_synchronous_commit,
             poll_interval: args.relay_poll_interval.as_deref(),
+            batch_wait: args.relay_batch_wait.as_deref(),
             wal_batch_wait: args.wal_batch_wait.as_deref(),
             source: args.source,
             ..RelaySpec::new(&receiver.url)
