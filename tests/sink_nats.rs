@@ -37,7 +37,7 @@ async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
     let dest = &config.destinations[0];
     let settings: NatsConfig =
         pgoutbox::config::sink_settings(&dest.sink.settings).expect("settings");
-    let sink = Arc::new(NatsSink::new(settings).expect("sink"));
+    let sink = Arc::new(NatsSink::new(&dest.name, settings).expect("sink"));
     let relay = Relay::with_destinations(
         db.pool.clone(),
         &config,

@@ -22,7 +22,8 @@ pub const CLAIM_SECONDS: &str = "pgoutbox_claim_duration_seconds";
 pub const SETTLE_SECONDS: &str = "pgoutbox_settle_duration_seconds";
 /// Claims or settles that failed on a database error.
 pub const DB_ERRORS_TOTAL: &str = "pgoutbox_database_errors_total";
-/// Broker connections re-established by a sink, by destination.
+/// Broker connections a sink made after its first one (after one broke, or for the probe of an
+/// open breaker), by destination.
 pub const SINK_RECONNECTS_TOTAL: &str = "pgoutbox_sink_reconnects_total";
 /// Pending events due now, by destination and topic.
 pub const PENDING_DUE: &str = "pgoutbox_pending_due";
@@ -135,7 +136,7 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         SINK_RECONNECTS_TOTAL,
         "counter",
         "destination",
-        "broker connections re-established",
+        "broker connections a sink made after its first one (after one broke, or for a probe)",
     ),
     (
         PENDING_DUE,

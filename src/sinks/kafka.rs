@@ -7,7 +7,12 @@
 //! report is awaited: an event is `Delivered` only once the broker has acknowledged it.
 //! librdkafka connects in the background and reconnects by itself; the producer is created on the
 //! first publish, and while the brokers are unreachable records time out after `timeout` and are
-//! retried by the relay.
+//! retried by the relay. The probe of an open breaker gets a new producer all the same: after a
+//! ten-second outage the kept one timed out its first probe and then failed every record with
+//! `ProducerFenced` — an idempotent producer whose records timed out must bump its epoch, and a
+//! broker that refuses makes that a fatal error of the producer, which only a new producer
+//! clears. A new producer also starts without the reconnect backoff librdkafka built up while
+//! the brokers were away (up to `reconnect.backoff.max.ms`, 10 s by default).
 //!
 //! Classification: timeouts, transport errors, authentication and authorization failures (SASL,
 //! topic and cluster ACLs), a full local queue, unknown topics (auto-create may be on its way)
@@ -25,6 +30,7 @@
 //! "certificate verify failed" rather than "Message timed out".
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,8 +41,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
-use tokio::sync::OnceCell;
 
+use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
 use super::{Sink, SinkKind};
@@ -48,9 +54,9 @@ use crate::model::template::Template;
 /// Registry entry: `type = "kafka"`.
 pub const KIND: SinkKind = SinkKind {
     name: "kafka",
-    build: |_, settings| {
+    build: |name, settings| {
         let cfg: KafkaConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(KafkaSink::new(cfg)?))
+        Ok(Arc::new(KafkaSink::new(name, cfg)?))
     },
 };
 
@@ -129,9 +135,42 @@ pub struct KafkaSink {
     cfg: KafkaConfig,
     reserved: Reserved,
     client_config: ClientConfig,
-    producer: OnceCell<FutureProducer<BrokerErrors>>,
-    errors: BrokerErrors,
+    producer: Kept<Arc<KeptProducer>>,
+    reconnects: Reconnects,
 }
+
+/// One librdkafka producer, with the errors only it reported.
+struct KeptProducer {
+    /// Taken only when dropped.
+    producer: Option<FutureProducer<BrokerErrors>>,
+    errors: BrokerErrors,
+    /// Whether a record got through it: the first one shows it connected.
+    delivered: AtomicBool,
+}
+
+impl KeptProducer {
+    fn producer(&self) -> &FutureProducer<BrokerErrors> {
+        self.producer
+            .as_ref()
+            .expect("the producer is taken only when dropped")
+    }
+}
+
+impl Drop for KeptProducer {
+    fn drop(&mut self) {
+        // Dropping a librdkafka producer purges its queue, waits up to 500 ms for the purged
+        // records' reports and joins its threads: not on a thread of the async runtime.
+        if let Some(producer) = self.producer.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(producer))),
+                Err(_) => drop(producer),
+            }
+        }
+    }
+}
+
+// The last clone's drop shuts the producer down, in the background (see `Drop`).
+impl Connection for Arc<KeptProducer> {}
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -143,8 +182,9 @@ impl std::fmt::Debug for KafkaSink {
 }
 
 impl KafkaSink {
-    /// Validates the settings; the producer (and its connections) is created on the first publish.
-    pub fn new(cfg: KafkaConfig) -> Result<Self, String> {
+    /// Validates the settings of destination `destination`; the producer (and its connections)
+    /// is created on the first publish.
+    pub fn new(destination: &str, cfg: KafkaConfig) -> Result<Self, String> {
         if cfg.brokers.trim().is_empty() {
             return Err("key `brokers`: must not be empty".into());
         }
@@ -201,24 +241,26 @@ impl KafkaSink {
             cfg,
             reserved: Reserved::new("kafka", ["id", "topic"], &[]),
             client_config,
-            producer: OnceCell::new(),
-            errors: BrokerErrors::default(),
+            producer: Kept::new(),
+            reconnects: Reconnects::new(destination),
         })
     }
 
-    fn producer(&self) -> Result<&FutureProducer<BrokerErrors>, String> {
-        if let Some(p) = self.producer.get() {
-            return Ok(p);
-        }
-        let p = self
-            .client_config
-            .create_with_context(self.errors.clone())
-            .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
-        // Another batch may have raced us here; either producer works, keep the first.
-        let _ = self.producer.set(p);
+    async fn producer(&self) -> Result<Arc<KeptProducer>, String> {
         self.producer
-            .get()
-            .ok_or_else(|| "the Kafka producer vanished".to_owned())
+            .get(|| async {
+                let errors = BrokerErrors::default();
+                let producer = self
+                    .client_config
+                    .create_with_context(errors.clone())
+                    .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
+                Ok(Arc::new(KeptProducer {
+                    producer: Some(producer),
+                    errors,
+                    delivered: AtomicBool::new(false),
+                }))
+            })
+            .await
     }
 }
 
@@ -271,10 +313,11 @@ fn classify(e: &KafkaError) -> Outcome {
 #[async_trait]
 impl Sink for KafkaSink {
     async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let producer = match self.producer() {
+        let kept = match self.producer().await {
             Ok(p) => p,
             Err(reason) => return vec![Outcome::retry(reason); events.len()],
         };
+        let producer = kept.producer();
         // Enqueue all in batch order (idempotence keeps per-partition order), then await reports.
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
@@ -327,10 +370,14 @@ impl Sink for KafkaSink {
                 Err(outcome) => outcome,
                 Ok(report) => match report.await {
                     Ok(Ok(_)) => {
-                        self.errors.clear();
+                        kept.errors.clear();
+                        // librdkafka says nothing when it connects: a delivery shows it did.
+                        if !kept.delivered.swap(true, Ordering::Relaxed) {
+                            self.reconnects.connected();
+                        }
                         Outcome::Delivered
                     }
-                    Ok(Err((e, _))) => classify_with(&e, &self.errors),
+                    Ok(Err((e, _))) => classify_with(&e, &kept.errors),
                     Err(_) => Outcome::retry("the Kafka producer went away before the report"),
                 },
             });
@@ -338,16 +385,19 @@ impl Sink for KafkaSink {
         outcomes
     }
 
+    fn reconnect(&self) {
+        self.producer.drop_current();
+    }
+
     async fn healthcheck(&self) -> Result<(), String> {
-        let producer = self.producer()?.clone();
-        let errors = self.errors.clone();
+        let kept = self.producer().await?;
         // librdkafka's metadata request blocks its thread until answered or timed out.
         tokio::task::spawn_blocking(move || {
-            producer
+            kept.producer()
                 .client()
                 .fetch_metadata(None, HEALTHCHECK_TIMEOUT)
                 .map(|_| ())
-                .map_err(|e| match errors.last() {
+                .map_err(|e| match kept.errors.last() {
                     Some(cause) => {
                         format!("Kafka is not reachable: {e} (last broker error: {cause})")
                     }

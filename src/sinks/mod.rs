@@ -6,6 +6,14 @@
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(any(
+    feature = "kafka",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "redis"
+))]
+mod kept;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]

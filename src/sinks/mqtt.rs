@@ -9,7 +9,8 @@
 //! across redeliveries), `pgoutbox-topic` and, when set, `pgoutbox-key`. A session (connection,
 //! event loop, waiters) is made on the first publish; when its connection fails every waiting
 //! event is a `Retry` and the next publish starts a fresh session, so nothing queued on a dead
-//! connection can be mismatched with a later PUBACK.
+//! connection can be mismatched with a later PUBACK. The probe of an open breaker starts a fresh
+//! session too: one whose connection died without a word looks alive until its keep-alive fails.
 //!
 //! Credentials come from the URL's userinfo, percent-decoded (`%2B` is `+`, and a `+` stays a
 //! `+`); they never reach a message.
@@ -35,6 +36,7 @@ use rumqttc::{Outgoing, TlsConfiguration, Transport};
 use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
+use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::{TlsConfig, TlsFiles};
 use super::{Sink, SinkKind};
@@ -50,9 +52,9 @@ const MQTT_MAX_PACKET: usize = 268_435_455;
 /// Registry entry: `type = "mqtt"`.
 pub const KIND: SinkKind = SinkKind {
     name: "mqtt",
-    build: |_, settings| {
+    build: |name, settings| {
         let cfg: MqttConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(MqttSink::new(cfg)?))
+        Ok(Arc::new(MqttSink::new(name, cfg)?))
     },
 };
 
@@ -94,7 +96,8 @@ pub struct MqttSink {
     cfg: MqttConfig,
     options: MqttOptions,
     reserved: Reserved,
-    session: Mutex<Option<Arc<Session>>>,
+    session: Kept<Arc<Session>>,
+    reconnects: Arc<Reconnects>,
 }
 
 impl std::fmt::Debug for MqttSink {
@@ -114,6 +117,19 @@ struct Session {
     send: Mutex<()>,
 }
 
+impl Connection for Arc<Session> {
+    fn usable(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    fn retire(self) {
+        // Without a client left, the event loop ends (failing the waiters still there with
+        // `Retry`); the DISCONNECT lets the broker end the session at once rather than when it
+        // sees the socket close. Queued without waiting: a full or closed queue skips it.
+        let _ = self.client.try_disconnect();
+    }
+}
+
 #[derive(Default)]
 struct Waiters {
     /// Queued publishes not yet given a packet id, in queue order.
@@ -126,8 +142,8 @@ struct Waiters {
 }
 
 impl MqttSink {
-    /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: MqttConfig) -> Result<Self, String> {
+    /// Validates the settings of destination `destination`; connects on the first publish.
+    pub fn new(destination: &str, cfg: MqttConfig) -> Result<Self, String> {
         let url = url::Url::parse(&cfg.url.0).map_err(|e| format!("key `url`: not a URL: {e}"))?;
         let secure = match url.scheme() {
             "mqtt" | "tcp" => false,
@@ -184,27 +200,33 @@ impl MqttSink {
             cfg,
             options,
             reserved: Reserved::new("mqtt", [] as [&str; 0], &["pgoutbox-"]),
-            session: Mutex::new(None),
+            session: Kept::new(),
+            reconnects: Arc::new(Reconnects::new(destination)),
         })
     }
 
     async fn session(&self) -> Arc<Session> {
-        let mut slot = self.session.lock().await;
-        if let Some(s) = slot.as_ref().filter(|s| s.alive.load(Ordering::Acquire)) {
-            return s.clone();
-        }
-        let (client, eventloop) = AsyncClient::new(self.options.clone(), 1024);
-        let waiters = Arc::new(StdMutex::new(Waiters::default()));
-        let alive = Arc::new(AtomicBool::new(true));
-        tokio::spawn(drive(eventloop, waiters.clone(), alive.clone()));
-        let session = Arc::new(Session {
-            client,
-            waiters,
-            alive,
-            send: Mutex::new(()),
+        let made = self.session.get(|| async {
+            let (client, eventloop) = AsyncClient::new(self.options.clone(), 1024);
+            let waiters = Arc::new(StdMutex::new(Waiters::default()));
+            let alive = Arc::new(AtomicBool::new(true));
+            tokio::spawn(drive(
+                eventloop,
+                waiters.clone(),
+                alive.clone(),
+                self.reconnects.clone(),
+            ));
+            Ok::<_, std::convert::Infallible>(Arc::new(Session {
+                client,
+                waiters,
+                alive,
+                send: Mutex::new(()),
+            }))
         });
-        *slot = Some(session.clone());
-        session
+        match made.await {
+            Ok(session) => session,
+            Err(never) => match never {},
+        }
     }
 
     fn properties(&self, event: &OutboxEvent) -> PublishProperties {
@@ -238,9 +260,16 @@ fn valid_topic(topic: &str) -> bool {
 
 /// Owns the event loop: binds waiters to packet ids and resolves them on PUBACK; on a connection
 /// error fails every waiter with `Retry` and ends the session.
-async fn drive(mut eventloop: EventLoop, waiters: Arc<StdMutex<Waiters>>, alive: Arc<AtomicBool>) {
+async fn drive(
+    mut eventloop: EventLoop,
+    waiters: Arc<StdMutex<Waiters>>,
+    alive: Arc<AtomicBool>,
+    reconnects: Arc<Reconnects>,
+) {
     let reason = loop {
         match eventloop.poll().await {
+            // A session connects once: its event loop ends on its first connection error.
+            Ok(Event::Incoming(Packet::ConnAck(_))) => reconnects.connected(),
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
                 let mut w = waiters.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(waiter) = w.unsent.pop_front() {
@@ -362,6 +391,10 @@ impl Sink for MqttSink {
         }
         outcomes
     }
+
+    fn reconnect(&self) {
+        self.session.drop_current();
+    }
 }
 
 #[cfg(test)]
@@ -377,7 +410,7 @@ mod tests {
 
     fn sink(url: &str) -> Result<MqttSink, String> {
         let table: toml::Table = format!("url = {url:?}").parse().expect("toml");
-        MqttSink::new(crate::config::sink_settings(&table)?)
+        MqttSink::new("mqtt", crate::config::sink_settings(&table)?)
     }
 
     #[test]

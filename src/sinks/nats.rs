@@ -4,7 +4,9 @@
 //! inside the stream's duplicate window (the PubAck then says `duplicate`). A batch is sent in
 //! order without waiting (in windows of [`PIPELINE_WINDOW`]), then each PubAck is awaited: an
 //! event is `Delivered` only once the stream has stored it. The client connects on the first publish and reconnects by itself;
-//! while it is disconnected every event is a `Retry`.
+//! while it is disconnected every event is a `Retry`. The probe of an open breaker gets a new
+//! client: the kept one waits between its reconnects (up to 4 s, longer each time), so after an
+//! outage it would still be "reconnecting" when the probe comes.
 //!
 //! Credentials in the URL (`nats://user:password@host`, or `nats://token@host`) are taken out of
 //! it and given to the client as its credentials, so the address the client logs carries none.
@@ -32,8 +34,8 @@ use async_nats::jetstream::ErrorCode;
 use async_nats::ServerAddr;
 use async_trait::async_trait;
 use serde::Deserialize;
-use tokio::sync::OnceCell;
 
+use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::{TlsConfig, TlsFiles};
 use super::{Sink, SinkKind};
@@ -52,9 +54,9 @@ const PIPELINE_WINDOW: usize = 256;
 /// Registry entry: `type = "nats"`.
 pub const KIND: SinkKind = SinkKind {
     name: "nats",
-    build: |_, settings| {
+    build: |name, settings| {
         let cfg: NatsConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(NatsSink::new(cfg)?))
+        Ok(Arc::new(NatsSink::new(name, cfg)?))
     },
 };
 
@@ -120,7 +122,8 @@ pub struct NatsSink {
     /// CA and client certificate, when configured.
     tls: Option<TlsFiles>,
     reserved: Reserved,
-    conn: OnceCell<Conn>,
+    conn: Kept<Conn>,
+    reconnects: Reconnects,
     duplicates: AtomicU64,
 }
 
@@ -132,10 +135,15 @@ enum Auth {
     Creds(Secret),
 }
 
+#[derive(Clone)]
 struct Conn {
     client: async_nats::Client,
     js: async_nats::jetstream::Context,
 }
+
+// The client's task ends once no clone of it is left — or, if it was reconnecting then, once its
+// next reconnect gets through: the attempts an outage would have cost anyway, and no more.
+impl Connection for Conn {}
 
 impl std::fmt::Debug for NatsSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -146,8 +154,8 @@ impl std::fmt::Debug for NatsSink {
 }
 
 impl NatsSink {
-    /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: NatsConfig) -> Result<Self, String> {
+    /// Validates the settings of destination `destination`; connects on the first publish.
+    pub fn new(destination: &str, cfg: NatsConfig) -> Result<Self, String> {
         if cfg.url.0.trim().is_empty() {
             return Err("key `url`: must not be empty".into());
         }
@@ -251,7 +259,8 @@ impl NatsSink {
             auth,
             tls,
             reserved: Reserved::new("nats", [] as [&str; 0], RESERVED_PREFIXES),
-            conn: OnceCell::new(),
+            conn: Kept::new(),
+            reconnects: Reconnects::new(destination),
             duplicates: AtomicU64::new(0),
         })
     }
@@ -270,9 +279,9 @@ impl NatsSink {
         self.duplicates.load(Ordering::Relaxed)
     }
 
-    async fn connect(&self) -> Result<&Conn, String> {
+    async fn connect(&self) -> Result<Conn, String> {
         self.conn
-            .get_or_try_init(|| async {
+            .get(|| async {
                 let mut options = async_nats::ConnectOptions::new()
                     .connection_timeout(self.cfg.timeout)
                     .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
@@ -324,6 +333,7 @@ impl NatsSink {
                         ))
                     })?;
                 }
+                self.reconnects.connected();
                 Ok(Conn { client, js })
             })
             .await
@@ -428,9 +438,13 @@ impl Sink for NatsSink {
         let mut streamless = HashMap::new();
         let mut outcomes = Vec::with_capacity(events.len());
         for window in events.chunks(PIPELINE_WINDOW) {
-            outcomes.extend(self.publish_window(conn, window, &mut streamless).await);
+            outcomes.extend(self.publish_window(&conn, window, &mut streamless).await);
         }
         outcomes
+    }
+
+    fn reconnect(&self) {
+        self.conn.drop_current();
     }
 
     async fn healthcheck(&self) -> Result<(), String> {

@@ -4,7 +4,9 @@
 //! and is `Rejected` ("no route") instead of vanishing. `message_id` is the event id. A batch is
 //! published in order on one channel without waiting, then each confirm is awaited: an event is
 //! `Delivered` only once the broker has confirmed it. The connection is made on the first publish
-//! and made again after it breaks; while the broker is unreachable every event is a `Retry`.
+//! and made again after it breaks, and for each probe of an open breaker (a connection that looks
+//! up may be dead without knowing it until its heartbeat fails); while the broker is unreachable
+//! every event is a `Retry`.
 //!
 //! Classification: connection and channel errors (including a refused login and a refused
 //! permission, `ACCESS_REFUSED`), timeouts and broker nacks are retried; a returned (unroutable)
@@ -21,10 +23,10 @@ use async_trait::async_trait;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::Deserialize;
-use tokio::sync::Mutex;
 
+use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
 use super::{Sink, SinkKind};
@@ -47,9 +49,9 @@ const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
 /// Registry entry: `type = "rabbitmq"`.
 pub const KIND: SinkKind = SinkKind {
     name: "rabbitmq",
-    build: |_, settings| {
+    build: |name, settings| {
         let cfg: RabbitMqConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(RabbitMqSink::new(cfg)?))
+        Ok(Arc::new(RabbitMqSink::new(name, cfg)?))
     },
 };
 
@@ -87,16 +89,19 @@ pub struct RabbitMqSink {
     tls: OwnedTLSConfig,
     reserved: Reserved,
     // One connection and confirm-mode channel, replaced when either breaks.
-    link: Mutex<Option<Arc<Link>>>,
+    link: Kept<Arc<Link>>,
+    reconnects: Reconnects,
 }
 
 struct Link {
-    conn: Connection,
+    conn: lapin::Connection,
     channel: Channel,
 }
 
-impl Link {
-    fn is_up(&self) -> bool {
+// Dropped with its last clone (publishes still using it finish first), lapin closes the
+// connection itself, without waiting for the broker's answer.
+impl Connection for Arc<Link> {
+    fn usable(&self) -> bool {
         self.conn.status().connected() && self.channel.status().connected()
     }
 }
@@ -111,8 +116,8 @@ impl std::fmt::Debug for RabbitMqSink {
 }
 
 impl RabbitMqSink {
-    /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: RabbitMqConfig) -> Result<Self, String> {
+    /// Validates the settings of destination `destination`; connects on the first publish.
+    pub fn new(destination: &str, cfg: RabbitMqConfig) -> Result<Self, String> {
         let uri = cfg
             .url
             .0
@@ -154,7 +159,8 @@ impl RabbitMqSink {
             cfg,
             tls,
             reserved: Reserved::new("rabbitmq", RESERVED_NAMES, RESERVED_PREFIXES),
-            link: Mutex::new(None),
+            link: Kept::new(),
+            reconnects: Reconnects::new(destination),
         })
     }
 
@@ -164,16 +170,12 @@ impl RabbitMqSink {
     }
 
     async fn link(&self) -> Result<Arc<Link>, String> {
-        let mut slot = self.link.lock().await;
-        if let Some(link) = slot.as_ref().filter(|l| l.is_up()) {
-            return Ok(link.clone());
-        }
-        if let Some(old) = slot.take() {
-            // Best effort: the old connection is broken or closing anyway.
-            let _ = old.conn.close(0, "reconnecting".into()).await;
-        }
+        self.link.get(|| self.connect()).await
+    }
+
+    async fn connect(&self) -> Result<Arc<Link>, String> {
         let connect = async {
-            let conn = Connection::connect_with_config(
+            let conn = lapin::Connection::connect_with_config(
                 &self.cfg.url.0,
                 ConnectionProperties::default()
                     .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
@@ -187,23 +189,20 @@ impl RabbitMqSink {
                 .await?;
             Ok::<_, lapin::Error>(Link { conn, channel })
         };
-        let link = match tokio::time::timeout(self.cfg.timeout, connect).await {
-            Ok(Ok(link)) => Arc::new(link),
-            Ok(Err(e)) => {
-                return Err(format!(
-                    "cannot connect to RabbitMQ: {}",
-                    self.error_text(&e)
-                ))
+        match tokio::time::timeout(self.cfg.timeout, connect).await {
+            Ok(Ok(link)) => {
+                self.reconnects.connected();
+                Ok(Arc::new(link))
             }
-            Err(_) => {
-                return Err(format!(
-                    "cannot connect to RabbitMQ: no answer within {:?}",
-                    self.cfg.timeout
-                ))
-            }
-        };
-        *slot = Some(link.clone());
-        Ok(link)
+            Ok(Err(e)) => Err(format!(
+                "cannot connect to RabbitMQ: {}",
+                self.error_text(&e)
+            )),
+            Err(_) => Err(format!(
+                "cannot connect to RabbitMQ: no answer within {:?}",
+                self.cfg.timeout
+            )),
+        }
     }
 
     fn properties(&self, event: &OutboxEvent) -> BasicProperties {
@@ -316,6 +315,10 @@ impl Sink for RabbitMqSink {
             );
         }
         outcomes
+    }
+
+    fn reconnect(&self) {
+        self.link.drop_current();
     }
 
     async fn healthcheck(&self) -> Result<(), String> {

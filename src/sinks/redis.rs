@@ -5,7 +5,9 @@
 //! stream with `MAXLEN ~ N`. Redis answers a pipeline in order, so each event gets its own
 //! result; a write is acknowledged once Redis has applied it (durability is Redis's own
 //! `appendfsync` setting). The connection is made on the first publish and re-made by the
-//! connection manager after it breaks; while Redis is unreachable every event is a `Retry`.
+//! connection manager after it breaks; while Redis is unreachable every event is a `Retry`. The
+//! probe of an open breaker gets a new connection manager: the kept one answers the first command
+//! after an outage with its last failed reconnect ("Connection refused") even when Redis is back.
 //!
 //! Classification: only `WRONGTYPE` (the stream name is a key of another type, so this event's
 //! `XADD` cannot succeed) is rejected. Everything else is retried: I/O errors, timeouts, a refused
@@ -20,8 +22,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Deserialize;
-use tokio::sync::OnceCell;
 
+use super::kept::{Connection, Kept, Reconnects};
 use super::tls::TlsConfig;
 use super::{Sink, SinkKind};
 use crate::config::duration_str;
@@ -36,9 +38,9 @@ const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];
 /// Registry entry: `type = "redis"`.
 pub const KIND: SinkKind = SinkKind {
     name: "redis",
-    build: |_, settings| {
+    build: |name, settings| {
         let cfg: RedisConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(RedisSink::new(cfg)?))
+        Ok(Arc::new(RedisSink::new(name, cfg)?))
     },
 };
 
@@ -66,8 +68,12 @@ pub struct RedisConfig {
 pub struct RedisSink {
     cfg: RedisConfig,
     client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    conn: Kept<ConnectionManager>,
+    reconnects: Reconnects,
 }
+
+// Dropping the manager ends its tasks (a reconnect under way first finishes): nothing to wait for.
+impl Connection for ConnectionManager {}
 
 impl std::fmt::Debug for RedisSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,8 +85,8 @@ impl std::fmt::Debug for RedisSink {
 }
 
 impl RedisSink {
-    /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: RedisConfig) -> Result<Self, String> {
+    /// Validates the settings of destination `destination`; connects on the first publish.
+    pub fn new(destination: &str, cfg: RedisConfig) -> Result<Self, String> {
         // `open` and `build_with_tls` only parse the URL and the certificates.
         let not_a_url = |e: redis::RedisError| {
             format!(
@@ -114,13 +120,14 @@ impl RedisSink {
         Ok(Self {
             cfg,
             client,
-            conn: OnceCell::new(),
+            conn: Kept::new(),
+            reconnects: Reconnects::new(destination),
         })
     }
 
     async fn connection(&self) -> Result<ConnectionManager, String> {
         self.conn
-            .get_or_try_init(|| async {
+            .get(|| async {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.cfg.timeout))
                     .set_response_timeout(Some(self.cfg.timeout))
@@ -128,12 +135,13 @@ impl RedisSink {
                     // when the events are tried again, so no retries inside the client.
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_secs(2));
-                ConnectionManager::new_with_config(self.client.clone(), config)
+                let manager = ConnectionManager::new_with_config(self.client.clone(), config)
                     .await
-                    .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))
+                    .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))?;
+                self.reconnects.connected();
+                Ok(manager)
             })
             .await
-            .cloned()
     }
 
     fn xadd(&self, pipe: &mut redis::Pipeline, event: &OutboxEvent) {
@@ -211,6 +219,10 @@ impl Sink for RedisSink {
             ],
             Err(e) => vec![self.classify(&e); events.len()],
         }
+    }
+
+    fn reconnect(&self) {
+        self.conn.drop_current();
     }
 
     async fn healthcheck(&self) -> Result<(), String> {

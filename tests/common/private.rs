@@ -1,6 +1,7 @@
-//! Private brokers for tests that need one set up differently from the shared ones (a password):
-//! each runs on a free port from a scratch directory and is killed when dropped, so the shared
-//! brokers are never touched.
+//! Private brokers for tests that need one set up differently from the shared ones (a password,
+//! TLS) or that stop one: each runs on a free port from a scratch directory, can be stopped and
+//! started again on that port, and is killed when dropped, so the shared brokers are never
+//! touched.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use sha2::Digest as _;
 
-use super::sinks::wait_port;
+use super::sinks::{port_open, wait_port};
 
 /// A port nothing listens on (bound, then released).
 pub fn free_port() -> u16 {
@@ -30,18 +31,23 @@ pub fn postgres_bin() -> std::path::PathBuf {
         .expect("a PostgreSQL version")
 }
 
-/// A broker process of this test.
+/// A broker process of this test. It can be stopped and started again on its port, from the
+/// same directory (so a server that keeps its data on disk has it back).
 pub struct Private {
     pub port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
+    name: &'static str,
+    /// How the server is started, kept for [`Private::start`].
+    cmd: Command,
+    /// `None` while stopped.
+    child: Option<Child>,
+    dir: tempfile::TempDir,
 }
 
 impl Private {
     /// Mosquitto (MQTT 5) on a free port that lets in only `user` with `password` (`user` must
     /// not contain `:`, the password file's separator).
     pub fn mosquitto(user: &str, password: &str) -> Self {
-        Self::mosquitto_with(user, password, "")
+        Self::mosquitto_with(Some((user, password)), "")
     }
 
     /// nats-server with JetStream on a free port that lets in only `user` with `password`.
@@ -49,15 +55,49 @@ impl Private {
         let dir = super::scratch();
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        let mut cmd = Command::new("nats-server");
+        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir.path().join("js"))
             .args(["--user", user, "--pass", password])
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn nats-server");
-        Self::started(port, child, dir, "nats-server")
+            .stderr(log);
+        Self::started(port, cmd, dir, "nats-server")
+    }
+
+    /// nats-server with JetStream (file storage in its directory, so streams and their messages
+    /// outlive a restart) on a free port that lets anyone in.
+    pub fn nats_anonymous() -> Self {
+        let dir = super::scratch();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
+        let mut cmd = Command::new("nats-server");
+        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.path().join("js"))
+            .stdout(Stdio::null())
+            .stderr(log);
+        Self::started(port, cmd, dir, "nats-server")
+    }
+
+    /// redis-server on a free port that lets anyone in, with an append-only file written on
+    /// every command, so what it acknowledged outlives a restart.
+    pub fn redis() -> Self {
+        let dir = super::scratch();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("redis.log")).expect("log");
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+        .arg(dir.path())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+        Self::started(port, cmd, dir, "redis-server")
     }
 
     /// redis-server speaking only TLS (certificate `stem` of `pki`, client certificates
@@ -67,41 +107,39 @@ impl Private {
         let dir = super::scratch();
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("redis.log")).expect("log");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                "0",
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(["--tls-port", &port.to_string()])
-            .arg("--tls-cert-file")
-            .arg(pki.path(&format!("{stem}.pem")))
-            .arg("--tls-key-file")
-            .arg(pki.path(&format!("{stem}.key")))
-            .arg("--tls-ca-cert-file")
-            .arg(pki.path("ca.pem"))
-            .args(["--tls-auth-clients", "yes", "--dir"])
-            .arg(dir.path())
-            .args(["--user", "default", "off"])
-            .args([
-                "--user",
-                user,
-                "on",
-                &format!(">{password}"),
-                "~*",
-                "&*",
-                "+@all",
-            ])
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn redis-server");
-        Self::started(port, child, dir, "redis-server")
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--tls-port", &port.to_string()])
+        .arg("--tls-cert-file")
+        .arg(pki.path(&format!("{stem}.pem")))
+        .arg("--tls-key-file")
+        .arg(pki.path(&format!("{stem}.key")))
+        .arg("--tls-ca-cert-file")
+        .arg(pki.path("ca.pem"))
+        .args(["--tls-auth-clients", "yes", "--dir"])
+        .arg(dir.path())
+        .args(["--user", "default", "off"])
+        .args([
+            "--user",
+            user,
+            "on",
+            &format!(">{password}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+        Self::started(port, cmd, dir, "redis-server")
     }
 
     /// Mosquitto (MQTT 5) speaking only TLS (certificate `stem` of `pki`, client certificates
@@ -113,41 +151,53 @@ impl Private {
             pki.path(&format!("{stem}.pem")).display(),
             pki.path(&format!("{stem}.key")).display(),
         );
-        Self::mosquitto_with(user, password, &tls)
+        Self::mosquitto_with(Some((user, password)), &tls)
     }
 
-    /// Mosquitto with one user and `listener_lines` added to its listener.
-    fn mosquitto_with(user: &str, password: &str, listener_lines: &str) -> Self {
+    /// Mosquitto (MQTT 5) on a free port that lets anyone in and keeps its sessions and queued
+    /// messages across a restart (saved when it stops).
+    pub fn mosquitto_anonymous() -> Self {
+        Self::mosquitto_with(None, "")
+    }
+
+    /// Mosquitto with one user (anyone, and persistence, when `None`) and `listener_lines` added
+    /// to its listener.
+    fn mosquitto_with(login: Option<(&str, &str)>, listener_lines: &str) -> Self {
         let dir = super::scratch();
-        let passwd = dir.path().join("passwd");
-        let status = Command::new("mosquitto_passwd")
-            .args(["-c", "-b"])
-            .arg(&passwd)
-            .args([user, password])
-            .stdout(Stdio::null())
-            .status()
-            .expect("run mosquitto_passwd");
-        assert!(status.success(), "mosquitto_passwd: {status:?}");
+        let access = match login {
+            Some((user, password)) => {
+                let passwd = dir.path().join("passwd");
+                let status = Command::new("mosquitto_passwd")
+                    .args(["-c", "-b"])
+                    .arg(&passwd)
+                    .args([user, password])
+                    .stdout(Stdio::null())
+                    .status()
+                    .expect("run mosquitto_passwd");
+                assert!(status.success(), "mosquitto_passwd: {status:?}");
+                format!(
+                    "allow_anonymous false\npassword_file {}\npersistence false\n",
+                    passwd.display()
+                )
+            }
+            None => format!(
+                "allow_anonymous true\npersistence true\npersistence_location {}/\n",
+                dir.path().display()
+            ),
+        };
         let port = free_port();
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(
             &conf,
             format!(
-                "user root\nlistener {port} 127.0.0.1\n{listener_lines}allow_anonymous false\n\
-                 password_file {}\npersistence false\nlog_dest stderr\n",
-                passwd.display()
+                "user root\nlistener {port} 127.0.0.1\n{listener_lines}{access}log_dest stderr\n"
             ),
         )
         .expect("write mosquitto.conf");
         let log = std::fs::File::create(dir.path().join("mosquitto.log")).expect("log");
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn mosquitto");
-        Self::started(port, child, dir, "mosquitto")
+        let mut cmd = Command::new("mosquitto");
+        cmd.arg("-c").arg(&conf).stdout(Stdio::null()).stderr(log);
+        Self::started(port, cmd, dir, "mosquitto")
     }
 
     /// nats-server with JetStream requiring TLS (certificate `stem` of `pki`, client
@@ -177,14 +227,9 @@ impl Private {
         )
         .expect("write nats.conf");
         let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
-        let child = Command::new("nats-server")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn nats-server");
-        Self::started(port, child, dir, "nats-server")
+        let mut cmd = Command::new("nats-server");
+        cmd.arg("-c").arg(&conf).stdout(Stdio::null()).stderr(log);
+        Self::started(port, cmd, dir, "nats-server")
     }
 
     /// A PostgreSQL server of its own (run as the `postgres` user) with `ssl = on` and the
@@ -231,8 +276,8 @@ impl Private {
         assert!(status.success());
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("postgres.log")).expect("log");
-        let child = as_postgres("postgres")
-            .arg("-D")
+        let mut cmd = as_postgres("postgres");
+        cmd.arg("-D")
             .arg(&data)
             .args([
                 "-p",
@@ -244,30 +289,50 @@ impl Private {
             .arg(format!("unix_socket_directories={}", dir.path().display()))
             .args(["-c", "ssl=on", "-c", "fsync=off"])
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn postgres");
-        Self::started(port, child, dir, "postgres")
+            .stderr(log);
+        Self::started(port, cmd, dir, "postgres")
     }
 
     /// A RabbitMQ node of its own speaking only AMQPS (certificate `stem` of `pki`, client
     /// certificates required) on a free port, with `user`/`password` as its one user. Its
     /// start-up takes about ten seconds.
     pub fn rabbitmq_tls(pki: &super::tls::Pki, stem: &str, user: &str, password: &str) -> Self {
+        let listener = |port: u16| {
+            format!(
+                "listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{port}\n\
+                 ssl_options.cacertfile = {}\nssl_options.certfile = {}\nssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n",
+                pki.path("ca.pem").display(),
+                pki.path(&format!("{stem}.pem")).display(),
+                pki.path(&format!("{stem}.key")).display(),
+            )
+        };
+        Self::rabbitmq_with(listener, user, password)
+    }
+
+    /// A RabbitMQ node of its own speaking plain AMQP on a free port, with `user`/`password` as
+    /// its one user. Its start-up (and each restart) takes about ten seconds; durable queues and
+    /// persistent messages outlive a restart.
+    pub fn rabbitmq(user: &str, password: &str) -> Self {
+        Self::rabbitmq_with(
+            |port| format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
+            user,
+            password,
+        )
+    }
+
+    /// A RabbitMQ node with the `listener` lines (given its port), one user, and one durable
+    /// queue, `order.created`.
+    fn rabbitmq_with(listener: impl Fn(u16) -> String, user: &str, password: &str) -> Self {
         let dir = super::scratch();
         let port = free_port();
         let path = |name: &str| dir.path().join(name).display().to_string();
         std::fs::write(
             dir.path().join("rabbitmq.conf"),
             format!(
-                "listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{port}\n\
-                 ssl_options.cacertfile = {}\nssl_options.certfile = {}\nssl_options.keyfile = {}\n\
-                 ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n\
-                 loopback_users = none\n\
+                "{}loopback_users = none\n\
                  definitions.import_backend = local_filesystem\ndefinitions.local.path = {}\n",
-                pki.path("ca.pem").display(),
-                pki.path(&format!("{stem}.pem")).display(),
-                pki.path(&format!("{stem}.key")).display(),
+                listener(port),
                 path("definitions.json"),
             ),
         )
@@ -294,8 +359,8 @@ impl Private {
         // The node's own environment file: the machine's names the shared node.
         std::fs::write(dir.path().join("env.conf"), "").expect("env");
         let log = std::fs::File::create(dir.path().join("rabbitmq.log")).expect("log");
-        let child = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server")
-            .env("HOME", dir.path())
+        let mut cmd = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+        cmd.env("HOME", dir.path())
             .env("RABBITMQ_CONF_ENV_FILE", path("env.conf"))
             .env("RABBITMQ_NODENAME", format!("pgt{port}@localhost"))
             .env("RABBITMQ_DIST_PORT", free_port().to_string())
@@ -306,11 +371,8 @@ impl Private {
             .env("RABBITMQ_PID_FILE", path("pid"))
             .env("ERL_EPMD_ADDRESS", "127.0.0.1")
             .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("spawn rabbitmq-server");
-        Self::started(port, child, dir, "rabbitmq-server")
+            .stderr(log);
+        Self::started(port, cmd, dir, "rabbitmq-server")
     }
 
     /// A Tansu broker (memory storage) on `port` that tells clients to connect to
@@ -329,52 +391,182 @@ impl Private {
             String::from_utf8_lossy(&out.stdout).trim().to_owned()
         });
         let log = std::fs::File::create(dir.path().join("tansu.log")).expect("log");
-        let child = Command::new(&tansu)
-            .arg("broker")
+        let mut cmd = Command::new(&tansu);
+        cmd.arg("broker")
             .arg("--listener-url")
             .arg(format!("tcp://127.0.0.1:{port}"))
             .arg("--advertised-listener-url")
             .arg(format!("tcp://127.0.0.1:{advertised}"))
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn Tansu {tansu:?} (see .ci/run): {e}"));
-        Self::started(port, child, dir, "tansu")
+            .stderr(log);
+        Self::started(port, cmd, dir, "tansu")
     }
 
-    fn started(port: u16, mut child: Child, dir: tempfile::TempDir, name: &str) -> Self {
-        if !wait_port(port, true, Duration::from_secs(60)) {
-            let _ = child.kill();
-            let log = std::fs::read_dir(dir.path())
+    fn started(port: u16, mut cmd: Command, dir: tempfile::TempDir, name: &'static str) -> Self {
+        // A group of its own: RabbitMQ's start script forks the Erlang VM, and stopping the
+        // server must stop them all.
+        cmd.process_group(0);
+        let mut private = Self {
+            port,
+            name,
+            cmd,
+            child: None,
+            dir,
+        };
+        private.start();
+        private
+    }
+
+    /// Starts the server (again) and waits until it listens on its port.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "{} is running", self.name);
+        let child = self
+            .cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {} (see .ci/run): {e}", self.name));
+        self.child = Some(child);
+        // Watched closely: an outage test takes the moment it listens as the moment it is back.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !port_open(self.port) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !port_open(self.port) {
+            self.kill();
+            let log = std::fs::read_dir(self.dir.path())
                 .into_iter()
                 .flatten()
                 .flatten()
                 .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
                 .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
                 .collect::<String>();
-            panic!("{name} did not listen on {port}: {log}");
+            panic!("{} did not listen on {}: {log}", self.name, self.port);
         }
-        Self {
-            port,
-            child,
-            _dir: dir,
+    }
+
+    /// Stops the server as an operator would (SIGTERM; SIGKILL if it is still there after 30 s)
+    /// and waits until none of its processes is left and its port is closed.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let group = child.id() as i32;
+        signal_group(group, libc::SIGTERM);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // The group is gone once its leader is reaped and no other member is left.
+        while child.try_wait().ok().flatten().is_none() || group_alive(group) {
+            if std::time::Instant::now() > deadline {
+                signal_group(group, libc::SIGKILL);
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            wait_port(self.port, false, Duration::from_secs(30)),
+            "{} still listens on {}",
+            self.name,
+            self.port
+        );
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal_group(child.id() as i32, libc::SIGKILL);
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
 
+/// Sends `signal` to every process of the group `group` (a server started by [`Private`] leads
+/// its own).
+fn signal_group(group: i32, signal: i32) {
+    // SAFETY: kill(2) with a negative pid signals that process group; no memory involved.
+    unsafe {
+        libc::kill(-group, signal);
+    }
+}
+
+/// Whether any process of the group `group` is left.
+fn group_alive(group: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the group exists; no memory involved.
+    unsafe { libc::kill(-group, 0) == 0 }
+}
+
 impl Drop for Private {
     fn drop(&mut self) {
-        // RabbitMQ's start script forks the Erlang VM: the whole group goes (a server started
-        // without a group of its own is the group's only member, or not its leader).
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: kill(2) with a negative pid signals that process group; no memory involved.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
+        self.kill();
+    }
+}
+
+/// A TCP front on a port of its own that passes every connection on to a server: the address
+/// clients know, which a test can take away (every connection dropped, new ones refused) and
+/// bring back on the same port while the server behind it keeps its state. For a server that
+/// would lose its data on a restart (Tansu keeps its log in memory).
+pub struct Front {
+    pub port: u16,
+    backend: u16,
+    /// The accept loop and what stops it, while open.
+    serving: Option<(
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl Front {
+    /// A front on `port` (closed until [`Front::open`]) for the server on `backend`.
+    pub fn new(port: u16, backend: u16) -> Self {
+        Self {
+            port,
+            backend,
+            serving: None,
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    }
+
+    /// Listens on the front's port and passes each connection on to the server.
+    pub async fn open(&mut self) {
+        assert!(self.serving.is_none(), "the front on {} is open", self.port);
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap_or_else(|e| panic!("bind the front on {}: {e}", self.port));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let backend = self.backend;
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let accepted = tokio::select! {
+                    _ = token.cancelled() => break,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((mut client, _)) = accepted else {
+                    continue;
+                };
+                let token = token.clone();
+                connections.spawn(async move {
+                    let Ok(mut server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = token.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    }
+                });
+            }
+            // Every connection goes with the listener, as when a broker stops.
+            connections.shutdown().await;
+        });
+        self.serving = Some((stop, task));
+    }
+
+    /// Closes the port and drops every connection through it.
+    pub async fn close(&mut self) {
+        if let Some((stop, task)) = self.serving.take() {
+            stop.cancel();
+            let _ = task.await;
+        }
     }
 }
