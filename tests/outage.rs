@@ -80,7 +80,7 @@ async fn breaker(db: &TestDb, name: &str) -> (String, i32, Option<String>) {
 fn metrics() -> &'static metrics_exporter_prometheus::PrometheusHandle {
     static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
-    HANDLE.get_or_init(|| pgoutbox::observe::install_recorder().expect("recorder"))
+    HANDLE.get_or_init(|| pgoutbox::server::install_recorder().expect("recorder"))
 }
 
 /// `pgoutbox_sink_reconnects_total` of destination `name`.
