@@ -57,10 +57,12 @@ pub struct RelayConfig {
     /// Set it equal to `poll_interval` for fixed-interval polling.
     #[serde(with = "duration_str")]
     pub min_poll_interval: Duration,
-    /// After a claim that did not fill its batch, how long the claim loop lets events gather
-    /// before it claims again: fewer, larger batches (each claim and settle costs the database
-    /// about as much for one event as for hundreds) for at most this much latency. "0s" claims
-    /// again at once. A full batch is followed by the next claim at once, whatever this says.
+    /// After a claim that did not fill its batch, the longest the claim loop lets events gather
+    /// before it claims again: as long as that batch took, up to this. Fewer, larger batches
+    /// (each claim and settle costs the database about as much for one event as for hundreds)
+    /// for at most this much latency, and only as much as the database's own pace: a quick batch
+    /// waits little. "0s" claims again at once. A full batch is followed by the next claim at
+    /// once, whatever this says.
     #[serde(with = "duration_str")]
     pub batch_wait: Duration,
     /// Upper bound for publishing one batch; a row lock or lease is never held on the network longer.

@@ -177,6 +177,7 @@ impl Relay {
                     }
                 }
             }
+            let started = std::time::Instant::now();
             let (signal, detached) = tokio::sync::oneshot::channel();
             let relay = Arc::clone(&self);
             let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
@@ -199,7 +200,7 @@ impl Relay {
                         total += report;
                         quiet = false;
                         self.wake.notify_waiters();
-                        let pause = pacing.after_batch(found, batch_size);
+                        let pause = pacing.after_batch(found, batch_size, started.elapsed());
                         if pause.is_zero() {
                             continue;
                         }
