@@ -52,29 +52,27 @@ impl Private {
 
     /// nats-server with JetStream on a free port that lets in only `user` with `password`.
     pub fn nats(user: &str, password: &str) -> Self {
-        let dir = super::scratch();
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
-        let mut cmd = Command::new("nats-server");
-        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path().join("js"))
-            .args(["--user", user, "--pass", password])
-            .stdout(Stdio::null())
-            .stderr(log);
-        Self::started(port, cmd, dir, "nats-server")
+        Self::nats_with(Some((user, password)))
     }
 
     /// nats-server with JetStream (file storage in its directory, so streams and their messages
     /// outlive a restart) on a free port that lets anyone in.
     pub fn nats_anonymous() -> Self {
+        Self::nats_with(None)
+    }
+
+    /// nats-server with JetStream stored in its directory, letting in only `auth`'s user if given.
+    fn nats_with(auth: Option<(&str, &str)>) -> Self {
         let dir = super::scratch();
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
         let mut cmd = Command::new("nats-server");
         cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path().join("js"))
-            .stdout(Stdio::null())
-            .stderr(log);
+            .arg(dir.path().join("js"));
+        if let Some((user, password)) = auth {
+            cmd.args(["--user", user, "--pass", password]);
+        }
+        cmd.stdout(Stdio::null()).stderr(log);
         Self::started(port, cmd, dir, "nats-server")
     }
 
