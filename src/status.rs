@@ -32,7 +32,7 @@ pub struct Status {
 pub async fn read(store: &Store, routing: Option<(&Router, &[String])>) -> Result<Status> {
     let raw: Vec<StatusRow> = crate::store::status::rows(store).await?;
     let mut totals = StatusRow {
-        topic: "*".into(),
+        topic: Some("*".into()),
         ..StatusRow::default()
     };
     for row in &raw {
@@ -46,7 +46,7 @@ pub async fn read(store: &Store, routing: Option<(&Router, &[String])>) -> Resul
                 let targets: Vec<String> = match row.destination {
                     Some(_) => Vec::new(),
                     None => router
-                        .by_topic(&row.topic)
+                        .by_topic(row.topic.as_deref().unwrap_or_default())
                         .into_iter()
                         .filter_map(|i| names.get(i).cloned())
                         .collect(),

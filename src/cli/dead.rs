@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::bail;
+use pgoutbox::model::event::topic_label;
 use pgoutbox::store::dead::{self, DeadFilter};
 use pgoutbox::store::Store;
 use uuid::Uuid;
@@ -112,7 +113,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
                     "{}  {}  {:<24} {:<16} attempts={}  {}",
                     e.id,
                     e.dead_at.format("%Y-%m-%d %H:%M:%S"),
-                    e.topic,
+                    topic_label(e.topic.as_deref()),
                     e.destination.as_deref().unwrap_or("(unrouted)"),
                     e.attempts,
                     e.last_error.as_deref().unwrap_or("")

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use pgoutbox::model::event::topic_label;
 use pgoutbox::route::Router;
 use pgoutbox::store::Store;
 
@@ -108,7 +109,12 @@ async fn watch(
         for e in errors {
             let mut error = e.error.unwrap_or_default();
             error.truncate(120);
-            println!("  [{}] {} {}: {error}", e.state, e.destination, e.topic);
+            println!(
+                "  [{}] {} {}: {error}",
+                e.state,
+                e.destination,
+                topic_label(e.topic.as_deref())
+            );
         }
         previous = Some((now, published));
         tokio::time::sleep(interval).await;
@@ -146,7 +152,7 @@ fn print_table(status: &pgoutbox::status::Status) {
         };
         lines.push(vec![
             destination,
-            row.topic.clone(),
+            topic_label(row.topic.as_deref()).to_owned(),
             row.due.to_string(),
             row.backoff.to_string(),
             row.held.to_string(),

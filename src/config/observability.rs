@@ -54,6 +54,35 @@ pub struct AdminConfig {
     /// absent. A secret: a string, `{ env = "NAME" }` or `{ file = "PATH" }`.
     pub token: Option<Secret>,
     /// Bearer token the read calls need too (the admin token also works); reads are open to
-    /// whoever reaches the listener when absent.
+    /// whoever reaches the listener when absent, which only a loopback listener allows unless
+    /// `open_reads` says so.
     pub read_token: Option<Secret>,
+    /// Let anyone who reaches a non-loopback `observability.listen` read the console and its API
+    /// (payloads included) without a token. Off: such a relay refuses to start without
+    /// `read_token`.
+    pub open_reads: bool,
+    /// `Host` names the console and its API answer to (without the port; `*`: any). Default: the
+    /// listen address, `localhost`, `127.0.0.1` and `::1`. A page on another site that points its
+    /// own name at this address (DNS rebinding) sends its own name, and is refused.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl AdminConfig {
+    /// Refuses a console readable by anyone on a non-loopback address (see `open_reads`); the
+    /// relay checks it before it listens (other commands do not serve the console).
+    pub fn check(&self, listen: Option<std::net::SocketAddr>) -> Result<(), super::ConfigError> {
+        match listen {
+            Some(addr) if !addr.ip().is_loopback() && self.read_token.is_none() && !self.open_reads => {
+                Err(super::ConfigError::at(
+                    "admin.read_token",
+                    format!(
+                        "observability.listen = \"{addr}\" is not a loopback address, so the console and its API \
+                         would show every event to whoever reaches it: set admin.read_token, bind to 127.0.0.1, \
+                         or set admin.open_reads = true to allow it"
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
 }

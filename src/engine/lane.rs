@@ -27,6 +27,9 @@ pub struct Destination {
     pub retry: RetryPolicy,
 }
 
+/// How long a sink's health check answers readiness before it is run again.
+pub(super) const HEALTH_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One destination's lane.
 pub(super) struct Lane {
     /// The destination's name.
@@ -41,6 +44,9 @@ pub(super) struct Lane {
     pub(super) gate: Gate,
     /// Woken when a batch hands pairs over to this lane: its retry loop looks at once.
     pub(super) handed: Notify,
+    /// The sink's last health check for readiness: when, and its error if it failed. Held while
+    /// a check runs, so that concurrent `/readyz` calls share one.
+    pub(super) health: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
 }
 
 impl Lane {
@@ -69,12 +75,32 @@ impl Lane {
             config,
             gate,
             handed: Notify::new(),
+            health: tokio::sync::Mutex::new(None),
         }
     }
 
     /// Whether this destination keeps the order of `event`'s key.
     pub(super) fn keeps_order_of(&self, event: &OutboxEvent) -> bool {
         self.config.ordering == Ordering::Key && event.key.is_some()
+    }
+
+    /// The sink's health for readiness: checked at most once per [`HEALTH_TTL`] (a `/readyz`
+    /// caller cannot make the relay send requests to destinations at its own rate), within
+    /// `limit`.
+    pub(super) async fn health(&self, limit: std::time::Duration) -> Option<String> {
+        let mut last = self.health.lock().await;
+        if let Some((at, result)) = last.as_ref() {
+            if at.elapsed() < HEALTH_TTL {
+                return result.clone();
+            }
+        }
+        let result = match tokio::time::timeout(limit, self.sink.healthcheck()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(format!("no answer within {} s", limit.as_secs())),
+        };
+        *last = Some((std::time::Instant::now(), result.clone()));
+        result
     }
 
     /// Whether an ordered event of this lane that is rejected lets its key's later events go on.

@@ -5,8 +5,9 @@ use std::time::Duration;
 use super::Relay;
 
 impl Relay {
-    /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each) and no
-    /// breaker is open. One line per check; `Err` when any failed.
+    /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each, its
+    /// result kept for a few seconds) and no breaker is open. One line per check; `Err` when any
+    /// failed.
     pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
         self.readiness_of(None).await
     }
@@ -35,11 +36,7 @@ impl Relay {
             if only.is_some_and(|name| name != lane.name) {
                 continue;
             }
-            let check = match tokio::time::timeout(limit, lane.sink.healthcheck()).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some("no answer within 2 s".into()),
-            };
+            let check = lane.health(limit).await;
             let (breaker, paused) = lane.gate.state();
             let line = match (lane.gate.problem(), check) {
                 // A pause is an operator's decision, not a fault.

@@ -93,6 +93,51 @@ pub(crate) fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String>
 }
 
 /// Events for the unit tests of the modules that read them.
+/// How operator views show an event without a topic (a table that allows NULL topics may hold
+/// one; the relay dead-letters it with its reason).
+pub const NO_TOPIC: &str = "(no topic)";
+
+/// A topic as operator views print it.
+pub fn topic_label(topic: Option<&str>) -> &str {
+    topic.unwrap_or(NO_TOPIC)
+}
+
+/// JSON as stored, carried as its text: reading it has no depth limit (an operator must see any
+/// payload a table holds, however deeply nested), and it serializes as the JSON it is. Selected
+/// as `column::text`.
+#[derive(Debug, Clone)]
+pub struct StoredJson(Box<RawValue>);
+
+impl StoredJson {
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl serde::Serialize for StoredJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl sqlx::Type<sqlx::Postgres> for StoredJson {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredJson {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <String as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(Self(RawValue::from_string(text)?))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     use super::OutboxEvent;
@@ -112,5 +157,22 @@ pub(crate) mod testing {
             created_at: chrono::Utc::now(),
             attempts: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_json_has_no_depth_limit() {
+        let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+        let raw = RawValue::from_string(deep.clone()).expect("any depth");
+        let stored = StoredJson(raw);
+        assert_eq!(serde_json::to_string(&stored).expect("serialize"), deep);
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&deep).is_err(),
+            "Value stops at 128"
+        );
     }
 }

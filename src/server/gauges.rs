@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::engine::Relay;
+use crate::model::event::topic_label;
 use crate::model::metric::*;
 use crate::store::backlog::{Backlog, BacklogRow};
 
@@ -27,6 +28,7 @@ pub async fn backlog(
         backlog: b,
     } in rows
     {
+        let topic = topic_label(topic.as_deref()).to_owned();
         let destinations = match destination {
             Some(d) => vec![d],
             None => {

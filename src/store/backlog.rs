@@ -87,15 +87,25 @@ pub struct Backlog {
 pub struct BacklogRow {
     /// The destination; `None` for rows not yet routed.
     pub destination: Option<String>,
-    /// The topic.
-    pub topic: String,
+    /// The topic (`None`: rows without one).
+    pub topic: Option<String>,
     /// The counts.
     pub backlog: Backlog,
 }
 
 /// ObserveBacklog: the rows of every part, unmerged.
 pub async fn rows(store: &Store) -> Result<Vec<BacklogRow>> {
-    type Row = (Option<String>, String, i64, i64, i64, i64, i64, i64, f64);
+    type Row = (
+        Option<String>,
+        Option<String>,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        f64,
+    );
     let rows = sqlx::query_as::<_, Row>(&store.sql.backlog.backlog)
         .fetch_all(store.pool())
         .await?;

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::Store;
 use crate::error::Result;
+use crate::model::event::StoredJson;
 use crate::table::OutboxTable;
 
 /// A dead event as listed.
@@ -26,8 +27,8 @@ pub struct DeadEvent {
     pub id: Uuid,
     /// Insert order.
     pub seq: i64,
-    /// Topic.
-    pub topic: String,
+    /// Topic (`None`: the row has none).
+    pub topic: Option<String>,
     /// Key.
     pub key: Option<String>,
     /// The destination that gave up (none for an unroutable event).
@@ -36,16 +37,16 @@ pub struct DeadEvent {
     pub attempts: i32,
     /// The last error.
     pub last_error: Option<String>,
-    /// When it was written.
-    pub created_at: DateTime<Utc>,
+    /// When it was written (`None`: the row has no time).
+    pub created_at: Option<DateTime<Utc>>,
     /// When it was dead-lettered.
     pub dead_at: DateTime<Utc>,
-    /// Payload (only filled by `show`).
+    /// Payload, any depth (only filled by `show`).
     #[sqlx(default)]
-    pub payload: Option<serde_json::Value>,
+    pub payload: Option<StoredJson>,
     /// Headers (only filled by `show`).
     #[sqlx(default)]
-    pub headers: Option<serde_json::Value>,
+    pub headers: Option<StoredJson>,
 }
 
 /// Which dead events an operation applies to.
@@ -88,7 +89,7 @@ fn dead_list() -> String {
          UNION ALL
          SELECT event_id, seq, topic, key, destination, attempts, last_error, created_at, dead_at
          FROM {{qname:deliveries}} WHERE {pairs}
-         ORDER BY dead_at DESC, seq DESC LIMIT $5",
+         ORDER BY dead_at DESC, seq DESC, destination DESC LIMIT $5",
         rows = rows_where(),
         pairs = pairs_where()
     )
@@ -97,10 +98,12 @@ fn dead_list() -> String {
 /// DeadShow. One event's dead row (primary key) and dead pairs (the deliveries'
 /// `(event_id, destination)` key), with payload and headers.
 const DEAD_SHOW: &str =
-    "SELECT id, seq, topic, key, destination, attempts, last_error, created_at, dead_at, payload, headers
+    "SELECT id, seq, topic, key, destination, attempts, last_error, created_at, dead_at,
+           payload::text AS payload, headers::text AS headers
          FROM {outbox} WHERE id = $1 AND dead_at IS NOT NULL
          UNION ALL
-         SELECT event_id, seq, topic, key, destination, attempts, last_error, created_at, dead_at, payload, headers
+         SELECT event_id, seq, topic, key, destination, attempts, last_error, created_at, dead_at,
+           payload::text AS payload, headers::text AS headers
          FROM {qname:deliveries} WHERE event_id = $1 AND dead_at IS NOT NULL
          ORDER BY destination";
 

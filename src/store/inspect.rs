@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::Store;
 use crate::error::Result;
+use crate::model::event::StoredJson;
 use crate::table::OutboxTable;
 
 /// Where an event stands.
@@ -64,8 +65,8 @@ pub struct EventRow {
     pub id: Uuid,
     /// Insert order; breaks ties between equal sort times in a page's order.
     pub seq: i64,
-    /// Topic.
-    pub topic: String,
+    /// Topic (`None`: the row has none; a table may allow it).
+    pub topic: Option<String>,
     /// Key.
     pub key: Option<String>,
     /// The destination, once routed.
@@ -76,8 +77,8 @@ pub struct EventRow {
     pub attempts: i32,
     /// The last error.
     pub last_error: Option<String>,
-    /// When it was written.
-    pub created_at: DateTime<Utc>,
+    /// When it was written (`None`: the row has no time; a table may allow it).
+    pub created_at: Option<DateTime<Utc>>,
     /// When it was delivered.
     pub published_at: Option<DateTime<Utc>>,
     /// When it was dead-lettered.
@@ -102,16 +103,16 @@ pub struct EventDetail {
     pub id: Uuid,
     /// Insert order.
     pub seq: i64,
-    /// Topic.
-    pub topic: String,
+    /// Topic (`None`: the row has none).
+    pub topic: Option<String>,
     /// Key.
     pub key: Option<String>,
-    /// When it was written.
-    pub created_at: DateTime<Utc>,
-    /// The payload, as stored.
-    pub payload: serde_json::Value,
+    /// When it was written (`None`: the row has no time).
+    pub created_at: Option<DateTime<Utc>>,
+    /// The payload, as stored (any depth).
+    pub payload: Option<StoredJson>,
     /// The headers, as stored.
-    pub headers: Option<serde_json::Value>,
+    pub headers: Option<StoredJson>,
     /// Its row and each pair: attempts, last error, next attempt, per destination.
     pub deliveries: Vec<EventRow>,
     /// Its failed attempts, oldest first, as far back as `attempts_retention` (a delivery
@@ -157,33 +158,56 @@ const PAIR_COLUMNS: &str = "event_id AS id, seq, topic, key, destination,
 
 /// The same for a row of the partitioned history (`history = "partitions"`): published, or split
 /// when it has no destination, as in the outbox.
-const HISTORY_COLUMNS: &str = "id, coalesce(seq, 0) AS seq, coalesce(topic, '') AS topic, key,
+const HISTORY_COLUMNS: &str = "id, coalesce(seq, 0) AS seq, topic, key,
   destination, CASE WHEN destination IS NULL THEN 'split' ELSE 'published' END AS state,
   coalesce(attempts, 0) AS attempts, last_error, coalesce(created_at, published_at) AS created_at,
   published_at, NULL::timestamptz AS dead_at,
   NULL::timestamptz AS next_attempt_at";
 
-/// Where a page ends: the sort column's value (as PostgreSQL writes it, 'infinity' included) and
-/// the `seq` that breaks ties. Opaque to clients (base64url).
+/// Where a page ends: the sort column's value (as PostgreSQL writes it, 'infinity' included),
+/// then the `seq` and the destination that break ties (one event dead at several destinations
+/// has one dead time and one `seq`). Opaque to clients (base64url).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     at: String,
     seq: i64,
+    destination: String,
 }
 
 impl Cursor {
-    /// Reads a cursor given out by [`search`]; `None` when it is not one.
+    /// Reads a cursor given out by [`search`]; `None` when it is not one (its time is checked
+    /// here and written anew, so nothing but a valid timestamp reaches the statement).
     pub fn parse(text: &str) -> Option<Self> {
         use base64::Engine as _;
         let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(text.trim())
             .ok()?;
         let raw = String::from_utf8(raw).ok()?;
-        let (at, seq) = raw.rsplit_once('|')?;
+        let mut parts = raw.splitn(3, '|');
+        let (at, seq, destination) = (parts.next()?, parts.next()?, parts.next()?);
+        if destination.contains('\0') {
+            return None;
+        }
         Some(Self {
-            at: at.to_owned(),
+            at: canonical_time(at)?,
             seq: seq.parse().ok()?,
+            destination: destination.to_owned(),
         })
+    }
+}
+
+/// A sort value as PostgreSQL writes a `timestamptz` (any time zone, 'infinity' included),
+/// rewritten in UTC with microseconds; `None` when it is not one.
+fn canonical_time(text: &str) -> Option<String> {
+    match text {
+        "infinity" | "-infinity" => Some(text.to_owned()),
+        _ => DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
+            .ok()
+            .map(|t| {
+                t.with_timezone(&Utc)
+                    .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+                    .to_string()
+            }),
     }
 }
 
@@ -192,7 +216,7 @@ impl std::fmt::Display for Cursor {
         use base64::Engine as _;
         f.write_str(
             &base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .encode(format!("{}|{}", self.at, self.seq)),
+                .encode(format!("{}|{}|{}", self.at, self.seq, self.destination)),
         )
     }
 }
@@ -279,18 +303,23 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
     if let Some(after) = &q.after {
         args.add(after.at.as_str()).map_err(sqlx::Error::Encode)?;
         args.add(after.seq).map_err(sqlx::Error::Encode)?;
-        let (at, seq) = (n + 1, n + 2);
-        n += 2;
+        args.add(after.destination.as_str())
+            .map_err(sqlx::Error::Encode)?;
+        let (at, seq, dest) = (n + 1, n + 2, n + 3);
+        n += 3;
         let (cmp, strict) = if descending { ("<=", "<") } else { (">=", ">") };
         let past = format!(
-            "{column} {cmp} ${at}::timestamptz AND ({column} {strict} ${at}::timestamptz OR seq {strict} ${seq})"
+            "{column} {cmp} ${at}::timestamptz AND ({column} {strict} ${at}::timestamptz
+             OR seq {strict} ${seq} OR (seq = ${seq} AND coalesce(destination, '') {strict} ${dest}))"
         );
         common.push((past.clone(), past));
     }
     n += 1;
     args.add(limit + 1).map_err(sqlx::Error::Encode)?;
     let direction = if descending { "DESC" } else { "ASC" };
-    let sort = format!("{column} AS sort_ts, {column}::text AS sort_at");
+    let sort = format!(
+        "{column} AS sort_ts, {column}::text AS sort_at, coalesce(destination, '') AS sort_dest"
+    );
     // Each part ordered and limited by its own index; more than one are merged (a UNION takes one
     // ORDER BY). The history's columns have the outbox's names, so it takes the same conditions.
     let part = |columns: &str, from: &str, state: &str, pair: bool| {
@@ -303,7 +332,8 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
             .collect();
         format!(
             "(SELECT {columns}, {sort} FROM {from} WHERE {}
-              ORDER BY {column} {direction}, seq {direction} LIMIT ${n})",
+              ORDER BY {column} {direction}, seq {direction}, coalesce(destination, '') {direction}
+              LIMIT ${n})",
             conditions.join(" AND ")
         )
     };
@@ -317,7 +347,7 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
     let mut sql = parts.join("\nUNION ALL\n");
     if parts.len() > 1 {
         sql.push_str(&format!(
-            "\nORDER BY sort_ts {direction}, seq {direction} LIMIT ${n}"
+            "\nORDER BY sort_ts {direction}, seq {direction}, sort_dest {direction} LIMIT ${n}"
         ));
     }
     let mut rows: Vec<(EventRow, String)> = sqlx::query_as_with(&store.table().render(&sql), args)
@@ -331,6 +361,7 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
         rows.last().map(|(e, at)| Cursor {
             at: at.clone(),
             seq: e.seq,
+            destination: e.destination.clone().unwrap_or_default(),
         })
     } else {
         None
@@ -354,13 +385,13 @@ struct SortedRow {
 /// deliveries' (event_id, destination) key; a moved one its history row
 /// (`{name:history_id_idx}`).
 const SHOW_HEAD: &str =
-    "SELECT seq, topic, key, created_at, payload, headers FROM {outbox} WHERE id = $1
+    "SELECT seq, topic, key, created_at, payload::text, headers::text FROM {outbox} WHERE id = $1
          UNION ALL
-         (SELECT seq, topic, key, created_at, payload, headers FROM {qname:deliveries}
+         (SELECT seq, topic, key, created_at, payload::text, headers::text FROM {qname:deliveries}
           WHERE event_id = $1 LIMIT 1)
          UNION ALL
-         (SELECT coalesce(seq, 0), coalesce(topic, ''), key, coalesce(created_at, published_at),
-                 coalesce(payload, 'null'), headers FROM {qname:history}
+         (SELECT coalesce(seq, 0), topic, key, coalesce(created_at, published_at),
+                 payload::text, headers::text FROM {qname:history}
           WHERE id = $1 LIMIT 1)
          LIMIT 1";
 
@@ -403,11 +434,11 @@ impl Sql {
 pub async fn show(store: &Store, id: Uuid) -> Result<Option<EventDetail>> {
     type Head = (
         i64,
-        String,
         Option<String>,
-        DateTime<Utc>,
-        serde_json::Value,
-        Option<serde_json::Value>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+        Option<StoredJson>,
+        Option<StoredJson>,
     );
     let sql = &store.sql.inspect;
     let head: Option<Head> = sqlx::query_as(&sql.show_head)

@@ -52,7 +52,7 @@ SELECT b.destination, t.topic, 0, 0, sum(t.n::bigint)::bigint, 0, 0, 0,
 FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
 GROUP BY b.destination, t.topic
 UNION ALL
-SELECT destination, coalesce(topic, ''), 0, 0, 0, 0, 0, 0, NULL,
+SELECT destination, topic, 0, 0, 0, 0, 0, 0, NULL,
   count(*) FILTER (WHERE published_at > now() - interval '1 minute'),
   count(*) FILTER (WHERE published_at > now() - interval '1 hour'),
   count(*)
@@ -90,8 +90,8 @@ impl Sql {
 pub struct StatusRow {
     /// The destination: recorded by the relay, or from the configuration's routing; `null` if unknown.
     pub destination: Option<String>,
-    /// The topic.
-    pub topic: String,
+    /// The topic (`None`: rows without one; `*` in the totals).
+    pub topic: Option<String>,
     /// Pending events due now.
     pub due: i64,
     /// Pending events waiting for a retry.
@@ -128,8 +128,8 @@ pub async fn rows(store: &Store) -> Result<Vec<StatusRow>> {
 pub struct RecentError {
     /// The destination (`-` when the row was never routed).
     pub destination: String,
-    /// The topic.
-    pub topic: String,
+    /// The topic (`None`: the row has none).
+    pub topic: Option<String>,
     /// The error.
     pub error: Option<String>,
     /// `retrying` or `dead`.
@@ -140,7 +140,13 @@ pub struct RecentError {
 
 /// RecentErrors: the five newest failures, newest first.
 pub async fn recent_errors(store: &Store) -> Result<Vec<RecentError>> {
-    type Row = (String, String, Option<String>, String, DateTime<Utc>);
+    type Row = (
+        String,
+        Option<String>,
+        Option<String>,
+        String,
+        DateTime<Utc>,
+    );
     let rows: Vec<Row> = sqlx::query_as(&store.sql.status.recent_errors)
         .fetch_all(store.pool())
         .await?;

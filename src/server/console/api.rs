@@ -1,13 +1,14 @@
 //! The console's JSON handlers: each checks the token, calls the library function the CLI uses,
 //! and answers JSON. Mutations are logged (who cannot be known; what and how many can).
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::input::{self, Body, Path, Query};
 use super::{redacted_target, ApiError, Console};
 use crate::store::dead::DeadFilter;
 use crate::store::inspect::{EventQuery, EventState};
@@ -144,37 +145,34 @@ pub(super) async fn samples(
     }))
 }
 
-/// The query string of `GET /api/v1/events`.
+/// The query string of `GET /api/v1/events`: every value as text, each checked by name.
 #[derive(Debug, Deserialize)]
 pub(super) struct EventsParams {
     id: Option<String>,
-    state: Option<EventState>,
+    state: Option<String>,
     topic: Option<String>,
     key: Option<String>,
     destination: Option<String>,
     since: Option<String>,
     until: Option<String>,
-    limit: Option<i64>,
+    limit: Option<String>,
     cursor: Option<String>,
 }
 
-fn non_empty(s: Option<String>) -> Option<String> {
-    s.filter(|s| !s.trim().is_empty())
-}
-
-fn timestamp(name: &str, s: Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
-    non_empty(s)
-        .map(|s| {
-            DateTime::parse_from_rfc3339(s.trim())
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|e| ApiError::bad_request(format!("{name}: not an RFC 3339 time: {e}")))
-        })
-        .transpose()
-}
-
-fn event_id(s: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(s.trim())
-        .map_err(|_| ApiError::bad_request(format!("{s:?} is not an event id")))
+fn event_state(value: Option<String>) -> Result<EventState, ApiError> {
+    Ok(
+        match input::text("state", value)?.as_deref().map(str::trim) {
+            None | Some("dead") => EventState::Dead,
+            Some("pending") => EventState::Pending,
+            Some("published") => EventState::Published,
+            Some("all") => EventState::All,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "state: {other:?} is not one of dead, pending, published, all"
+                )))
+            }
+        },
+    )
 }
 
 #[derive(Debug, Serialize)]
@@ -192,20 +190,25 @@ pub(super) async fn events(
 ) -> ApiResult<EventsPage> {
     c.authorize(&headers, false)?;
     let query = EventQuery {
-        id: non_empty(p.id).map(|s| event_id(&s)).transpose()?,
-        state: p.state.unwrap_or_default(),
-        topic: non_empty(p.topic),
-        key: non_empty(p.key),
-        destination: non_empty(p.destination),
-        since: timestamp("since", p.since)?,
-        until: timestamp("until", p.until)?,
-        after: non_empty(p.cursor)
+        id: input::text("id", p.id)?
+            .map(|s| input::event_id("id", &s))
+            .transpose()?,
+        state: event_state(p.state)?,
+        topic: input::text("topic", p.topic)?,
+        key: input::text("key", p.key)?,
+        destination: input::text("destination", p.destination)?,
+        since: input::timestamp("since", p.since)?,
+        until: input::timestamp("until", p.until)?,
+        after: input::text("cursor", p.cursor)?
             .map(|s| {
-                crate::store::inspect::Cursor::parse(&s)
-                    .ok_or_else(|| ApiError::bad_request("cursor: use the next_cursor of a page"))
+                crate::store::inspect::Cursor::parse(&s).ok_or_else(|| {
+                    ApiError::bad_request(
+                        "cursor: not one this API gave out (use a page's next_cursor)",
+                    )
+                })
             })
             .transpose()?,
-        limit: p.limit.unwrap_or(50),
+        limit: input::integer("limit", p.limit)?.unwrap_or(50),
     };
     if query.state == EventState::All && query.id.is_none() {
         return Err(ApiError::bad_request(
@@ -226,7 +229,7 @@ pub(super) async fn event(
     Path(id): Path<String>,
 ) -> ApiResult<crate::store::inspect::EventDetail> {
     c.authorize(&headers, false)?;
-    let id = event_id(&id)?;
+    let id = input::event_id("id", &id)?;
     match crate::store::inspect::show(c.relay.store(), id).await? {
         Some(detail) => Ok(Json(detail)),
         None => Err(ApiError::new(
@@ -254,18 +257,11 @@ pub(super) struct DeadBody {
 
 impl DeadBody {
     fn filter(&self) -> Result<DeadFilter, ApiError> {
-        let since = self
-            .since_seconds
-            .map(|s| {
-                std::time::Duration::try_from_secs_f64(s)
-                    .map_err(|_| ApiError::bad_request("since_seconds: a positive number"))
-            })
-            .transpose()?;
         Ok(DeadFilter {
             ids: self.ids.clone(),
-            topic: non_empty(self.topic.clone()),
-            destination: non_empty(self.destination.clone()),
-            since,
+            topic: input::text("topic", self.topic.clone())?,
+            destination: input::text("destination", self.destination.clone())?,
+            since: input::since_seconds(self.since_seconds)?,
         })
     }
 }
@@ -314,7 +310,7 @@ async fn dead_action(
 pub(super) async fn dead_retry(
     State(c): State<Console>,
     headers: HeaderMap,
-    Json(body): Json<DeadBody>,
+    Body(body): Body<DeadBody>,
 ) -> ApiResult<Matched> {
     dead_action(&c, &headers, &body, DeadAction::Retry).await
 }
@@ -323,7 +319,7 @@ pub(super) async fn dead_retry(
 pub(super) async fn dead_discard(
     State(c): State<Console>,
     headers: HeaderMap,
-    Json(body): Json<DeadBody>,
+    Body(body): Body<DeadBody>,
 ) -> ApiResult<Matched> {
     dead_action(&c, &headers, &body, DeadAction::Discard).await
 }

@@ -14,12 +14,16 @@
 //! without credentials or paths, and payloads are rendered by the page as text, never as HTML.
 
 mod api;
+mod input;
 
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{AdminConfig, Secret};
@@ -33,17 +37,58 @@ pub struct Console {
     samples: Arc<Samples>,
     token: Option<Secret>,
     read_token: Option<Secret>,
+    /// Lower-case `Host` names answered (`None`: any).
+    hosts: Option<Arc<Vec<String>>>,
 }
 
 impl Console {
-    /// A console over `relay`, charting `samples`, guarded by `config`'s tokens.
+    /// A console over `relay`, charting `samples`, guarded by `config`'s tokens and `Host` names
+    /// (by default the relay's listen address and the loopback names).
     pub fn new(relay: Arc<Relay>, samples: Arc<Samples>, config: &AdminConfig) -> Self {
+        let hosts = if config.allowed_hosts.iter().any(|h| h == "*") {
+            None
+        } else {
+            let mut hosts: Vec<String> = if config.allowed_hosts.is_empty() {
+                ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec()
+            } else {
+                config.allowed_hosts.clone()
+            };
+            if let Some(addr) = relay.config().observability.listen {
+                hosts.push(addr.ip().to_string());
+            }
+            Some(Arc::new(
+                hosts
+                    .iter()
+                    .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+                    .collect(),
+            ))
+        };
         Self {
             relay,
             samples,
             token: config.token.clone(),
             read_token: config.read_token.clone(),
+            hosts,
         }
+    }
+
+    /// Whether a request's `Host` header names this console (any port). A request without one
+    /// (HTTP/1.0) is not from a browser page and passes.
+    fn host_allowed(&self, headers: &HeaderMap) -> bool {
+        let Some(hosts) = &self.hosts else {
+            return true;
+        };
+        let Some(host) = headers.get(header::HOST) else {
+            return true;
+        };
+        let Ok(authority) = host.to_str().map(str::to_ascii_lowercase) else {
+            return false;
+        };
+        let name = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or_default(),
+            None => authority.split(':').next().unwrap_or_default(),
+        };
+        hosts.iter().any(|h| h == name)
     }
 
     /// Whether retry, discard, pause and resume are on (an admin token is configured).
@@ -58,8 +103,12 @@ impl Console {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
+        // Digests of equal length, compared in constant time: neither the token's bytes nor its
+        // length show in how long a wrong guess takes.
         let matches = |secret: &Option<Secret>| match (secret, given) {
-            (Some(s), Some(g)) => bool::from(s.expose().as_bytes().ct_eq(g.as_bytes())),
+            (Some(s), Some(g)) => bool::from(
+                Sha256::digest(s.expose().as_bytes()).ct_eq(&Sha256::digest(g.as_bytes())),
+            ),
             _ => false,
         };
         if write {
@@ -92,11 +141,13 @@ fn unauthorized(given: bool) -> ApiError {
     )
 }
 
-/// An API failure: its status and one sentence, sent as `{"error": "..."}`.
+/// An API failure: its status and one sentence, sent as `{"error": "..."}`; a server fault also
+/// carries the id under which the relay logged its cause.
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
     message: String,
+    id: Option<String>,
 }
 
 impl ApiError {
@@ -104,6 +155,7 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            id: None,
         }
     }
 
@@ -112,26 +164,60 @@ impl ApiError {
     }
 }
 
+/// A fault of the server (the database unreachable, a bug): logged with an id, answered with the
+/// id and no detail (the database's text says nothing useful to a caller and may say too much).
 impl From<crate::Error> for ApiError {
     fn from(e: crate::Error) -> Self {
-        tracing::warn!(error = %crate::error_chain(&e), "console: a database call failed");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("database error: {}", crate::error_chain(&e)),
-        )
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        tracing::error!(%id, error = %crate::error_chain(&e), "console: a call failed");
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("the relay could not answer (its log has the cause under id {id})"),
+            id: Some(id),
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (
-            self.status,
-            axum::Json(serde_json::json!({ "error": self.message })),
-        )
-            .into_response();
-        no_store(response.headers_mut());
-        response
+        let body = match self.id {
+            Some(id) => serde_json::json!({ "error": self.message, "id": id }),
+            None => serde_json::json!({ "error": self.message }),
+        };
+        (self.status, axum::Json(body)).into_response()
     }
+}
+
+/// Every answer of the console's routes: `Cache-Control: no-store` (events and tokens must not
+/// stay in a browser's or a proxy's cache), and a refusal for a `Host` this console does not
+/// answer to.
+async fn guard(State(c): State<Console>, request: Request, next: Next) -> Response {
+    let mut response = if c.host_allowed(request.headers()) {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "host: this console does not answer to that name (admin.allowed_hosts)",
+        )
+        .into_response()
+    };
+    no_store(response.headers_mut());
+    response
+}
+
+/// Unknown paths and methods: the API's JSON error, not an empty answer.
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("path: no such endpoint: {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method: this endpoint does not take that method (see /api/openapi.json)",
+    )
 }
 
 fn no_store(headers: &mut HeaderMap) {
@@ -193,6 +279,9 @@ pub fn router(console: Console) -> axum::Router {
         .route("/api/v1/dead/discard", post(api::dead_discard))
         .route("/api/v1/destinations/:name/pause", post(api::pause))
         .route("/api/v1/destinations/:name/resume", post(api::resume))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(console.clone(), guard))
         .with_state(console)
 }
 

@@ -67,6 +67,8 @@ function fmtLag(s) {
 }
 
 const fmtRate = (r) => (r >= 100 ? String(Math.round(r)) : r.toFixed(1));
+// What the relay's own views call a row without a topic (a table may allow NULL).
+const NO_TOPIC = '(no topic)';
 const truncate = (s, n) => (s && s.length > n ? `${s.slice(0, n - 1)}…` : s || '');
 const timeCell = (s, cls = '') => el('td', { class: `time ${cls}`, title: s || null }, fmtTime(s));
 const badge = (cls, text) => el('span', { class: `badge ${cls}` }, text);
@@ -114,6 +116,8 @@ async function api(method, path, body) {
   const data = await res.json().catch(() => null); // error bodies may be empty
   if (res.ok) {
     tokenMessage('');
+    // An error shown earlier is over once the relay answers again.
+    if ($('#status').className === 'error') setStatus('');
     return data;
   }
   const msg = data && typeof data.error === 'string' ? data.error : `HTTP ${res.status}`;
@@ -351,7 +355,7 @@ function applyParams(params) {
 function eventRow(ev) {
   return el('tr', { 'data-id': ev.id, tabindex: 0, class: ev.id === state.eventId ? 'selected' : null },
     el('td', { class: 'mono', title: ev.id }, ev.id.slice(0, 8)),
-    el('td', {}, ev.topic),
+    el('td', ev.topic == null ? { class: 'none' } : {}, ev.topic ?? NO_TOPIC),
     el('td', {}, ev.key ?? ''),
     el('td', {}, ev.destination ?? ''),
     el('td', {}, badge(`state-${ev.state}`, ev.state)),
@@ -416,7 +420,7 @@ function deliveryWhen(d) {
 function renderEvent(ev) {
   $('#event-id').textContent = ev.id;
   $('#event-seq').textContent = String(ev.seq ?? '');
-  $('#event-topic').textContent = ev.topic;
+  $('#event-topic').textContent = ev.topic ?? NO_TOPIC;
   $('#event-key').textContent = ev.key ?? '(none)';
   $('#event-created').textContent = fmtTime(ev.created_at);
   $('#event-created').title = ev.created_at || '';
