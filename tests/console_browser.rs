@@ -177,6 +177,23 @@ async fn retry_a_dead_event_from_the_page() {
         .for_element(Locator::Css("#chart svg"))
         .await
         .expect("the chart");
+    // The destination's settings, one click under its target, the signing secret masked.
+    browser
+        .find(Locator::Css(
+            "#destinations tr[data-destination='hooks'] details.settings summary",
+        ))
+        .await
+        .expect("settings")
+        .click()
+        .await
+        .expect("open settings");
+    let settings = shows(
+        &browser,
+        "#destinations tr[data-destination='hooks'] details.settings pre",
+        "\"max_attempts\": 1",
+    )
+    .await;
+    assert!(settings, "the settings are shown");
     screenshot(
         "console-overview.png",
         &browser.screenshot().await.expect("screenshot"),
@@ -223,6 +240,8 @@ async fn retry_a_dead_event_from_the_page() {
         .await
         .expect("state");
     assert!(state.text().await.expect("state").contains("dead"));
+    let counted = shows(&browser, "#dead-page", "of 4 matches").await;
+    assert!(counted, "the search says how many events match");
     screenshot(
         "console-dead.png",
         &browser.screenshot().await.expect("screenshot"),
@@ -254,6 +273,29 @@ async fn retry_a_dead_event_from_the_page() {
     browser.refresh().await.expect("reload");
     let published_shown = shows(&browser, "#event-state", "published").await;
     assert!(published_shown, "the page shows the event published");
+
+    // The audit log: the retry, by the token that made it.
+    browser
+        .find(Locator::Css("#nav-audit"))
+        .await
+        .expect("nav")
+        .click()
+        .await
+        .expect("click");
+    let logged = shows(&browser, "#audit-list", "retry").await;
+    assert!(logged, "the retry is in the audit log");
+    let row = browser
+        .find(Locator::Css("#audit-list tr"))
+        .await
+        .expect("a row")
+        .text()
+        .await
+        .expect("text");
+    assert!(row.contains("admin") && row.contains("console"), "{row}");
+    screenshot(
+        "console-audit.png",
+        &browser.screenshot().await.expect("screenshot"),
+    );
     browser.close().await.expect("close");
     stop.cancel();
     let _ = running.await;

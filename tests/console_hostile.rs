@@ -240,6 +240,9 @@ async fn no_hostile_input_gets_a_5xx_or_database_text() {
         "until",
         "limit",
         "cursor",
+        "topic_prefix",
+        "payload",
+        "total",
     ];
     let values = hostile_values();
     let mut calls = 0;
@@ -266,6 +269,14 @@ async fn no_hostile_input_gets_a_5xx_or_database_text() {
                 "POST"
             };
             assert_contract(&path, &raw(method, &api(&path), None, false).await);
+            calls += 1;
+        }
+        for param in ["limit", "before"] {
+            let url = api(&format!("/audit?{param}={v}"));
+            assert_contract(
+                &format!("audit {param}"),
+                &raw("GET", &url, None, false).await,
+            );
             calls += 1;
         }
         for path in ["/overview", "/samples"] {

@@ -119,6 +119,38 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             None,
         ),
         (
+            "dead, counted (total=true)",
+            format!("{base}/api/v1/events?state=dead&total=true"),
+            None,
+        ),
+        (
+            "dead, topic prefix, counted",
+            format!("{base}/api/v1/events?state=dead&topic_prefix=order.t1&total=true"),
+            None,
+        ),
+        (
+            "dead, payload contains",
+            format!("{base}/api/v1/events?state=dead&payload=%7B%22n%22%3A42%7D"),
+            None,
+        ),
+        (
+            "published, topic prefix",
+            format!("{base}/api/v1/events?state=published&topic_prefix=order.t1"),
+            None,
+        ),
+        (
+            "published, counted (total=true)",
+            format!("{base}/api/v1/events?state=published&total=true"),
+            None,
+        ),
+        (
+            "published, payload contains (no GIN index)",
+            format!("{base}/api/v1/events?state=published&payload=%7B%22total%22%3A5%7D"),
+            None,
+        ),
+        ("audit log", format!("{base}/api/v1/audit"), None),
+        ("chart samples", format!("{base}/api/v1/samples"), None),
+        (
             "dead retry, dry run by topic",
             format!("{base}/api/v1/dead/retry"),
             Some(serde_json::json!({ "topic": "order.t7", "dry_run": true })),

@@ -145,10 +145,12 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Retry(sel) => {
-            let n = dead::retry(&store, &sel.filter(), sel.dry_run).await?;
+            let filter = sel.filter();
+            let n = dead::retry(&store, &filter, sel.dry_run).await?;
             if sel.dry_run {
                 println!("dry run: {n} dead events would be put back as due");
             } else {
+                super::audit::record(&store, "retry", filter.to_json(), n).await?;
                 println!("{n} dead events put back as due (attempts reset)");
             }
         }
@@ -167,6 +169,7 @@ pub async fn run(cli: &Cli, cmd: &Command) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
             let n = dead::discard(&store, &filter, false).await?;
+            super::audit::record(&store, "discard", filter.to_json(), n).await?;
             println!("{n} dead events discarded");
         }
     }

@@ -48,11 +48,16 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
         Command::Pause(NameArg { name }) => {
             check(name)?;
             pgoutbox::store::destinations::pause(&store, name).await?;
+            let filter = serde_json::json!({ "destination": name });
+            super::audit::record(&store, "pause", filter, 0).await?;
             eprintln!("destination {name} paused: every relay holds its events from now on (within about a second); `pgoutbox destination resume {name}` lets them flow again");
         }
         Command::Resume(NameArg { name }) => {
             check(name)?;
-            match pgoutbox::store::destinations::resume(&store, name).await? {
+            let released = pgoutbox::store::destinations::resume(&store, name).await?;
+            let filter = serde_json::json!({ "destination": name });
+            super::audit::record(&store, "resume", filter, released.unwrap_or(0)).await?;
+            match released {
                 Some(released) => {
                     eprintln!("destination {name} resumed: {released} held events are due again")
                 }

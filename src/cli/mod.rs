@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing, configuration layering and one module per command.
 
+mod audit;
 mod cleanup;
 mod dead;
 mod demo;
@@ -76,6 +77,8 @@ enum Command {
     /// Pause or resume a destination for every relay; list breaker states.
     #[command(subcommand)]
     Destination(destination::Command),
+    /// The changes operators made through the console and the CLI, newest first.
+    Audit(audit::Args),
     /// The logical replication slot of `source = "wal"`: create, drop, status.
     #[command(subcommand)]
     Slot(slot::Command),
@@ -124,6 +127,7 @@ pub fn init_logging(cli: &Cli) {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Migrate(args) => migrate::run(&cli, args).await,
+        Command::Audit(args) => audit::run(&cli, args).await,
         Command::Relay(args) => relay::run(&cli, args).await,
         Command::Status(args) => status::run(&cli, args).await,
         Command::Dead(cmd) => dead::run(&cli, cmd).await,

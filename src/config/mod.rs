@@ -34,7 +34,7 @@ pub use destination::{
 };
 pub use duration::{duration_str, opt_duration_str};
 pub use error::ConfigError;
-pub use observability::{AdminConfig, ObservabilityConfig, OtlpConfig};
+pub use observability::{AdminConfig, NamedToken, ObservabilityConfig, OtlpConfig, Role};
 pub use relay::{ClaimMode, History, RelayConfig, SettleCommit, Source};
 pub use secret::Secret;
 pub use wal::WalConfig;
@@ -263,6 +263,7 @@ impl Config {
             destinations.push(dest);
         }
 
+        raw.admin.check_names()?;
         Ok(Self {
             database_url: raw.database_url,
             table: OutboxTable::new(schema, table),

@@ -109,6 +109,11 @@ pub fn topic_label(topic: Option<&str>) -> &str {
 pub struct StoredJson(Box<RawValue>);
 
 impl StoredJson {
+    /// JSON text, checked (at any depth).
+    pub fn parse(text: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(text).map(Self)
+    }
+
     /// The JSON text.
     pub fn get(&self) -> &str {
         self.0.get()

@@ -12,6 +12,7 @@ use crate::engine::Relay;
 use crate::model::event::topic_label;
 use crate::model::metric::*;
 use crate::store::backlog::{Backlog, BacklogRow};
+use crate::store::operators::StoredSample;
 
 /// Reads the backlog per (destination, topic) from the relay's store ([`crate::store::backlog`]);
 /// rows not yet routed count for each destination of `relay` whose topics match (`(unrouted)`
@@ -57,6 +58,69 @@ pub async fn backlog(
         }
     }
     Ok(merged)
+}
+
+/// This relay's name among the relays sharing the chart: host and process id.
+fn relay_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "relay".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Stores `sample` for the chart every relay's console shows. A failure costs only that point.
+async fn share(relay: &Relay, me: &str, sample: &Sample) {
+    let stored = crate::store::operators::NewSample {
+        relay: me,
+        at: sample.at,
+        lag_seconds: sample.lag_seconds,
+        pending: sample.pending,
+        delivered: serde_json::json!(sample.per_destination),
+    };
+    if let Err(e) =
+        crate::store::operators::write_sample(relay.store(), &stored, Samples::SPAN).await
+    {
+        tracing::debug!(error = %crate::error_chain(&e), "cannot store the chart's sample");
+    }
+}
+
+/// Every relay's stored samples as the chart's points, one per `interval`: lag and pending the
+/// largest any relay saw (they read the same backlog), delivery rates summed over the relays
+/// (each relay's last sample in the interval).
+pub fn merge_samples(stored: &[StoredSample], interval: Duration) -> Vec<Sample> {
+    use std::collections::BTreeMap;
+    let step = (interval.as_micros() as i64).max(1);
+    let mut buckets: BTreeMap<i64, BTreeMap<&str, &StoredSample>> = BTreeMap::new();
+    for s in stored {
+        buckets
+            .entry(s.at.timestamp_micros().div_euclid(step))
+            .or_default()
+            .insert(s.relay.as_str(), s);
+    }
+    buckets
+        .into_values()
+        .map(|relays| {
+            let mut point = Sample {
+                at: chrono::DateTime::<chrono::Utc>::MIN_UTC,
+                lag_seconds: 0.0,
+                pending: 0,
+                published_per_second: 0.0,
+                per_destination: BTreeMap::new(),
+            };
+            for s in relays.values() {
+                point.at = point.at.max(s.at);
+                point.lag_seconds = point.lag_seconds.max(s.lag_seconds);
+                point.pending = point.pending.max(s.pending);
+                let rates: BTreeMap<String, f64> =
+                    serde_json::from_str(s.delivered.get()).unwrap_or_default();
+                for (destination, rate) in rates {
+                    *point.per_destination.entry(destination).or_default() += rate;
+                }
+            }
+            point.published_per_second = point.per_destination.values().sum();
+            point
+        })
+        .collect()
 }
 
 /// One point of the console's chart.
@@ -118,6 +182,7 @@ pub async fn refresh_gauges(
     stop: CancellationToken,
 ) {
     let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    let me = relay_name();
     let mut last = (Instant::now(), crate::model::metric::delivered_so_far());
     loop {
         match backlog(&relay).await {
@@ -131,13 +196,15 @@ pub async fn refresh_gauges(
                         (d.clone(), n.saturating_sub(before) as f64 / elapsed)
                     })
                     .collect();
-                samples.push(Sample {
+                let sample = Sample {
                     at: chrono::Utc::now(),
                     lag_seconds: merged.values().map(|b| b.lag).fold(0.0, f64::max),
                     pending: merged.values().map(|b| b.due + b.backoff).sum(),
                     published_per_second: per_destination.values().sum(),
                     per_destination,
-                });
+                };
+                share(&relay, &me, &sample).await;
+                samples.push(sample);
                 last = (Instant::now(), delivered);
                 // Series that emptied go back to zero rather than keep their last value.
                 for key in known.iter() {
@@ -164,5 +231,47 @@ pub async fn refresh_gauges(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::StoredJson;
+
+    fn stored(relay: &str, at_ms: i64, lag: f64, pending: i64, delivered: &str) -> StoredSample {
+        StoredSample {
+            at: chrono::DateTime::from_timestamp_millis(at_ms).expect("time"),
+            relay: relay.into(),
+            lag_seconds: lag,
+            pending,
+            delivered: StoredJson::parse(delivered.into()).expect("json"),
+        }
+    }
+
+    #[test]
+    fn relays_samples_merge_into_one_point_per_interval() {
+        let interval = Duration::from_secs(15);
+        let points = merge_samples(
+            &[
+                stored("a", 1_000, 2.0, 10, r#"{"hooks": 100.0}"#),
+                stored("b", 3_000, 5.0, 12, r#"{"hooks": 50.0, "nats": 7.0}"#),
+                // The same relay twice in one interval: its last sample counts.
+                stored("a", 9_000, 1.0, 9, r#"{"hooks": 80.0}"#),
+                stored("a", 16_000, 0.5, 4, r#"{"hooks": 90.0}"#),
+                stored("c", 17_000, 0.0, 0, "[1, 2]"),
+            ],
+            interval,
+        );
+        assert_eq!(points.len(), 2);
+        let first = &points[0];
+        assert_eq!(first.lag_seconds, 5.0);
+        assert_eq!(first.pending, 12);
+        assert_eq!(first.per_destination["hooks"], 130.0);
+        assert_eq!(first.per_destination["nats"], 7.0);
+        assert_eq!(first.published_per_second, 137.0);
+        assert_eq!(first.at.timestamp_millis(), 9_000);
+        assert_eq!(points[1].per_destination["hooks"], 90.0);
+        assert_eq!(points[1].pending, 4);
     }
 }

@@ -62,6 +62,26 @@ pub struct DeadFilter {
     pub since: Option<Duration>,
 }
 
+impl DeadFilter {
+    /// The filter as the audit log records it: only the fields given.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut o = serde_json::Map::new();
+        if let Some(ids) = &self.ids {
+            o.insert("ids".into(), serde_json::json!(ids));
+        }
+        if let Some(topic) = &self.topic {
+            o.insert("topic".into(), topic.clone().into());
+        }
+        if let Some(destination) = &self.destination {
+            o.insert("destination".into(), destination.clone().into());
+        }
+        if let Some(since) = self.since {
+            o.insert("since_seconds".into(), since.as_secs_f64().into());
+        }
+        serde_json::Value::Object(o)
+    }
+}
+
 /// The shared WHERE clause of every dead-letter statement; `{id}` is the event id column. Uses
 /// `{name:dead_idx}` on the outbox, `{name:deliveries_dead_idx}` on the deliveries.
 const DEAD_WHERE: &str = "dead_at IS NOT NULL

@@ -44,6 +44,12 @@ pub struct EventQuery {
     pub state: EventState,
     /// Exact topic.
     pub topic: Option<String>,
+    /// Topics that start with this (`order.` finds `order.created` and `order.paid`).
+    pub topic_prefix: Option<String>,
+    /// Payloads that contain this JSON (`{"customer": "c-1"}`; PostgreSQL's `@>`): served by a
+    /// GIN index on `payload` when the table has one, else checked on the rows the state's index
+    /// walks.
+    pub payload: Option<serde_json::Value>,
     /// Exact key.
     pub key: Option<String>,
     /// Exact destination.
@@ -52,6 +58,8 @@ pub struct EventQuery {
     pub since: Option<DateTime<Utc>>,
     /// Written before.
     pub until: Option<DateTime<Utc>>,
+    /// Count the matches too (up to [`TOTAL_CAP`]).
+    pub total: bool,
     /// Where the previous page ended (its `next_cursor`).
     pub after: Option<Cursor>,
     /// Page size (1 to 500).
@@ -94,7 +102,13 @@ pub struct EventPage {
     pub events: Vec<EventRow>,
     /// Pass as [`EventQuery::after`] for the next page.
     pub next_cursor: Option<Cursor>,
+    /// How many events match the search (every page), when asked for: at most [`TOTAL_CAP`]
+    /// (then "at least that many").
+    pub total: Option<i64>,
 }
+
+/// The most matches a search counts: a count walks every match, so it is bounded like a page.
+pub const TOTAL_CAP: i64 = 10_000;
 
 /// One event whole: payload, headers and its state at each destination.
 #[derive(Debug, Clone, Serialize)]
@@ -270,17 +284,21 @@ struct Order {
     history: Option<&'static str>,
 }
 
-/// EventSearch: one page in the state's order (see [`order`]), at most `limit` (plus one, to know
-/// whether a next page exists).
-pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
-    let limit = q.limit.clamp(1, 500);
-    let Order {
-        column,
-        descending,
-        rows: row_state,
-        pairs: pair_state,
-        history: history_state,
-    } = order(q.state);
+/// A search's conditions on the outbox rows and on the pairs (the history takes the rows'), and
+/// their bound values: `$1..$n`.
+struct Conditions {
+    args: PgArguments,
+    common: Vec<(String, String)>,
+    n: usize,
+}
+
+/// The filters of `q` and, when given, the cursor `after` in the order of `column`.
+fn conditions(
+    q: &EventQuery,
+    column: &str,
+    descending: bool,
+    after: Option<&Cursor>,
+) -> Result<Conditions> {
     let mut args = PgArguments::default();
     // (outbox condition, deliveries condition), each with its bound value's placeholder.
     let mut common: Vec<(String, String)> = Vec::new();
@@ -290,17 +308,27 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
             if let Some(v) = $value {
                 n += 1;
                 args.add(v).map_err(sqlx::Error::Encode)?;
-                common.push((format!("{} ${n}", $row), format!("{} ${n}", $pair)));
+                let close = if $row.ends_with(',') { ")" } else { "" };
+                common.push((
+                    format!("{} ${n}{close}", $row),
+                    format!("{} ${n}{close}", $pair),
+                ));
             }
         };
     }
     filter!(q.id, "id =", "event_id =");
     filter!(q.topic.as_deref(), "topic =", "topic =");
+    filter!(
+        q.topic_prefix.as_deref(),
+        "starts_with(topic,",
+        "starts_with(topic,"
+    );
+    filter!(q.payload.as_ref(), "payload @>", "payload @>");
     filter!(q.key.as_deref(), "key =", "key =");
     filter!(q.destination.as_deref(), "destination =", "destination =");
     filter!(q.since, "created_at >=", "created_at >=");
     filter!(q.until, "created_at <", "created_at <");
-    if let Some(after) = &q.after {
+    if let Some(after) = after {
         args.add(after.at.as_str()).map_err(sqlx::Error::Encode)?;
         args.add(after.seq).map_err(sqlx::Error::Encode)?;
         args.add(after.destination.as_str())
@@ -314,6 +342,25 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
         );
         common.push((past.clone(), past));
     }
+    Ok(Conditions { args, common, n })
+}
+
+/// EventSearch: one page in the state's order (see [`order`]), at most `limit` (plus one, to know
+/// whether a next page exists).
+pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
+    let limit = q.limit.clamp(1, 500);
+    let Order {
+        column,
+        descending,
+        rows: row_state,
+        pairs: pair_state,
+        history: history_state,
+    } = order(q.state);
+    let Conditions {
+        mut args,
+        common,
+        mut n,
+    } = conditions(q, column, descending, q.after.as_ref())?;
     n += 1;
     args.add(limit + 1).map_err(sqlx::Error::Encode)?;
     let direction = if descending { "DESC" } else { "ASC" };
@@ -366,10 +413,56 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
     } else {
         None
     };
+    let total = if q.total {
+        Some(count(store, q, &order(q.state)).await?)
+    } else {
+        None
+    };
     Ok(EventPage {
         events: rows.into_iter().map(|(e, _)| e).collect(),
         next_cursor,
+        total,
     })
+}
+
+/// EventCount: how many events match `q` over every page, up to [`TOTAL_CAP`]; each part stops
+/// at the cap, so a count costs at most that many index entries per part.
+async fn count(store: &Store, q: &EventQuery, order: &Order) -> Result<i64> {
+    let Conditions {
+        mut args,
+        common,
+        n,
+    } = conditions(q, order.column, order.descending, None)?;
+    args.add(TOTAL_CAP).map_err(sqlx::Error::Encode)?;
+    let cap = n + 1;
+    let part = |from: &str, state: &str, pair: bool| {
+        let conditions: Vec<&str> = std::iter::once(state)
+            .chain(
+                common
+                    .iter()
+                    .map(|(r, p)| if pair { p.as_str() } else { r.as_str() }),
+            )
+            .collect();
+        format!(
+            "(SELECT 1 FROM {from} WHERE {} LIMIT ${cap})",
+            conditions.join(" AND ")
+        )
+    };
+    let mut parts = vec![part("{outbox}", order.rows, false)];
+    if let Some(state) = order.pairs {
+        parts.push(part("{qname:deliveries}", state, true));
+    }
+    if let Some(state) = order.history {
+        parts.push(part("{qname:history}", state, false));
+    }
+    let sql = format!(
+        "SELECT count(*) FROM ({}) AS matches",
+        parts.join("\nUNION ALL\n")
+    );
+    let (n,): (i64,) = sqlx::query_as_with(&store.table().render(&sql), args)
+        .fetch_one(store.pool())
+        .await?;
+    Ok(n.min(TOTAL_CAP))
 }
 
 /// A search result with its sort value, for the cursor.

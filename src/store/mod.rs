@@ -26,6 +26,7 @@ pub mod destinations;
 pub mod held_batches;
 pub mod history;
 pub mod inspect;
+pub mod operators;
 pub mod outbox;
 pub mod server;
 pub mod slot;
@@ -57,6 +58,7 @@ struct Statements {
     held_batches: held_batches::Sql,
     history: history::Sql,
     inspect: inspect::Sql,
+    operators: operators::Sql,
     outbox: outbox::Sql,
     status: status::Sql,
     waiting: waiting::Sql,
@@ -74,6 +76,7 @@ impl Statements {
             held_batches: held_batches::Sql::render(table),
             history: history::Sql::render(table),
             inspect: inspect::Sql::render(table),
+            operators: operators::Sql::render(table),
             outbox: outbox::Sql::render(table),
             status: status::Sql::render(table),
             waiting: waiting::Sql::render(table),

@@ -24,6 +24,8 @@ pub struct DestinationView {
     breaker: String,
     paused: bool,
     problem: Option<String>,
+    /// How it is configured: routing, retry, breaker and the sink's settings, secrets masked.
+    settings: serde_json::Value,
     #[serde(flatten)]
     counts: Counts,
     /// Events per second this relay delivered to it, at the last sample (`None` before one).
@@ -70,6 +72,24 @@ struct AdminView {
     read_token_required: bool,
 }
 
+/// A destination's configuration as the overview shows it.
+fn destination_settings(d: &crate::config::DestinationConfig) -> serde_json::Value {
+    serde_json::json!({
+        "topics": d.topics,
+        "filter": d.filter.as_ref().map(|f| f.as_str()),
+        "ordering": format!("{:?}", d.ordering).to_lowercase(),
+        "max_attempts": d.retry.max_attempts,
+        "max_age_seconds": d.retry.max_age.map(|a| a.as_secs_f64()),
+        "retry_schedule_seconds": d.retry.schedule.iter().map(|s| s.as_secs_f64()).collect::<Vec<_>>(),
+        "breaker": {
+            "failures": d.breaker.failures,
+            "probe_interval_seconds": d.breaker.probe_interval.as_secs_f64(),
+            "max_probe_interval_seconds": d.breaker.max_probe_interval.as_secs_f64(),
+        },
+        "sink": super::masked_settings(&d.sink.settings),
+    })
+}
+
 fn lag(seconds: f64) -> Option<f64> {
     (seconds > 0.0).then_some(seconds)
 }
@@ -94,6 +114,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
                 name: d.name.clone(),
                 kind: d.sink.kind.clone(),
                 target: redacted_target(&d.sink.settings),
+                settings: destination_settings(d),
                 breaker: "closed".into(),
                 rate_per_second: last
                     .as_ref()
@@ -120,7 +141,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
         generated_at: Utc::now(),
         admin: AdminView {
             mutations_enabled: c.mutations_enabled(),
-            read_token_required: c.read_token.is_some(),
+            read_token_required: c.reads_need_token,
         },
         totals,
         destinations,
@@ -133,15 +154,19 @@ pub(super) struct SamplesView {
     samples: Vec<crate::server::Sample>,
 }
 
-/// `GET /api/v1/samples`: this relay's last hour of lag, backlog and throughput samples.
+/// `GET /api/v1/samples`: the last hour of lag, backlog and throughput, every relay's samples
+/// (stored in the database) merged per interval.
 pub(super) async fn samples(
     State(c): State<Console>,
     headers: HeaderMap,
 ) -> ApiResult<SamplesView> {
     c.authorize(&headers, false)?;
+    let interval = c.relay.config().observability.gauge_interval;
+    let stored =
+        crate::store::operators::samples(c.relay.store(), crate::server::Samples::SPAN).await?;
     Ok(Json(SamplesView {
-        interval_seconds: c.relay.config().observability.gauge_interval.as_secs_f64(),
-        samples: c.samples.all(),
+        interval_seconds: interval.as_secs_f64(),
+        samples: crate::server::gauges::merge_samples(&stored, interval),
     }))
 }
 
@@ -151,12 +176,15 @@ pub(super) struct EventsParams {
     id: Option<String>,
     state: Option<String>,
     topic: Option<String>,
+    topic_prefix: Option<String>,
+    payload: Option<String>,
     key: Option<String>,
     destination: Option<String>,
     since: Option<String>,
     until: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+    total: Option<String>,
 }
 
 fn event_state(value: Option<String>) -> Result<EventState, ApiError> {
@@ -179,6 +207,11 @@ fn event_state(value: Option<String>) -> Result<EventState, ApiError> {
 pub(super) struct EventsPage {
     events: Vec<crate::store::inspect::EventRow>,
     next_cursor: Option<String>,
+    /// With `total=true`: the matches over every page, at most `total_cap`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total: Option<i64>,
+    /// The most a count goes to: a `total` this large means at least that many.
+    total_cap: i64,
 }
 
 /// `GET /api/v1/events`: search, newest first, `limit` per page (default 50), `cursor` from the
@@ -195,6 +228,9 @@ pub(super) async fn events(
             .transpose()?,
         state: event_state(p.state)?,
         topic: input::text("topic", p.topic)?,
+        topic_prefix: input::text("topic_prefix", p.topic_prefix)?,
+        payload: input::json_filter("payload", p.payload)?,
+        total: input::flag("total", p.total)?,
         key: input::text("key", p.key)?,
         destination: input::text("destination", p.destination)?,
         since: input::timestamp("since", p.since)?,
@@ -219,6 +255,8 @@ pub(super) async fn events(
     Ok(Json(EventsPage {
         events: page.events,
         next_cursor: page.next_cursor.map(|s| s.to_string()),
+        total: page.total,
+        total_cap: crate::store::inspect::TOTAL_CAP,
     }))
 }
 
@@ -286,7 +324,7 @@ async fn dead_action(
     body: &DeadBody,
     action: DeadAction,
 ) -> ApiResult<Matched> {
-    c.authorize(headers, true)?;
+    let who = c.authorize(headers, true)?;
     let filter = body.filter()?;
     let matched = match action {
         DeadAction::Retry => {
@@ -297,7 +335,12 @@ async fn dead_action(
         }
     };
     if !body.dry_run {
-        tracing::info!(matched, ?filter, ?action, "console: dead events changed");
+        tracing::info!(%who, matched, ?filter, ?action, "console: dead events changed");
+        let action = match action {
+            DeadAction::Retry => "retry",
+            DeadAction::Discard => "discard",
+        };
+        audit(c, &who, action, filter.to_json(), matched).await?;
     }
     Ok(Json(Matched {
         matched,
@@ -343,6 +386,64 @@ fn known(c: &Console, name: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Records a change made through the console in the audit log.
+async fn audit(
+    c: &Console,
+    who: &str,
+    action: &str,
+    filter: serde_json::Value,
+    matched: u64,
+) -> Result<(), ApiError> {
+    let change = crate::store::operators::Change {
+        who,
+        via: "console",
+        action,
+        filter,
+        matched,
+    };
+    crate::store::operators::record(c.relay.store(), &change).await?;
+    Ok(())
+}
+
+/// The query string of `GET /api/v1/audit`.
+#[derive(Debug, Deserialize)]
+pub(super) struct AuditParams {
+    limit: Option<String>,
+    before: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct AuditPage {
+    changes: Vec<crate::store::operators::AuditRow>,
+    /// Pass as `before` for the next (older) page.
+    next_before: Option<i64>,
+}
+
+/// `GET /api/v1/audit`: the changes operators made, newest first, `limit` per page (default 50),
+/// `before` from the previous page.
+pub(super) async fn audit_log(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Query(p): Query<AuditParams>,
+) -> ApiResult<AuditPage> {
+    c.authorize(&headers, false)?;
+    let limit = input::integer("limit", p.limit)?
+        .unwrap_or(50)
+        .clamp(1, 500);
+    let before = input::integer("before", p.before)?;
+    let mut changes = crate::store::operators::audit(c.relay.store(), limit + 1, before).await?;
+    let next_before = if changes.len() as i64 > limit {
+        changes.truncate(limit as usize);
+        changes.last().map(|r| r.id)
+    } else {
+        None
+    };
+    Ok(Json(AuditPage {
+        changes,
+        next_before,
+    }))
+}
+
 /// Pauses (`pause = true`) or resumes a destination for every relay; a resume reports how many
 /// held events are due again.
 async fn set_paused(
@@ -351,7 +452,7 @@ async fn set_paused(
     name: String,
     pause: bool,
 ) -> ApiResult<Paused> {
-    c.authorize(headers, true)?;
+    let who = c.authorize(headers, true)?;
     known(c, &name)?;
     let store = c.relay.store();
     let released = if pause {
@@ -364,7 +465,10 @@ async fn set_paused(
                 .unwrap_or(0),
         )
     };
-    tracing::info!(destination = %name, pause, ?released, "console: destination paused or resumed");
+    tracing::info!(%who, destination = %name, pause, ?released, "console: destination paused or resumed");
+    let action = if pause { "pause" } else { "resume" };
+    let filter = serde_json::json!({ "destination": name });
+    audit(c, &who, action, filter, released.unwrap_or(0)).await?;
     Ok(Json(Paused {
         name,
         paused: pause,

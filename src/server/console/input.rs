@@ -112,6 +112,39 @@ pub(super) fn integer(name: &str, value: Option<String>) -> Result<Option<i64>, 
         .transpose()
 }
 
+/// `true` or `false` (also `1`/`0`), or a 400 naming `name`; absent is false.
+pub(super) fn flag(name: &str, value: Option<String>) -> Result<bool, ApiError> {
+    match text(name, value)?.as_deref().map(str::trim) {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{name}: true or false, not {other:?}"
+        ))),
+    }
+}
+
+/// A JSON object or array to match payloads against, or a 400 naming `name`.
+pub(super) fn json_filter(
+    name: &str,
+    value: Option<String>,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    text(name, value)?
+        .map(|s| match serde_json::from_str::<serde_json::Value>(&s) {
+            Ok(v @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
+                if v.to_string().contains("\\u0000") {
+                    Err(ApiError::bad_request(format!("{name}: contains a NUL character")))
+                } else {
+                    Ok(v)
+                }
+            }
+            Ok(_) => Err(ApiError::bad_request(format!(
+                "{name}: a JSON object (or array) the payload contains, e.g. {{\"customer\": \"c-1\"}}"
+            ))),
+            Err(e) => Err(ApiError::bad_request(format!("{name}: not JSON: {e}"))),
+        })
+        .transpose()
+}
+
 /// An event id, or a 400 naming `name`.
 pub(super) fn event_id(name: &str, value: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(value.trim())

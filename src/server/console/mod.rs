@@ -26,7 +26,7 @@ use axum::routing::{get, post};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{AdminConfig, Secret};
+use crate::config::{AdminConfig, Role};
 use crate::engine::Relay;
 use crate::server::Samples;
 
@@ -35,8 +35,10 @@ use crate::server::Samples;
 pub struct Console {
     relay: Arc<Relay>,
     samples: Arc<Samples>,
-    token: Option<Secret>,
-    read_token: Option<Secret>,
+    /// Every token: its holder's name, its role and its SHA-256 digest.
+    tokens: Arc<Vec<(String, Role, [u8; 32])>>,
+    /// Whether reads need a token (some token may only read).
+    reads_need_token: bool,
     /// Lower-case `Host` names answered (`None`: any).
     hosts: Option<Arc<Vec<String>>>,
 }
@@ -63,11 +65,16 @@ impl Console {
                     .collect(),
             ))
         };
+        let tokens = config
+            .all_tokens()
+            .into_iter()
+            .map(|t| (t.name, t.role, digest(t.token.expose())))
+            .collect();
         Self {
             relay,
             samples,
-            token: config.token.clone(),
-            read_token: config.read_token.clone(),
+            tokens: Arc::new(tokens),
+            reads_need_token: config.reads_need_token(),
             hosts,
         }
     }
@@ -91,43 +98,60 @@ impl Console {
         hosts.iter().any(|h| h == name)
     }
 
-    /// Whether retry, discard, pause and resume are on (an admin token is configured).
+    /// Whether retry, discard, pause and resume are on (a token may operate).
     pub fn mutations_enabled(&self) -> bool {
-        self.token.is_some()
+        self.tokens
+            .iter()
+            .any(|(_, role, _)| *role == Role::Operate)
     }
 
-    /// Checks the request's bearer token for a read (`write = false`) or a change.
-    fn authorize(&self, headers: &HeaderMap, write: bool) -> Result<(), ApiError> {
+    /// Checks the request's bearer token for a read (`write = false`) or a change; returns who
+    /// is calling (the token's name; `anonymous` for an open read).
+    fn authorize(&self, headers: &HeaderMap, write: bool) -> Result<String, ApiError> {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        // Digests of equal length, compared in constant time: neither the token's bytes nor its
-        // length show in how long a wrong guess takes.
-        let matches = |secret: &Option<Secret>| match (secret, given) {
-            (Some(s), Some(g)) => bool::from(
-                Sha256::digest(s.expose().as_bytes()).ct_eq(&Sha256::digest(g.as_bytes())),
-            ),
-            _ => false,
-        };
+        // Digests of equal length, compared in constant time, every token compared: neither a
+        // token's bytes nor its length nor its place show in how long a wrong guess takes.
+        let holder = given.and_then(|g| {
+            let given = digest(g);
+            self.tokens.iter().fold(None, |found, (name, role, d)| {
+                if bool::from(d.ct_eq(&given)) {
+                    Some((name, *role))
+                } else {
+                    found
+                }
+            })
+        });
         if write {
-            if self.token.is_none() {
+            if !self.mutations_enabled() {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
-                    "changes are off: this relay has no admin token configured (admin.token)",
+                    "changes are off: this relay has no token that may operate (admin.token, or role = \"operate\" in [[admin.tokens]])",
                 ));
             }
-            if !matches(&self.token) {
-                return Err(unauthorized(given.is_some()));
-            }
-            return Ok(());
+            return match holder {
+                Some((name, Role::Operate)) => Ok(name.clone()),
+                Some((name, Role::Read)) => Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!("the token of {name:?} may only read"),
+                )),
+                None => Err(unauthorized(given.is_some())),
+            };
         }
-        if self.read_token.is_some() && !matches(&self.read_token) && !matches(&self.token) {
-            return Err(unauthorized(given.is_some()));
+        match holder {
+            Some((name, _)) => Ok(name.clone()),
+            None if !self.reads_need_token => Ok("anonymous".into()),
+            None => Err(unauthorized(given.is_some())),
         }
-        Ok(())
     }
+}
+
+/// A token's SHA-256 digest.
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 fn unauthorized(given: bool) -> ApiError {
@@ -279,6 +303,7 @@ pub fn router(console: Console) -> axum::Router {
         .route("/api/v1/dead/discard", post(api::dead_discard))
         .route("/api/v1/destinations/:name/pause", post(api::pause))
         .route("/api/v1/destinations/:name/resume", post(api::resume))
+        .route("/api/v1/audit", get(api::audit_log))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(console.clone(), guard))
@@ -313,9 +338,98 @@ pub fn redacted_target(settings: &toml::Table) -> Option<String> {
     Some(text.clone())
 }
 
+/// Setting names whose values are secret whatever their form.
+const SECRET_WORDS: [&str; 6] = [
+    "secret",
+    "password",
+    "token",
+    "credential",
+    "private",
+    "auth",
+];
+
+/// A destination's sink settings as the console shows them: secrets masked (`{ env = … }` and
+/// `{ file = … }` values, keys that name a secret, header values, credentials in URLs), the rest
+/// as written.
+pub fn masked_settings(settings: &toml::Table) -> serde_json::Value {
+    fn mask(key: &str, value: &toml::Value, in_headers: bool) -> serde_json::Value {
+        let lower = key.to_ascii_lowercase();
+        let secret_key = SECRET_WORDS.iter().any(|w| lower.contains(w))
+            || lower == "key" && !in_headers
+            || lower.ends_with("_key")
+            || lower == "sasl_plain_password";
+        match value {
+            toml::Value::Table(t) if t.contains_key("env") || t.contains_key("file") => {
+                "(secret)".into()
+            }
+            _ if secret_key || in_headers => "***".into(),
+            toml::Value::Table(t) => serde_json::Value::Object(
+                t.iter()
+                    .map(|(k, v)| (k.clone(), mask(k, v, lower == "headers")))
+                    .collect(),
+            ),
+            toml::Value::Array(a) => a.iter().map(|v| mask(key, v, false)).collect(),
+            // URLs as the target column shows them: no credentials, and no path or query
+            // (webhook paths and query strings often carry tokens).
+            toml::Value::String(s) => match url::Url::parse(s) {
+                Ok(url) if url.host_str().is_some() => {
+                    let user = if url.password().is_some() || !url.username().is_empty() {
+                        "***@"
+                    } else {
+                        ""
+                    };
+                    let host = url.host_str().unwrap_or_default();
+                    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+                    let more = if url.path().len() > 1 || url.query().is_some() {
+                        "/…"
+                    } else {
+                        ""
+                    };
+                    format!("{}://{user}{host}{port}{more}", url.scheme()).into()
+                }
+                _ => s.clone().into(),
+            },
+            other => serde_json::to_value(other).unwrap_or(serde_json::Value::Null),
+        }
+    }
+    serde_json::Value::Object(
+        settings
+            .iter()
+            .map(|(k, v)| (k.clone(), mask(k, v, false)))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_are_shown_with_their_secrets_masked() {
+        let settings: toml::Table = toml::from_str(
+            r#"
+url = "https://user:pw@hooks.example.com/in?token=q"
+secret = "whsec_abc"
+concurrency = 10
+headers = { Authorization = "Bearer x", X-Team = "billing" }
+password = { env = "PW" }
+tls = { ca_file = "/etc/ca.pem", key_file = "/etc/key.pem" }
+servers = ["nats://a:4222", "nats://u:p@b:4222"]
+"#,
+        )
+        .expect("toml");
+        let shown = masked_settings(&settings);
+        let text = shown.to_string();
+        for leak in ["whsec_abc", "Bearer x", ":pw@", "billing", "u:p@"] {
+            assert!(!text.contains(leak), "{leak} shown: {text}");
+        }
+        assert_eq!(shown["concurrency"], 10);
+        assert_eq!(shown["password"], "(secret)");
+        assert_eq!(shown["tls"]["ca_file"], "/etc/ca.pem");
+        assert_eq!(shown["servers"][0], "nats://a:4222");
+        assert_eq!(shown["url"], "https://***@hooks.example.com/…");
+        assert_eq!(shown["servers"][1], "nats://***@b:4222");
+    }
 
     fn target(url: &str) -> Option<String> {
         let mut t = toml::Table::new();

@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         "each destination claims its own due pairs (the deliveries' per-destination due index)",
         LANES,
     ),
+    Migration::sql(
+        12,
+        "add the operators' audit log and the console's shared samples",
+        include_str!("migrations/0012_operators.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.

@@ -18,6 +18,10 @@ const state = {
   cursor: null, // cursor of the dead-letter page on screen (null = first)
   nextCursor: null,
   page: 1,
+  cursors: [null], // the cursor of each page seen in this search, for "Previous page"
+  total: null, // matches of this search (counted up to totalCap)
+  totalCap: null,
+  auditBefore: null, // the audit log's next (older) page
   eventId: null, // event shown in the detail panel
   overviewSeq: 0, // request counter, so a late answer never overwrites a newer one
   overviewShown: 0,
@@ -172,7 +176,10 @@ const clip = (v) => (v ? el('span', { class: 'clip', title: v }, v) : '');
 const DEST_CELLS = [
   { cls: 'name', value: (d) => d.name },
   { value: (d) => d.kind },
-  { value: (d) => d.target, render: (v) => (v === null ? '–' : clip(v)) },
+  // The target, with the destination's whole configuration (secrets masked) one click away.
+  { value: (d) => [d.target, d.settings], render: ([t, s]) => el('details', { class: 'settings' },
+    el('summary', {}, t === null ? '–' : clip(t)),
+    el('pre', {}, JSON.stringify(s, null, 2))) },
   { value: (d) => d.breaker, render: (v) => badge(`breaker-${v}`, String(v).replace('_', ' ')) },
   { value: (d) => d.paused, render: (v) => (v ? badge('paused', 'paused') : '') },
   { cls: 'num', value: (d) => d.due },
@@ -325,7 +332,7 @@ function fillDestinationSelect() {
 function readFilter() {
   const form = new FormData($('#dead-filter'));
   const out = {};
-  for (const k of ['state', 'destination', 'topic', 'key', 'id']) {
+  for (const k of ['state', 'destination', 'topic', 'topic_prefix', 'payload', 'key', 'id']) {
     const v = String(form.get(k) || '').trim();
     if (v) out[k] = v;
   }
@@ -347,7 +354,7 @@ function applyParams(params) {
   const dest = params.get('destination');
   const select = form.elements.destination;
   if (dest && ![...select.options].some((o) => o.value === dest)) select.append(el('option', { value: dest }, dest));
-  for (const k of ['destination', 'state', 'topic', 'key', 'id', 'since', 'until']) {
+  for (const k of ['destination', 'state', 'topic', 'topic_prefix', 'payload', 'key', 'id', 'since', 'until']) {
     form.elements[k].value = (k === 'since' || k === 'until') ? '' : params.get(k) ?? (k === 'state' ? 'dead' : '');
   }
 }
@@ -365,17 +372,55 @@ function eventRow(ev) {
     timeCell(ev.dead_at));
 }
 
+// Pages go forward by the API's cursor; the cursors of the pages seen are kept, so that
+// "Previous page" goes back exactly. The total is counted once per search (on its first page).
 async function loadDead(cursor, page) {
   const q = new URLSearchParams(readFilter());
   q.set('limit', String(PAGE_SIZE));
   if (cursor) q.set('cursor', cursor);
+  if (page === 1) q.set('total', 'true');
   const r = await api('GET', `/api/v1/events?${q}`);
+  if (page === 1) {
+    state.cursors = [null];
+    state.total = r.total ?? null;
+    state.totalCap = r.total_cap ?? null;
+  }
+  state.cursors[page - 1] = cursor;
   Object.assign(state, { cursor, page, nextCursor: r.next_cursor || null });
   const tbody = $('#dead-list');
   if (r.events.length) tbody.replaceChildren(...r.events.map(eventRow));
   else tbody.replaceChildren(el('tr', { class: 'empty' }, el('td', { colspan: 9 }, 'no events match this filter')));
-  $('#dead-page').textContent = `page ${page} · ${plural(r.events.length, 'event')}`;
+  const total = state.total == null ? ''
+    : state.total >= state.totalCap ? ` of ${state.total.toLocaleString()}+ matches`
+      : ` of ${state.total} ${state.total === 1 ? 'match' : 'matches'}`;
+  $('#dead-page').textContent = `page ${page} · ${plural(r.events.length, 'event')}${total}`;
   $('#dead-next').hidden = !state.nextCursor;
+  $('#dead-prev').hidden = page <= 1;
+}
+
+// ---------------------------------------------------------------- audit log
+
+function auditRow(c) {
+  return el('tr', {},
+    timeCell(c.at),
+    el('td', {}, c.who),
+    el('td', {}, c.via),
+    el('td', {}, badge(`action-${c.action}`, c.action)),
+    el('td', { class: 'num' }, String(c.matched)),
+    el('td', { class: 'mono' }, JSON.stringify(c.filter)));
+}
+
+async function loadAudit(before) {
+  const q = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  if (before) q.set('before', String(before));
+  const r = await api('GET', `/api/v1/audit?${q}`);
+  const tbody = $('#audit-list');
+  const rows = r.changes.map(auditRow);
+  if (before) tbody.append(...rows);
+  else if (rows.length) tbody.replaceChildren(...rows);
+  else tbody.replaceChildren(el('tr', { class: 'empty' }, el('td', { colspan: 6 }, 'no changes recorded yet')));
+  state.auditBefore = r.next_before ?? null;
+  $('#audit-older').hidden = state.auditBefore == null;
 }
 
 async function search() {
@@ -493,14 +538,16 @@ function bulk(button, action) {
 // ---------------------------------------------------------------- routing
 
 function currentView() {
-  return location.hash.slice(1).split('?')[0] === 'dead' ? 'dead' : 'overview';
+  const view = location.hash.slice(1).split('?')[0];
+  return view === 'dead' || view === 'audit' ? view : 'overview';
 }
 
 function route() {
   const view = currentView();
   $('#view-overview').hidden = view !== 'overview';
   $('#view-dead').hidden = view !== 'dead';
-  for (const [id, v] of [['#nav-overview', 'overview'], ['#nav-dead', 'dead']]) {
+  $('#view-audit').hidden = view !== 'audit';
+  for (const [id, v] of [['#nav-overview', 'overview'], ['#nav-dead', 'dead'], ['#nav-audit', 'audit']]) {
     $(id).classList.toggle('active', view === v);
     if (view === v) $(id).setAttribute('aria-current', 'page');
     else $(id).removeAttribute('aria-current');
@@ -510,6 +557,8 @@ function route() {
     if (q >= 0) applyParams(new URLSearchParams(location.hash.slice(q + 1)));
     refreshOverview(false).catch(report); // destination names + mutations flag
     search().catch(report);
+  } else if (view === 'audit') {
+    loadAudit(null).catch(report);
   } else {
     refreshOverview(true).catch(report);
   }
@@ -548,6 +597,8 @@ function start() {
   });
   form.addEventListener('reset', () => setTimeout(() => search().catch(report), 0)); // after the fields reset
   $('#dead-next').addEventListener('click', (e) => run(e.currentTarget, () => loadDead(state.nextCursor, state.page + 1)));
+  $('#dead-prev').addEventListener('click', (e) => run(e.currentTarget, () => loadDead(state.cursors[state.page - 2] ?? null, state.page - 1)));
+  $('#audit-older').addEventListener('click', (e) => run(e.currentTarget, () => loadAudit(state.auditBefore)));
   $('#retry-all').addEventListener('click', (e) => bulk(e.currentTarget, 'retry'));
   $('#discard-all').addEventListener('click', (e) => bulk(e.currentTarget, 'discard'));
   $('#event-retry').addEventListener('click', (e) => eventAction(e.currentTarget, 'retry'));
