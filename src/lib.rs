@@ -52,4 +52,5 @@ pub use pgoutbox_core::{enqueue, error, inbox, schema, table, trace, webhook};
 pub use enqueue::{Event, Outbox, TypedEvent};
 pub use error::{error_chain, Error, Result};
 pub use model::event::OutboxEvent;
+pub use sinks::tls::install_crypto_provider;
 pub use table::{Ident, OutboxTable};

@@ -8,6 +8,9 @@ mod flags;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before any connection: a database URL with sslmode=verify-ca or verify-full builds a
+    // certificate verifier at once, and would panic without a provider chosen.
+    pgoutbox::install_crypto_provider();
     let cli = <cli::Cli as clap::Parser>::parse();
     cli::init_logging(&cli);
     // The bench's producer process runs on one thread, as a pgbench thread does: its work is

@@ -501,3 +501,34 @@ async fn the_cleanup_lock_ends_with_a_dropped_or_failed_cleanup() {
     first.close().await;
     failing.close().await;
 }
+
+/// Every `sslmode` of the database URL connects or is refused with a sentence and exit 1, never
+/// a panic: the binary chooses its TLS crypto provider before its first connection (verify-ca and
+/// verify-full build a certificate verifier at once; without a provider chosen that panicked with
+/// exit 101).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sslmode_connects_or_is_refused_in_a_sentence() {
+    let db = TestDb::migrated().await;
+    let ssl_on = sqlx::query_scalar::<_, String>("SHOW ssl")
+        .fetch_one(&db.pool)
+        .await
+        .expect("show ssl")
+        == "on";
+    for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+        let url = format!("{}?sslmode={mode}", db.url);
+        let (code, _, err) = run(&["status", "--database-url", &url]);
+        assert!(!err.contains("panicked"), "{mode}: {err}");
+        match mode {
+            "disable" | "prefer" => assert_eq!(code, 0, "{mode}: {err}"),
+            "require" if ssl_on => assert_eq!(code, 0, "{mode}: {err}"),
+            _ => {
+                // This server's certificate is self-signed: no trusted root vouches for it.
+                assert_eq!(code, 1, "{mode}: {err}");
+                assert!(
+                    err.starts_with("error: cannot connect to the database"),
+                    "{mode}: {err}"
+                );
+            }
+        }
+    }
+}

@@ -686,6 +686,15 @@ async fn a_standby_relay_takes_over_the_slot() {
         log.contains("streaming the replication slot"),
         "the standby streams now:\n{log}"
     );
+    // It resumed where the slot was confirmed, and says so (not "0/0").
+    let start = log
+        .lines()
+        .find(|l| l.contains("streaming the replication slot"))
+        .unwrap_or_default();
+    assert!(
+        start.contains("the slot's confirmed position") && !start.contains("from=0/0"),
+        "{start}"
+    );
     assert!(
         status.is_some_and(|s| s.success()),
         "graceful stop: {status:?}"

@@ -168,11 +168,7 @@ pub fn check(config: &Config) -> std::result::Result<(), ConfigError> {
     build_all(config).map(drop)
 }
 
-/// Client libraries that build their own rustls configuration (Redis, RabbitMQ) take the
-/// process's default crypto provider: ring, as everywhere else here.
-fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+use tls::install_crypto_provider;
 
 /// Builds the sink of one configured destination.
 pub fn build(dest: &DestinationConfig) -> Result<Arc<dyn Sink>> {

@@ -20,6 +20,15 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
+/// Selects ring as the process's rustls crypto provider. The database driver, the HTTP client
+/// and the sinks' clients all use rustls, and with two providers compiled in (the dependency
+/// graph holds both) rustls cannot pick one itself: the first TLS handshake would panic. The
+/// binary calls this before anything else; a program embedding the library calls it before its
+/// first connection. Calling it again does nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The `tls` table of a destination.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -227,7 +227,20 @@ async fn session<E: WalEngine>(
     if let Err(e) = client.wait_started().await {
         return ended(&e);
     }
-    info!(slot = %names.slot, from = %settled, "streaming the replication slot");
+    // Nothing settled yet in this process: the server resumes at the slot's confirmed position,
+    // which is what the line should name (not 0/0).
+    let from = if settled.0 == 0 {
+        slot::status(engine.store().pool(), names)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.confirmed_flush_lsn)
+            .map(|lsn| format!("{lsn} (the slot's confirmed position)"))
+            .unwrap_or_else(|| "the slot's confirmed position".into())
+    } else {
+        settled.to_string()
+    };
+    info!(slot = %names.slot, %from, "streaming the replication slot");
     *streamed = true;
     metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(1.0);
 
