@@ -1102,6 +1102,37 @@ async fn slot_commands_show_and_guard_the_slot() {
     let (code, stdout, _) = run(&["slot", "status", "--config", config_arg]);
     assert_eq!(code, 0);
     assert!(stdout.contains("no (no relay streams it)"), "{stdout}");
+
+    // Events emitted while no relay runs live only behind the slot: drop refuses, says how many.
+    let late = write(&db, 1, 2, "order.late").await;
+    let (code, _, stderr) = run(&["slot", "drop", "--config", config_arg]);
+    assert_ne!(code, 0, "drop refused while emit() events wait: {stderr}");
+    assert!(
+        stderr.contains("holds 2 outbox_emit() events not yet delivered")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert!(confirmed(&db).await.is_some(), "the slot is still there");
+    // A relay delivers them; then nothing is held and the drop needs no --force.
+    let mut relay = spawn_relay(dir.path(), &config, "again");
+    let late_written = current_lsn(&db).await;
+    assert!(
+        wait_for(GUARD, || async {
+            has_all(&rx, &late) && confirmed_past(&db, &late_written).await
+        })
+        .await,
+        "the late events delivered: {}",
+        relay_log(dir.path(), "again")
+    );
+    let status = terminate(&mut relay).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "graceful stop: {status:?}"
+    );
+    assert!(
+        wait_for(GUARD, || async { !slot_active(&db).await }).await,
+        "the relay's session ended"
+    );
     let (code, _, stderr) = run(&["slot", "drop", "--config", config_arg, "--publication"]);
     assert_eq!(code, 0, "slot drop: {stderr}");
     assert!(stderr.contains(&format!("slot {SLOT} dropped")), "{stderr}");

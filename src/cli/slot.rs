@@ -14,12 +14,16 @@ pub enum Command {
     /// Create the publication and the logical replication slot (pgoutput), where missing, after
     /// checking the server (wal_level = logical, PostgreSQL 14+, a REPLICATION role).
     Create,
-    /// Drop the slot (refused while a relay streams from it). Events written with emit() and not
-    /// yet delivered are lost with it; pending outbox rows are not (source = "poll" delivers them).
+    /// Drop the slot: refused while a relay streams from it, and while it holds events written
+    /// with emit() and not yet delivered (they are lost with it; pending outbox rows are not:
+    /// source = "poll" delivers them) unless --force.
     Drop {
         /// Also drop the publication.
         #[arg(long)]
         publication: bool,
+        /// Drop even when the slot holds emit() events not yet delivered (they are lost).
+        #[arg(long)]
+        force: bool,
     },
     /// The slot's state: active or not, confirmed position, WAL it holds back, wal_status.
     Status,
@@ -51,8 +55,12 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
                 None => eprintln!("slot {} already there", names.slot),
             }
         }
-        Command::Drop { publication } => {
-            let dropped = slot::drop(&pool, &names, *publication)
+        Command::Drop { publication, force } => {
+            let options = slot::DropOptions {
+                publication: *publication,
+                force: *force,
+            };
+            let dropped = slot::drop(&pool, &names, &config.table, options)
                 .await
                 .with_context(|| format!("cannot drop replication slot {}", names.slot))?;
             match dropped {

@@ -105,6 +105,36 @@ pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<String> {
         .await?)
 }
 
+/// SlotUndelivered. The `<table>_emit()` events the slot holds past its confirmed position,
+/// peeked (nothing is consumed) through the publication with messages on. A `pgoutput` message
+/// (protocol version 1) is `M`, a flags byte, its LSN (8 bytes), then its NUL-terminated prefix:
+/// the prefix starts at byte 11. Rows inserted into the table are not counted: they stay in the table, and a
+/// polling relay delivers them. Fails while a session streams from the slot.
+const SLOT_UNDELIVERED: &str = "
+SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+    'proto_version', '1', 'publication_names', $2, 'messages', 'true')
+WHERE get_byte(data, 0) = 77 AND substring(data FROM 11 FOR $4) = $3";
+
+/// SlotUndelivered: how many of `table`'s `emit()` events the slot holds undelivered (it decodes
+/// the WAL from the slot's confirmed position: as long as that WAL is).
+pub async fn undelivered_emits(
+    pool: &PgPool,
+    slot: &str,
+    publication: &str,
+    table: &OutboxTable,
+) -> Result<i64> {
+    let mut prefix = table.message_prefix().into_bytes();
+    prefix.push(0);
+    let len = prefix.len() as i32;
+    Ok(sqlx::query_scalar(SLOT_UNDELIVERED)
+        .bind(slot)
+        .bind(publication)
+        .bind(prefix)
+        .bind(len)
+        .fetch_one(pool)
+        .await?)
+}
+
 /// SlotDrop. Fails while a session streams from the slot.
 const SLOT_DROP: &str = "SELECT pg_drop_replication_slot($1)";
 

@@ -164,9 +164,24 @@ pub async fn create(
     })
 }
 
-/// Drops the slot (and the publication with `publication`). Refused while a relay streams from
-/// it. Returns whether there was a slot to drop.
-pub async fn drop(pool: &PgPool, names: &Names, publication: bool) -> Result<bool, SlotError> {
+/// What `slot drop` may do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DropOptions {
+    /// Also drop the publication.
+    pub publication: bool,
+    /// Drop even when the slot holds `emit()` events not yet delivered (they are lost).
+    pub force: bool,
+}
+
+/// Drops the slot (and the publication when asked). Refused while a relay streams from it, and
+/// while it holds `table`'s `emit()` events not yet delivered unless forced (they live nowhere
+/// else). Returns whether there was a slot to drop.
+pub async fn drop(
+    pool: &PgPool,
+    names: &Names,
+    table: &OutboxTable,
+    options: DropOptions,
+) -> Result<bool, SlotError> {
     let dropped = match status(pool, names).await? {
         Some(s) if s.active => {
             return Err(SlotError::NotReady(format!(
@@ -175,13 +190,30 @@ pub async fn drop(pool: &PgPool, names: &Names, publication: bool) -> Result<boo
                 s.active_pid.unwrap_or_default()
             )))
         }
+        Some(s) if !options.force => {
+            let held = sql::undelivered_emits(pool, &names.slot, &names.publication, table).await?;
+            if held > 0 {
+                return Err(SlotError::NotReady(format!(
+                    "slot {} holds {held} {}_emit() events not yet delivered ({} bytes of WAL \
+                     past its confirmed position {}): they exist nowhere else and are lost with \
+                     it. Start a relay with source = \"wal\" to deliver them first, or pass \
+                     --force to drop them",
+                    names.slot,
+                    table.table().as_str(),
+                    s.lag_bytes.unwrap_or_default(),
+                    s.confirmed_flush_lsn.as_deref().unwrap_or("?"),
+                )));
+            }
+            sql::drop_slot(pool, &names.slot).await?;
+            true
+        }
         Some(_) => {
             sql::drop_slot(pool, &names.slot).await?;
             true
         }
         None => false,
     };
-    if publication {
+    if options.publication {
         let publication =
             Ident::parse(&names.publication).map_err(|e| SlotError::NotReady(e.to_string()))?;
         sql::drop_publication(pool, &publication).await?;
