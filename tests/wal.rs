@@ -1015,7 +1015,13 @@ async fn slot_commands_show_and_guard_the_slot() {
     let pg = LogicalPg::start(&[]);
     let db = TestDb::migrated_on(&pg.server_url()).await;
     let rx = Receiver::start().await;
-    let text = wal_config(&db, "", &[webhook("hooks", &rx.url, "")]);
+    let port = common::private::free_port();
+    let text = format!(
+        "{}
+[observability]
+listen = \"127.0.0.1:{port}\"\n",
+        wal_config(&db, "", &[webhook("hooks", &rx.url, "")])
+    );
     let dir = scratch();
     let config = write_config(dir.path(), &text);
     let config_arg = config.to_str().expect("utf-8 path");
@@ -1084,6 +1090,27 @@ async fn slot_commands_show_and_guard_the_slot() {
     assert!(at_least, "confirmed {shown} vs {confirmed_now}");
     assert!(line("lag").ends_with('B'), "lag in bytes: {stdout}");
     assert_eq!(line("wal_status"), "reserved");
+
+    // What the relay read and how it streamed, in its metrics.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        value("pgoutbox_wal_events_read_total"),
+        Some(ids.len() as f64),
+        "three rows and one emit() message: {metrics}"
+    );
+    assert_eq!(value("pgoutbox_wal_sessions_total"), Some(1.0), "{metrics}");
 
     let (code, _, stderr) = run(&["slot", "drop", "--config", config_arg]);
     assert_ne!(code, 0, "drop refused while streamed: {stderr}");

@@ -52,8 +52,34 @@ pub const WAL_SLOT_ACTIVE: &str = "pgoutbox_wal_slot_active";
 /// `source = "wal"`: messages with this table's prefix that are not events (skipped).
 pub const WAL_UNDECODABLE_TOTAL: &str = "pgoutbox_wal_undecodable_total";
 
+/// `source = "wal"`: events read from the WAL (rows and `emit()` messages of this table).
+pub const WAL_EVENTS_READ_TOTAL: &str = "pgoutbox_wal_events_read_total";
+/// `source = "wal"`: streaming sessions this relay started on the slot.
+pub const WAL_SESSIONS_TOTAL: &str = "pgoutbox_wal_sessions_total";
+/// `source = "wal"`: times this relay did not stream, by reason: `failed` (a session ended or
+/// could not start; it reconnects) or `standby` (another relay streams the slot).
+pub const WAL_SESSION_ENDS_TOTAL: &str = "pgoutbox_wal_session_ends_total";
+
 /// The metrics of `source = "wal"` only (a polling relay has none of them).
 pub const WAL_METRICS: &[(&str, &str, &str, &str)] = &[
+    (
+        WAL_EVENTS_READ_TOTAL,
+        "counter",
+        "",
+        "events read from the WAL: rows and emit() messages of the outbox table",
+    ),
+    (
+        WAL_SESSIONS_TOTAL,
+        "counter",
+        "",
+        "streaming sessions this relay started on the slot",
+    ),
+    (
+        WAL_SESSION_ENDS_TOTAL,
+        "counter",
+        "reason",
+        "times the relay was not streaming: failed (it reconnects) or standby (another relay streams the slot)",
+    ),
     (
         WAL_SLOT_LAG_BYTES,
         "gauge",

@@ -170,10 +170,14 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
                     standby_logged = true;
                 }
                 metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
+                metrics::counter!(metric::WAL_SESSION_ENDS_TOTAL, "reason" => "standby")
+                    .increment(1);
                 config.wal.standby_retry
             }
             End::Failed(why) => {
                 metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+                metrics::counter!(metric::WAL_SESSION_ENDS_TOTAL, "reason" => "failed")
+                    .increment(1);
                 warn!(slot = %names.slot, error = %why, retry_in_ms = pause.as_millis() as u64, "WAL session ended; reconnecting");
                 metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
                 let p = pause;
@@ -243,6 +247,7 @@ async fn session<E: WalEngine>(
     info!(slot = %names.slot, %from, "streaming the replication slot");
     *streamed = true;
     metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(1.0);
+    metrics::counter!(metric::WAL_SESSIONS_TOTAL).increment(1);
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(64);
     let (confirm_tx, mut confirm_rx) = watch::channel(*settled);

@@ -104,6 +104,7 @@ pub(super) async fn process<E: WalEngine>(
                 for (decoded, rowless) in records {
                     match decoded {
                         Decoded::Event(event) => {
+                            metrics::counter!(metric::WAL_EVENTS_READ_TOTAL).increment(1);
                             if rowless {
                                 batch.rowless.insert(event.id);
                             }
