@@ -532,3 +532,53 @@ async fn every_sslmode_connects_or_is_refused_in_a_sentence() {
         }
     }
 }
+
+/// A relay whose destinations are healthy but that cannot claim (another session holds its rows
+/// locked: a forgotten transaction) is not ready once events have waited `relay.stall_after`,
+/// says why, and is ready again once the lock is gone and the events move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_sees_a_stall_and_its_end() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let text =
+        webhook_config(&db, &rx.url, "").replace("[relay]\n", "[relay]\nstall_after = \"1s\"\n");
+    let relay = std::sync::Arc::new(
+        pgoutbox::engine::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay"),
+    );
+    let ids = db.insert_plain(5, "order.created").await;
+    // Another session locks the due rows before the relay starts.
+    let mut locker = db.pool.begin().await.expect("begin");
+    let locked: Vec<(uuid::Uuid,)> =
+        sqlx::query_as("SELECT id FROM outbox WHERE published_at IS NULL FOR UPDATE")
+            .fetch_all(&mut *locker)
+            .await
+            .expect("lock");
+    assert_eq!(locked.len(), 5);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(relay.clone().run(stop.clone()));
+
+    let stalled = wait_for(Duration::from_secs(20), || async {
+        matches!(relay.readiness().await, Err(lines) if lines.iter().any(|l| l.starts_with("progress: not ready: stalled")))
+    })
+    .await;
+    assert!(
+        stalled,
+        "readiness fails with the stall: {:?}",
+        relay.readiness().await
+    );
+    assert_eq!(rx.count(), 0, "nothing could be sent");
+
+    locker.rollback().await.expect("release the rows");
+    let delivered = wait_for(Duration::from_secs(20), || async {
+        ids.iter().all(|id| rx.delivered_ids().contains(id))
+    })
+    .await;
+    assert!(delivered, "the events move once the lock is gone");
+    let ready = wait_for(Duration::from_secs(20), || async {
+        relay.readiness().await.is_ok()
+    })
+    .await;
+    assert!(ready, "ready again: {:?}", relay.readiness().await);
+    stop.cancel();
+    let _ = running.await;
+}

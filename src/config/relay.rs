@@ -65,6 +65,10 @@ pub struct RelayConfig {
     /// once, whatever this says.
     #[serde(with = "duration_str")]
     pub batch_wait: Duration,
+    /// Readiness fails (and `pgoutbox_relay_stalled` is 1) when events have been due longer than
+    /// this and this relay has neither claimed nor settled any for as long (`source = "poll"`).
+    #[serde(with = "duration_str")]
+    pub stall_after: Duration,
     /// Upper bound for publishing one batch; a row lock or lease is never held on the network longer.
     #[serde(with = "duration_str")]
     pub publish_timeout: Duration,
@@ -123,6 +127,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(25),
             min_poll_interval: Duration::from_millis(1),
             batch_wait: Duration::ZERO,
+            stall_after: Duration::from_secs(60),
             publish_timeout: Duration::from_secs(30),
             claim: ClaimMode::Transaction,
             shutdown_grace: Duration::from_secs(10),

@@ -61,6 +61,7 @@ impl Relay {
             return Ok((BatchReport::default(), Vec::new()));
         }
         metrics::histogram!(metric::BATCH_SIZE).record((events.len() + poison.len()) as f64);
+        self.progressed();
         crate::otlp::batch_span("claim", claim_wall, || {
             vec![
                 KeyValue::new("pgoutbox.events", events.len() as i64),

@@ -75,6 +75,8 @@ pub struct Relay {
     /// Wakes quiet claim workers: the poller found due rows, or a claim found some (more may
     /// follow, so every worker should claim).
     wake: Notify,
+    /// When this relay last claimed or settled anything (readiness sees a stall by it).
+    progress: readiness::Progress,
 }
 
 impl Relay {
@@ -145,6 +147,7 @@ impl Relay {
             failure: std::sync::Mutex::new(None),
             idle_poller: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
+            progress: readiness::Progress::default(),
         }
     }
 

@@ -1,12 +1,87 @@
-//! Readiness: whether the database answers and each destination takes events.
+//! Readiness: whether the database answers, each destination takes events, and events move:
+//! a relay whose destinations are healthy but that has claimed and settled nothing while events
+//! wait is stalled (a lock held on its rows, a wedged statement), and says so.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use super::Relay;
+use crate::config::Source;
+use crate::model::metric;
+
+/// When the relay last made progress (claimed events or settled some).
+#[derive(Debug)]
+pub(super) struct Progress {
+    started: Instant,
+    /// Milliseconds after `started`.
+    last: AtomicU64,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Progress {
+    /// Something was claimed or settled just now.
+    pub(super) fn mark(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// How long ago the last progress was (since start when there was none).
+    fn since(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+}
+
+/// Whether the relay is stalled: an event has been due longer than `stall_after` and the relay
+/// has claimed and settled nothing for as long. `Some(why)` when stalled.
+pub(super) fn stalled(
+    oldest_due: Option<Duration>,
+    since_progress: Duration,
+    stall_after: Duration,
+) -> Option<String> {
+    let due = oldest_due?;
+    (due > stall_after && since_progress > stall_after).then(|| {
+        format!(
+            "stalled: an event has been due for {} s and this relay has claimed and settled \
+             nothing for {} s (relay.stall_after = {} s): look for locks on the outbox's rows \
+             (pg_locks, pg_stat_activity) or a statement that does not finish",
+            due.as_secs(),
+            since_progress.as_secs(),
+            stall_after.as_secs()
+        )
+    })
+}
 
 impl Relay {
-    /// Readiness: the database answers (2 s), every sink passes its healthcheck (2 s each, its
-    /// result kept for a few seconds) and no breaker is open. One line per check; `Err` when any
+    /// Marks progress: events claimed or settled.
+    pub(super) fn progressed(&self) {
+        self.progress.mark();
+    }
+
+    /// Whether this relay is stalled (see [`stalled`]), also set as `pgoutbox_relay_stalled`.
+    /// Always `None` for `source = "wal"` (its rows are not claimed).
+    pub async fn stall(&self) -> crate::Result<Option<String>> {
+        if self.config.source != Source::Poll {
+            return Ok(None);
+        }
+        let oldest = crate::store::backlog::oldest_due_seconds(&self.store)
+            .await?
+            .map(|s| Duration::from_secs_f64(s.max(0.0)));
+        let why = stalled(oldest, self.progress.since(), self.config.relay.stall_after);
+        metrics::gauge!(metric::RELAY_STALLED).set(if why.is_some() { 1.0 } else { 0.0 });
+        Ok(why)
+    }
+
+    /// Readiness: the database answers (2 s), events move (not [`stalled`]), every sink passes
+    /// its healthcheck (2 s each, its result kept for a few seconds) and no breaker is open. One line per check; `Err` when any
     /// failed.
     pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
         self.readiness_of(None).await
@@ -32,6 +107,16 @@ impl Relay {
         };
         ready &= line == "ok";
         lines.push(format!("database: {line}\n"));
+        if ready && self.config.source == Source::Poll {
+            let line = match tokio::time::timeout(limit, self.stall()).await {
+                Ok(Ok(None)) => "ok".to_owned(),
+                Ok(Ok(Some(why))) => format!("not ready: {why}"),
+                Ok(Err(e)) => format!("not ready: {}", crate::error_chain(&e)),
+                Err(_) => "not ready: no answer within 2 s".into(),
+            };
+            ready &= line == "ok";
+            lines.push(format!("progress: {line}\n"));
+        }
         for lane in &self.lanes {
             if only.is_some_and(|name| name != lane.name) {
                 continue;
@@ -58,5 +143,32 @@ impl Relay {
         } else {
             Err(lines)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stalled_only_when_events_wait_and_nothing_moves_for_the_bound() {
+        let s = Duration::from_secs;
+        let bound = s(60);
+        // (oldest due, since progress) -> stalled?
+        for (due, since, expect) in [
+            (None, s(3600), false),       // nothing due: an idle relay is fine
+            (Some(s(5)), s(3600), false), // due only just now
+            (Some(s(120)), s(1), false),  // old event, but the relay is working
+            (Some(s(120)), s(61), true),  // old event, nothing moved
+            (Some(s(60)), s(600), false), // at the bound, not past it
+        ] {
+            assert_eq!(
+                stalled(due, since, bound).is_some(),
+                expect,
+                "{due:?} {since:?}"
+            );
+        }
+        let why = stalled(Some(s(120)), s(90), bound).expect("stalled");
+        assert!(why.contains("120 s") && why.contains("90 s") && why.contains("stall_after"));
     }
 }

@@ -92,6 +92,7 @@ impl Relay {
             }
         }
         let settled = settle::apply_deliveries(&self.store, token, &plan, &untouched).await?;
+        self.progressed();
         record_outcomes(&events, &plan);
         self.store_tripped().await;
         if settled.fenced > 0 {

@@ -276,6 +276,7 @@ impl Relay {
         )
         .await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(settle_started.elapsed().as_secs_f64());
+        self.progressed();
         record_outcomes(events, plan);
         self.store_tripped().await;
         if settled.fenced > 0 {

@@ -52,6 +52,9 @@ pub const WAL_SLOT_ACTIVE: &str = "pgoutbox_wal_slot_active";
 /// `source = "wal"`: messages with this table's prefix that are not events (skipped).
 pub const WAL_UNDECODABLE_TOTAL: &str = "pgoutbox_wal_undecodable_total";
 
+/// 1 while this relay is stalled: events due longer than `relay.stall_after` and nothing claimed
+/// or settled for as long (`/readyz` fails with the reason).
+pub const RELAY_STALLED: &str = "pgoutbox_relay_stalled";
 /// `source = "wal"`: events read from the WAL (rows and `emit()` messages of this table).
 pub const WAL_EVENTS_READ_TOTAL: &str = "pgoutbox_wal_events_read_total";
 /// `source = "wal"`: streaming sessions this relay started on the slot.
@@ -200,6 +203,12 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         "gauge",
         "destination",
         "1 while an operator has paused the destination",
+    ),
+    (
+        RELAY_STALLED,
+        "gauge",
+        "",
+        "1 while events have been due longer than relay.stall_after and this relay claimed and settled nothing for as long",
     ),
 ];
 

@@ -204,6 +204,10 @@ pub async fn refresh_gauges(
                     per_destination,
                 };
                 share(&relay, &me, &sample).await;
+                // Keeps pgoutbox_relay_stalled current whether or not anyone calls /readyz.
+                if let Err(e) = relay.stall().await {
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot check for a stall");
+                }
                 samples.push(sample);
                 last = (Instant::now(), delivered);
                 // Series that emptied go back to zero rather than keep their last value.

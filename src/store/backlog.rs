@@ -50,17 +50,39 @@ SELECT b.destination, t.topic, 0, sum(t.n::bigint)::bigint, sum(t.n::bigint)::bi
 FROM {qname:held_batches} b, jsonb_each_text(b.topics) AS t(topic, n)
 GROUP BY b.destination, t.topic";
 
-/// This module's statement, rendered.
+/// OldestDue. How long the longest-waiting due event has been due: the first entry of the pending
+/// index in due order, and of the deliveries' pairs (a table as small as the current failures).
+/// Held rows wait at 'infinity' and leased ones until their lease ends: neither is due.
+const OLDEST_DUE: &str = "
+SELECT extract(epoch FROM now() - min(due))::float8 FROM (
+  (SELECT next_attempt_at AS due FROM {outbox}
+    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at LIMIT 1)
+  UNION ALL
+  (SELECT next_attempt_at FROM {qname:deliveries}
+    WHERE dead_at IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at LIMIT 1)) AS d";
+
+/// This module's statements, rendered.
 pub(super) struct Sql {
     backlog: String,
+    oldest_due: String,
 }
 
 impl Sql {
     pub(super) fn render(table: &OutboxTable) -> Self {
         Self {
             backlog: table.render(BACKLOG),
+            oldest_due: table.render(OLDEST_DUE),
         }
     }
+}
+
+/// OldestDue: seconds the longest-waiting due event (row or pair) has been due; `None` when none is.
+pub async fn oldest_due_seconds(store: &Store) -> Result<Option<f64>> {
+    Ok(sqlx::query_scalar(&store.sql.backlog.oldest_due)
+        .fetch_one(store.pool())
+        .await?)
 }
 
 /// One (destination, topic)'s backlog, as the gauges and the console show it.
