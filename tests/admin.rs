@@ -22,24 +22,7 @@ async fn serve(relay: Arc<Relay>, admin: &str) -> String {
     serve_console(relay, Arc::new(Samples::default()), admin).await
 }
 
-/// A call: (status, JSON body or Null).
-async fn call(method: &str, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
-    let client = reqwest::Client::new();
-    let mut req = match method {
-        "GET" => client.get(url),
-        _ => client.post(url),
-    };
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("request");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.expect("body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
+use common::api_call as call;
 
 /// Dead-letters `n` events of `topic` (the receiver refuses them with a 400), plus one whose payload
 /// holds markup.

@@ -78,20 +78,7 @@ fn assert_contract(what: &str, (status, text, content_type): &(u16, String, Stri
     }
 }
 
-/// Percent-encodes every byte but letters and digits: the sweep sends exactly the bytes it means
-/// (NUL, control bytes, bytes that are not UTF-8).
-fn encode(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|&b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
+use common::percent_encode as encode;
 
 fn cursor(text: &str) -> Vec<u8> {
     use base64::Engine as _;
@@ -205,6 +192,22 @@ fn three_destinations(db: &TestDb, url: &str) -> String {
     config
 }
 
+/// `n` events dead at three destinations (each refuses them): a relay and its receiver.
+async fn dead_at_three_destinations(n: usize) -> (TestDb, Arc<Relay>, Receiver) {
+    let db = TestDb::migrated().await;
+    let (rx, _) = Receiver::refusing(400, "no").await;
+    let relay = Arc::new(
+        Relay::new(
+            db.pool.clone(),
+            &parse_config(&three_destinations(&db, &rx.url)),
+        )
+        .expect("relay"),
+    );
+    db.insert_plain(n, "order.created").await;
+    relay.run_once().await.expect("run");
+    (db, relay, rx)
+}
+
 async fn serve(relay: Arc<Relay>) -> String {
     serve_console(
         relay,
@@ -216,17 +219,7 @@ async fn serve(relay: Arc<Relay>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_hostile_input_gets_a_5xx_or_database_text() {
-    let db = TestDb::migrated().await;
-    let (rx, _) = Receiver::refusing(400, "no").await;
-    let relay = Arc::new(
-        Relay::new(
-            db.pool.clone(),
-            &parse_config(&three_destinations(&db, &rx.url)),
-        )
-        .expect("relay"),
-    );
-    db.insert_plain(3, "order.created").await;
-    relay.run_once().await.expect("run");
+    let (_db, relay, _rx) = dead_at_three_destinations(3).await;
     let base = serve(relay).await;
     let api = |path: &str| format!("{base}/api/v1{path}");
 
@@ -331,17 +324,7 @@ async fn no_hostile_input_gets_a_5xx_or_database_text() {
 /// every page size from 1 to 10 shows each (event, destination) exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paging_shows_every_dead_pair_once_at_every_page_size() {
-    let db = TestDb::migrated().await;
-    let (rx, _) = Receiver::refusing(400, "no").await;
-    let relay = Arc::new(
-        Relay::new(
-            db.pool.clone(),
-            &parse_config(&three_destinations(&db, &rx.url)),
-        )
-        .expect("relay"),
-    );
-    db.insert_plain(10, "order.created").await;
-    relay.run_once().await.expect("run");
+    let (db, relay, _rx) = dead_at_three_destinations(10).await;
     // One settle statement writes an event's dead pairs (and a batch's) with one `now()`; make
     // that so here whatever the lanes' timing was: every pair ties on its dead time.
     let tied = sqlx::query("UPDATE outbox_deliveries SET dead_at = date_trunc('second', now())")

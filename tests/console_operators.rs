@@ -9,29 +9,14 @@ use std::sync::Arc;
 
 use pgoutbox::engine::Relay;
 use pgoutbox::server::Samples;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use common::*;
 
 const OPS: &str = "0ps-t0ken";
 const VIEWER: &str = "v1ewer-t0ken";
 
-async fn call(method: &str, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
-    let client = reqwest::Client::new();
-    let mut req = match method {
-        "GET" => client.get(url),
-        _ => client.post(url),
-    };
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
+use common::api_call as call;
 
 const TOKENS: &str = r#"
 [[tokens]]
@@ -233,15 +218,7 @@ async fn totals_topic_prefix_and_payload_search() {
 }
 
 fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    percent_encode(s.as_bytes())
 }
 
 /// Two relay processes on one outbox: each stores its samples in the database, and either

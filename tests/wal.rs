@@ -1008,6 +1008,19 @@ async fn failures_go_to_the_deliveries_table_and_never_hold_the_slot() {
 // ---------------------------------------------------------------------------------------------
 // 9. `pgoutbox slot create|status|drop`.
 
+/// Stops `relay` gracefully and waits until the slot has no session.
+async fn stop_streaming(db: &TestDb, relay: &mut Child) {
+    let status = terminate(relay).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "graceful stop: {status:?}"
+    );
+    assert!(
+        wait_for(GUARD, || async { !slot_active(db).await }).await,
+        "the relay's session ended"
+    );
+}
+
 /// `slot create` makes the slot, `slot status` shows it (active while a relay streams it, its
 /// confirmed position and lag), `slot drop` refuses while a relay streams it and works after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1117,15 +1130,7 @@ listen = \"127.0.0.1:{port}\"\n",
     assert!(stderr.contains("in use by a relay"), "{stderr}");
     assert!(confirmed(&db).await.is_some(), "the slot is still there");
 
-    let status = terminate(&mut relay).await;
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "graceful stop: {status:?}"
-    );
-    assert!(
-        wait_for(GUARD, || async { !slot_active(&db).await }).await,
-        "the relay's session ended"
-    );
+    stop_streaming(&db, &mut relay).await;
     let (code, stdout, _) = run(&["slot", "status", "--config", config_arg]);
     assert_eq!(code, 0);
     assert!(stdout.contains("no (no relay streams it)"), "{stdout}");
@@ -1151,15 +1156,7 @@ listen = \"127.0.0.1:{port}\"\n",
         "the late events delivered: {}",
         relay_log(dir.path(), "again")
     );
-    let status = terminate(&mut relay).await;
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "graceful stop: {status:?}"
-    );
-    assert!(
-        wait_for(GUARD, || async { !slot_active(&db).await }).await,
-        "the relay's session ended"
-    );
+    stop_streaming(&db, &mut relay).await;
     let (code, _, stderr) = run(&["slot", "drop", "--config", config_arg, "--publication"]);
     assert_eq!(code, 0, "slot drop: {stderr}");
     assert!(stderr.contains(&format!("slot {SLOT} dropped")), "{stderr}");

@@ -292,6 +292,18 @@ struct Conditions {
     n: usize,
 }
 
+/// A part's WHERE: its state's condition and the filters, in the pairs' form for the deliveries.
+fn where_clause(state: &str, common: &[(String, String)], pair: bool) -> String {
+    std::iter::once(state)
+        .chain(
+            common
+                .iter()
+                .map(|(r, p)| if pair { p.as_str() } else { r.as_str() }),
+        )
+        .collect::<Vec<&str>>()
+        .join(" AND ")
+}
+
 /// The filters of `q` and, when given, the cursor `after` in the order of `column`.
 fn conditions(
     q: &EventQuery,
@@ -370,18 +382,11 @@ pub async fn search(store: &Store, q: &EventQuery) -> Result<EventPage> {
     // Each part ordered and limited by its own index; more than one are merged (a UNION takes one
     // ORDER BY). The history's columns have the outbox's names, so it takes the same conditions.
     let part = |columns: &str, from: &str, state: &str, pair: bool| {
-        let conditions: Vec<&str> = std::iter::once(state)
-            .chain(
-                common
-                    .iter()
-                    .map(|(r, p)| if pair { p.as_str() } else { r.as_str() }),
-            )
-            .collect();
         format!(
             "(SELECT {columns}, {sort} FROM {from} WHERE {}
               ORDER BY {column} {direction}, seq {direction}, coalesce(destination, '') {direction}
               LIMIT ${n})",
-            conditions.join(" AND ")
+            where_clause(state, &common, pair)
         )
     };
     let mut parts = vec![part(ROW_COLUMNS, "{outbox}", row_state, false)];
@@ -436,16 +441,9 @@ async fn count(store: &Store, q: &EventQuery, order: &Order) -> Result<i64> {
     args.add(TOTAL_CAP).map_err(sqlx::Error::Encode)?;
     let cap = n + 1;
     let part = |from: &str, state: &str, pair: bool| {
-        let conditions: Vec<&str> = std::iter::once(state)
-            .chain(
-                common
-                    .iter()
-                    .map(|(r, p)| if pair { p.as_str() } else { r.as_str() }),
-            )
-            .collect();
         format!(
             "(SELECT 1 FROM {from} WHERE {} LIMIT ${cap})",
-            conditions.join(" AND ")
+            where_clause(state, &common, pair)
         )
     };
     let mut parts = vec![part("{outbox}", order.rows, false)];

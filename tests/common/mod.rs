@@ -610,3 +610,45 @@ pub async fn serve_console(
     });
     base
 }
+
+/// A JSON API call: (status, JSON body or Null).
+pub async fn api_call(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let client = reqwest::Client::new();
+    let mut req = match method {
+        "GET" => client.get(url),
+        _ => client.post(url),
+    };
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// Percent-encodes every byte but ASCII letters and digits, for a query string that must carry
+/// exactly these bytes (NUL, control bytes, bytes that are not UTF-8, JSON).
+pub fn percent_encode(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
