@@ -66,7 +66,8 @@ impl Relay {
         self.progress.mark();
     }
 
-    /// Whether this relay is stalled (see [`stalled`]), also set as `pgoutbox_relay_stalled`.
+    /// Whether this relay is stalled (events due longer than `relay.stall_after` and nothing
+    /// claimed or settled for as long), also set as `pgoutbox_relay_stalled`.
     /// Always `None` for `source = "wal"` (its rows are not claimed).
     pub async fn stall(&self) -> crate::Result<Option<String>> {
         if self.config.source != Source::Poll {
@@ -80,7 +81,7 @@ impl Relay {
         Ok(why)
     }
 
-    /// Readiness: the database answers (2 s), events move (not [`stalled`]), every sink passes
+    /// Readiness: the database answers (2 s), events move (not stalled), every sink passes
     /// its healthcheck (2 s each, its result kept for a few seconds) and no breaker is open. One line per check; `Err` when any
     /// failed.
     pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {

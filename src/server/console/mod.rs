@@ -1,17 +1,23 @@
 //! The operator console: a JSON API and a web page on the relay's observability listener, for
 //! "is anything stuck, where, why" and for fixing it without a shell on the box.
 //!
-//! The API is a thin layer over the library the CLI uses: [`crate::server::backlog`] and
-//! [`crate::breaker`] for the overview and pause/resume, [`crate::store::dead`] for retry and
-//! discard, [`crate::store::inspect`] for finding events. The page (`page/`: HTML, CSS and plain
-//! JavaScript) is compiled into the binary, so nothing is fetched from a network at run time.
+//! The API is a thin layer over the library the CLI uses: [`crate::server::gauges`] and
+//! [`crate::store::destinations`] for the overview and pause/resume, [`crate::store::dead`] for
+//! retry and discard, [`crate::store::inspect`] for finding events, [`crate::store::operators`]
+//! for the audit log and the shared chart. Every parameter is checked by name in `input.rs`, so
+//! bad input is a 4xx naming it and never reaches a statement. The page (`page/`: HTML, CSS and
+//! plain JavaScript) is compiled into the binary, so nothing is fetched from a network at run time.
 //!
-//! Security: the listener is wherever `observability.listen` says (the examples bind 127.0.0.1).
-//! Every mutating call needs `admin.token` as a bearer token in the `Authorization` header (a
-//! header, not a cookie, so another site cannot make the browser send it); with no token
-//! configured the mutating endpoints answer 403 and the page says changes are off. With
-//! `admin.read_token` set, reads need it (or the admin token) too. Destination targets are shown
-//! without credentials or paths, and payloads are rendered by the page as text, never as HTML.
+//! Security: the listener is wherever `observability.listen` says (the examples bind 127.0.0.1;
+//! beyond loopback the relay needs a read token or `admin.open_reads`). Every mutating call needs
+//! a token whose role is `operate` (`admin.token`, or `[[admin.tokens]]`) as a bearer token in
+//! the `Authorization` header (a header, not a cookie, so another site cannot make the browser
+//! send it); with none configured the mutating endpoints answer 403 and the page says changes are
+//! off. With a token whose role is `read` (`admin.read_token`), reads need a token too. Tokens
+//! are compared as SHA-256 digests in constant time; the audit log records changes under the
+//! token's name. Requests naming another `Host` are refused (DNS rebinding), every answer says
+//! `Cache-Control: no-store`. Settings and targets are shown without secrets, credentials,
+//! paths or queries, and payloads are rendered by the page as text, never as HTML.
 
 mod api;
 mod input;
