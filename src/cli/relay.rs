@@ -130,7 +130,7 @@ async fn run_relay(
         let console =
             pgoutbox::server::console::Console::new(Arc::clone(&relay), samples, &config.admin);
         config.admin.check(Some(addr))?;
-        if !addr.ip().is_loopback() && config.admin.read_token.is_none() {
+        if !addr.ip().is_loopback() && !config.admin.reads_need_token() {
             warn!(%addr, "admin.open_reads: the console and its API are readable by anyone who reaches this address");
         }
         // Bind before relaying, so a taken port is an error at start rather than a silent loss.
