@@ -331,5 +331,29 @@ async fn without_an_admin_token_the_page_says_changes_are_off() {
         .expect("the pause button");
     let disabled = pause.prop("disabled").await.expect("disabled property");
     assert_eq!(disabled.as_deref(), Some("true"), "pause is disabled");
+
+    // A bad search: the page shows the API's sentence (it names the parameter), not "HTTP 400";
+    // once the relay answers again the red line is gone.
+    browser
+        .goto(&format!("{base}/#dead?id=not-an-id"))
+        .await
+        .expect("bad search");
+    let said = shows(&browser, "#status.error", "id:").await;
+    assert!(said, "the page shows the API's error");
+    browser
+        .goto(&format!("{base}/#overview"))
+        .await
+        .expect("overview");
+    let cleared = wait_for(Duration::from_secs(20), || async {
+        match browser.find(Locator::Css("#status")).await {
+            Ok(e) => {
+                e.attr("class").await.ok().flatten().as_deref() != Some("error")
+                    && e.text().await.unwrap_or_default().is_empty()
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(cleared, "the error line is gone once the relay answers");
     browser.close().await.expect("close");
 }

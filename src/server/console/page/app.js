@@ -22,6 +22,7 @@ const state = {
   total: null, // matches of this search (counted up to totalCap)
   totalCap: null,
   auditBefore: null, // the audit log's next (older) page
+  errorOrigin: null, // what showed the error on screen: 'action' or 'refresh'
   eventId: null, // event shown in the detail panel
   overviewSeq: 0, // request counter, so a late answer never overwrites a newer one
   overviewShown: 0,
@@ -83,8 +84,18 @@ function setStatus(msg, kind = 'ok') {
   s.className = kind;
 }
 
-function report(err) {
+// An error stays until its cause is gone: a user's action or a new view clears the line, and
+// an error of the periodic refresh (relay unreachable, database down) clears when a refresh
+// succeeds again.
+function report(err, origin = 'action') {
+  state.errorOrigin = origin;
   setStatus(err && err.message ? err.message : String(err), 'error');
+}
+
+function clearError(origin) {
+  if ($('#status').className !== 'error') return;
+  if (origin && state.errorOrigin !== origin) return;
+  setStatus('');
 }
 
 function tokenMessage(msg) {
@@ -120,8 +131,6 @@ async function api(method, path, body) {
   const data = await res.json().catch(() => null); // error bodies may be empty
   if (res.ok) {
     tokenMessage('');
-    // An error shown earlier is over once the relay answers again.
-    if ($('#status').className === 'error') setStatus('');
     return data;
   }
   const msg = data && typeof data.error === 'string' ? data.error : `HTTP ${res.status}`;
@@ -132,6 +141,7 @@ async function api(method, path, body) {
 
 // Disable a button while its request runs (no double submits), report errors.
 async function run(button, fn) {
+  clearError();
   if (button) button.disabled = true;
   try {
     await fn();
@@ -245,6 +255,7 @@ async function refreshOverview(withSamples) {
     state.overviewShown = seq;
     renderOverview(ov);
     if (withSamples) renderChart(samples);
+    clearError('refresh');
   } finally {
     state.overviewInFlight -= 1;
   }
@@ -543,6 +554,7 @@ function currentView() {
 }
 
 function route() {
+  clearError();
   const view = currentView();
   $('#view-overview').hidden = view !== 'overview';
   $('#view-dead').hidden = view !== 'dead';
@@ -608,7 +620,7 @@ function start() {
   // Poll only while the overview is visible; skip a tick if the last one is still running.
   setInterval(() => {
     if (currentView() !== 'overview' || document.hidden || state.overviewInFlight) return;
-    refreshOverview(true).catch(report);
+    refreshOverview(true).catch((e) => report(e, 'refresh'));
   }, REFRESH_MS);
 
   route();
