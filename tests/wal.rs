@@ -1244,3 +1244,41 @@ async fn a_stalled_request_does_not_hold_the_slot_and_is_not_sent_twice() {
         .all(|id| requests_per_id(&rx).get(id) == Some(&1)));
     relay.stop().await;
 }
+
+/// `wal.max_slot_lag`: readiness fails, saying how far behind, once the slot holds back more WAL
+/// than the bound (here no relay streams it while the outbox is written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_past_max_slot_lag() {
+    let pg = LogicalPg::start(&[]);
+    let db = TestDb::migrated_on(&pg.server_url()).await;
+    let rx = Receiver::start().await;
+    let text = wal_config(
+        &db,
+        "max_slot_lag = \"256kB\"",
+        &[webhook("hooks", &rx.url, "")],
+    );
+    create_slot(&db, &text).await;
+    let relay = pgoutbox::engine::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay");
+    let lines = relay
+        .readiness()
+        .await
+        .expect("ready with the slot caught up");
+    assert!(lines.iter().any(|l| l.starts_with("slot: ok")), "{lines:?}");
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload)
+         SELECT 'order.created', jsonb_build_object('pad', repeat('x', 1000)) FROM generate_series(1, 1000)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("write a megabyte");
+    let lines = relay
+        .readiness()
+        .await
+        .expect_err("not ready past the bound");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("slot: not ready") && l.contains("wal.max_slot_lag = 262144")),
+        "{lines:?}"
+    );
+}

@@ -36,6 +36,74 @@ pub struct WalConfig {
     /// a crash; "0s" writes each batch's rows as soon as it is settled.
     #[serde(with = "duration_str")]
     pub settle_wait: Duration,
+    /// Readiness fails when the slot holds back more WAL than this (`"1GB"`, `"512MB"`, or bytes):
+    /// the relay is not keeping up, or not confirming. No bound by default.
+    #[serde(deserialize_with = "size::deserialize")]
+    pub max_slot_lag: Option<u64>,
+}
+
+/// Sizes as PostgreSQL writes them: bytes, or a number with `B`, `kB`, `MB`, `GB`, `TB`
+/// (multiples of 1024).
+mod size {
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bytes(u64),
+        Text(String),
+    }
+
+    /// Parses `"512MB"` and the like; `None` when it is not a size.
+    pub(super) fn parse(text: &str) -> Option<u64> {
+        let text = text.trim();
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let n: u64 = number.parse().ok()?;
+        let shift = match unit.trim() {
+            "" | "B" => 0,
+            "kB" | "KB" => 10,
+            "MB" => 20,
+            "GB" => 30,
+            "TB" => 40,
+            _ => return None,
+        };
+        n.checked_mul(1 << shift)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(Some(n)),
+            Raw::Text(s) => parse(&s).map(Some).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "invalid size {s:?}; write e.g. \"1GB\", \"512MB\" or a number of bytes"
+                ))
+            }),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn sizes_parse_as_postgresql_writes_them() {
+            for (text, bytes) in [
+                ("0", Some(0)),
+                ("100", Some(100)),
+                ("64kB", Some(65_536)),
+                ("512MB", Some(512 << 20)),
+                ("1 GB", Some(1 << 30)),
+                ("2TB", Some(2 << 40)),
+                ("1.5GB", None),
+                ("GB", None),
+                ("10 parsecs", None),
+                ("99999999999999999999TB", None),
+            ] {
+                assert_eq!(super::parse(text), bytes, "{text}");
+            }
+        }
+    }
 }
 
 impl Default for WalConfig {
@@ -48,6 +116,7 @@ impl Default for WalConfig {
             standby_retry: Duration::from_secs(2),
             batch_wait: Duration::from_millis(2),
             settle_wait: Duration::from_millis(50),
+            max_slot_lag: None,
         }
     }
 }

@@ -81,6 +81,15 @@ impl Relay {
         Ok(why)
     }
 
+    /// The WAL the replication slot holds back, in bytes (`None`: no slot).
+    async fn slot_lag(&self) -> std::result::Result<Option<u64>, String> {
+        let names = crate::sources::wal::slot::Names::of(&self.config.wal, &self.config.table);
+        crate::sources::wal::slot::status(self.store.pool(), &names)
+            .await
+            .map(|s| s.map(|s| s.lag_bytes.unwrap_or(0).max(0) as u64))
+            .map_err(|e| e.to_string())
+    }
+
     /// Readiness: the database answers (2 s), events move (not stalled), every sink passes
     /// its healthcheck (2 s each, its result kept for a few seconds) and no breaker is open. One line per check; `Err` when any
     /// failed.
@@ -117,6 +126,21 @@ impl Relay {
             };
             ready &= line == "ok";
             lines.push(format!("progress: {line}\n"));
+        }
+        if let (true, Some(max)) = (ready, self.config.wal.max_slot_lag) {
+            if self.config.source == Source::Wal {
+                let line = match tokio::time::timeout(limit, self.slot_lag()).await {
+                    Ok(Ok(Some(lag))) if lag > max => format!(
+                        "not ready: it holds back {lag} bytes of WAL (wal.max_slot_lag = {max})"
+                    ),
+                    Ok(Ok(Some(lag))) => format!("ok ({lag} bytes behind)"),
+                    Ok(Ok(None)) => "not ready: no such slot (pgoutbox slot create)".into(),
+                    Ok(Err(e)) => format!("not ready: {e}"),
+                    Err(_) => "not ready: no answer within 2 s".into(),
+                };
+                ready &= line.starts_with("ok");
+                lines.push(format!("slot: {line}\n"));
+            }
         }
         for lane in &self.lanes {
             if only.is_some_and(|name| name != lane.name) {
