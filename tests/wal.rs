@@ -1282,3 +1282,56 @@ async fn readiness_fails_past_max_slot_lag() {
         "{lines:?}"
     );
 }
+
+/// A WAL relay whose settle cannot write (another session holds the outbox locked) reads events
+/// whose confirmed position does not move: readiness fails with the stall once
+/// `relay.stall_after` has passed, and recovers once the lock is gone and the slot moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_sees_a_wal_stall_and_its_end() {
+    let pg = LogicalPg::start(&[]);
+    let db = TestDb::migrated_on(&pg.server_url()).await;
+    // Slow answers leave the time to lock the table before the batch's rows are written.
+    let rx = Receiver::with(|_| Reply::ok().delay(Duration::from_millis(500))).await;
+    let text = wal_config(&db, "", &[webhook("hooks", &rx.url, "")])
+        .replace("[relay]\n", "[relay]\nstall_after = \"1s\"\n");
+    create_slot(&db, &text).await;
+    let relay = Arc::new(
+        pgoutbox::engine::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay"),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(relay.clone().run(stop.clone()));
+    assert!(
+        wait_for(GUARD, || async { slot_active(&db).await }).await,
+        "the relay streams"
+    );
+
+    let ids = write(&db, 3, 0, "order.created").await;
+    let mut locker = db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE outbox IN SHARE MODE")
+        .execute(&mut *locker)
+        .await
+        .expect("lock");
+    let stalled = wait_for(GUARD, || async {
+        matches!(relay.readiness().await, Err(lines) if lines.iter().any(|l| l.starts_with("progress: not ready: stalled")))
+    })
+    .await;
+    assert!(
+        stalled,
+        "readiness fails with the stall: {:?}",
+        relay.readiness().await
+    );
+
+    locker.rollback().await.expect("release the table");
+    let written = current_lsn(&db).await;
+    assert!(
+        wait_for(GUARD, || async {
+            has_all(&rx, &ids) && confirmed_past(&db, &written).await
+        })
+        .await,
+        "delivered and confirmed once the lock is gone"
+    );
+    let ready = wait_for(GUARD, || async { relay.readiness().await.is_ok() }).await;
+    assert!(ready, "ready again: {:?}", relay.readiness().await);
+    stop.cancel();
+    let _ = running.await;
+}

@@ -66,7 +66,8 @@ pub struct RelayConfig {
     #[serde(with = "duration_str")]
     pub batch_wait: Duration,
     /// Readiness fails (and `pgoutbox_relay_stalled` is 1) when events have been due longer than
-    /// this and this relay has neither claimed nor settled any for as long (`source = "poll"`).
+    /// this and this relay has neither claimed nor settled any for as long; with `source =
+    /// "wal"`, when events read this long ago still wait for the slot's confirmed position.
     #[serde(with = "duration_str")]
     pub stall_after: Duration,
     /// Upper bound for publishing one batch; a row lock or lease is never held on the network longer.

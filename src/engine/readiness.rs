@@ -9,12 +9,14 @@ use super::Relay;
 use crate::config::Source;
 use crate::model::metric;
 
-/// When the relay last made progress (claimed events or settled some).
+/// When the relay last made progress (claimed events or settled some), and for the WAL source
+/// since when events read wait for the slot's confirmed position to move.
 #[derive(Debug)]
 pub(super) struct Progress {
     started: Instant,
     /// Milliseconds after `started`.
     last: AtomicU64,
+    wal_waiting: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Default for Progress {
@@ -22,6 +24,7 @@ impl Default for Progress {
         Self {
             started: Instant::now(),
             last: AtomicU64::new(0),
+            wal_waiting: std::sync::Mutex::new(None),
         }
     }
 }
@@ -31,6 +34,21 @@ impl Progress {
     pub(super) fn mark(&self) {
         let now = self.started.elapsed().as_millis() as u64;
         self.last.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// WAL source: events read wait since `since` (`None`: nothing waits).
+    pub(super) fn wal_waiting(&self, since: Option<Instant>) {
+        if let Ok(mut w) = self.wal_waiting.lock() {
+            *w = since;
+        }
+    }
+
+    /// WAL source: how long events read have waited for the confirmed position to move.
+    fn wal_waited(&self) -> Option<Duration> {
+        self.wal_waiting
+            .lock()
+            .ok()
+            .and_then(|w| w.map(|since| since.elapsed()))
     }
 
     /// How long ago the last progress was (since start when there was none).
@@ -66,17 +84,30 @@ impl Relay {
         self.progress.mark();
     }
 
-    /// Whether this relay is stalled (events due longer than `relay.stall_after` and nothing
-    /// claimed or settled for as long), also set as `pgoutbox_relay_stalled`.
-    /// Always `None` for `source = "wal"` (its rows are not claimed).
+    /// Whether this relay is stalled, also set as `pgoutbox_relay_stalled`: polling, events due
+    /// longer than `relay.stall_after` and nothing claimed or settled for as long; reading the
+    /// WAL, events read that long ago and the slot's confirmed position not moved since.
     pub async fn stall(&self) -> crate::Result<Option<String>> {
-        if self.config.source != Source::Poll {
-            return Ok(None);
-        }
-        let oldest = crate::store::backlog::oldest_due_seconds(&self.store)
-            .await?
-            .map(|s| Duration::from_secs_f64(s.max(0.0)));
-        let why = stalled(oldest, self.progress.since(), self.config.relay.stall_after);
+        let stall_after = self.config.relay.stall_after;
+        let why = if self.config.source == Source::Wal {
+            self.progress.wal_waited().and_then(|waited| {
+                (waited > stall_after).then(|| {
+                    format!(
+                        "stalled: events read from the slot {} s ago wait and its confirmed \
+                         position has not moved since (relay.stall_after = {} s): look for locks \
+                         on the outbox's rows (pg_locks, pg_stat_activity) or a statement that \
+                         does not finish",
+                        waited.as_secs(),
+                        stall_after.as_secs()
+                    )
+                })
+            })
+        } else {
+            let oldest = crate::store::backlog::oldest_due_seconds(&self.store)
+                .await?
+                .map(|s| Duration::from_secs_f64(s.max(0.0)));
+            stalled(oldest, self.progress.since(), stall_after)
+        };
         metrics::gauge!(metric::RELAY_STALLED).set(if why.is_some() { 1.0 } else { 0.0 });
         Ok(why)
     }
@@ -117,7 +148,7 @@ impl Relay {
         };
         ready &= line == "ok";
         lines.push(format!("database: {line}\n"));
-        if ready && self.config.source == Source::Poll {
+        if ready {
             let line = match tokio::time::timeout(limit, self.stall()).await {
                 Ok(Ok(None)) => "ok".to_owned(),
                 Ok(Ok(Some(why))) => format!("not ready: {why}"),

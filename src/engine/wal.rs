@@ -49,6 +49,10 @@ impl WalEngine for Relay {
     async fn write_rows(self: Arc<Self>, rows: DeliveredRows) -> Result<u64> {
         self.write_wal_rows(&rows).await
     }
+
+    fn unconfirmed_since(&self, since: Option<Instant>) {
+        self.progress.wal_waiting(since);
+    }
 }
 
 impl Relay {

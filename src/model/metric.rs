@@ -53,7 +53,8 @@ pub const WAL_SLOT_ACTIVE: &str = "pgoutbox_wal_slot_active";
 pub const WAL_UNDECODABLE_TOTAL: &str = "pgoutbox_wal_undecodable_total";
 
 /// 1 while this relay is stalled: events due longer than `relay.stall_after` and nothing claimed
-/// or settled for as long (`/readyz` fails with the reason).
+/// or settled for as long, or (WAL) events read that long ago and the slot not confirmed since
+/// (`/readyz` fails with the reason).
 pub const RELAY_STALLED: &str = "pgoutbox_relay_stalled";
 /// `source = "wal"`: events read from the WAL (rows and `emit()` messages of this table).
 pub const WAL_EVENTS_READ_TOTAL: &str = "pgoutbox_wal_events_read_total";

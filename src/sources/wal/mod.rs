@@ -72,6 +72,10 @@ pub trait WalEngine: Send + Sync + 'static {
         self: Arc<Self>,
         rows: DeliveredRows,
     ) -> impl std::future::Future<Output = crate::error::Result<u64>> + Send + 'static;
+
+    /// Since when events read from the slot wait for the confirmed position to move (`None`:
+    /// nothing waits, or the position just moved). Readiness sees a stall by it.
+    fn unconfirmed_since(&self, since: Option<std::time::Instant>);
 }
 
 /// Prefix of the heartbeat messages (non-transactional, never an event).
@@ -262,6 +266,8 @@ async fn session<E: WalEngine>(
     let batch_size = config.relay.batch_size;
     let mut records: Vec<(Decoded, bool)> = Vec::new();
     let mut in_transaction = false;
+    // Since when events read wait for the confirmed position to move.
+    let mut waiting: Option<std::time::Instant> = None;
     let end = loop {
         tokio::select! {
             _ = shutdown.cancelled() => break End::Shutdown,
@@ -272,6 +278,11 @@ async fn session<E: WalEngine>(
                 }
                 let lsn = *confirm_rx.borrow_and_update();
                 client.update_applied_lsn(lsn);
+                if lsn > *settled {
+                    // The position moved: what was read is not stuck (later reads start anew).
+                    waiting = None;
+                    engine.unconfirmed_since(None);
+                }
                 *settled = lsn.max(*settled);
             }
             event = client.recv() => {
@@ -324,6 +335,10 @@ async fn session<E: WalEngine>(
                     _ => None,
                 };
                 if let Some(item) = item {
+                    if matches!(item, Item::Part { .. }) && waiting.is_none() {
+                        waiting = Some(std::time::Instant::now());
+                        engine.unconfirmed_since(waiting);
+                    }
                     // Backpressure: the stream waits while the processor is behind.
                     tokio::select! {
                         sent = items_tx.send(item) => if sent.is_err() { break End::Shutdown },
@@ -338,6 +353,9 @@ async fn session<E: WalEngine>(
     // next status interval, and a restart would deliver that batch again.
     drop(items_tx);
     stop.cancel();
+    // What this session read and did not confirm is read again by the next one (or another
+    // relay's): nothing waits on this relay any more.
+    engine.unconfirmed_since(None);
     let end = match processor.await {
         Ok((report, failed)) => {
             *total += report;
