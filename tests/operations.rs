@@ -557,15 +557,7 @@ async fn readiness_sees_a_stall_and_its_end() {
     let stop = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn(relay.clone().run(stop.clone()));
 
-    let stalled = wait_for(Duration::from_secs(20), || async {
-        matches!(relay.readiness().await, Err(lines) if lines.iter().any(|l| l.starts_with("progress: not ready: stalled")))
-    })
-    .await;
-    assert!(
-        stalled,
-        "readiness fails with the stall: {:?}",
-        relay.readiness().await
-    );
+    assert_stalls(&relay, Duration::from_secs(20)).await;
     assert_eq!(rx.count(), 0, "nothing could be sent");
 
     locker.rollback().await.expect("release the rows");

@@ -1311,15 +1311,7 @@ async fn readiness_sees_a_wal_stall_and_its_end() {
         .execute(&mut *locker)
         .await
         .expect("lock");
-    let stalled = wait_for(GUARD, || async {
-        matches!(relay.readiness().await, Err(lines) if lines.iter().any(|l| l.starts_with("progress: not ready: stalled")))
-    })
-    .await;
-    assert!(
-        stalled,
-        "readiness fails with the stall: {:?}",
-        relay.readiness().await
-    );
+    assert_stalls(&relay, GUARD).await;
 
     locker.rollback().await.expect("release the table");
     let written = current_lsn(&db).await;

@@ -652,3 +652,16 @@ pub fn percent_encode(bytes: &[u8]) -> String {
         })
         .collect()
 }
+
+/// Waits (up to `guard`) until `relay`'s readiness fails with the stall line, then asserts it did.
+pub async fn assert_stalls(relay: &pgoutbox::engine::Relay, guard: Duration) {
+    let stalled = wait_for(guard, || async {
+        matches!(relay.readiness().await, Err(lines) if lines.iter().any(|l| l.starts_with("progress: not ready: stalled")))
+    })
+    .await;
+    assert!(
+        stalled,
+        "readiness fails with the stall: {:?}",
+        relay.readiness().await
+    );
+}
