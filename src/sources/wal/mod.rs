@@ -133,14 +133,14 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
     while !shutdown.is_cancelled() {
         let ready = slot::ready(engine.store().pool(), &config.table, &names).await;
         let end = match ready {
-            Ok(warnings) => {
+            Ok(slot::Ready { warnings, slot }) => {
                 if !std::mem::replace(&mut warned, true) {
                     for w in warnings {
                         warn!("{w}");
                     }
                 }
                 let mut streamed = false;
-                let end = match held_elsewhere(&engine, &names).await {
+                let end = match held_elsewhere(&slot, &names) {
                     // Another relay streams the slot: no session is tried (it would fail with
                     // an ERROR in the server's log and the client's, at every retry).
                     Some(why) => End::Standby(why),
@@ -149,6 +149,7 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
                             &engine,
                             &names,
                             &mut settled,
+                            slot.confirmed_flush_lsn.as_deref(),
                             &mut total,
                             &shutdown,
                             &mut streamed,
@@ -197,10 +198,9 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
     total
 }
 
-/// Whether another session streams the slot now (`Some(why)`): then this relay waits on standby
-/// without trying a session. A failed look is `None`: the session tells.
-async fn held_elsewhere<E: WalEngine>(engine: &Arc<E>, names: &Names) -> Option<String> {
-    let status = slot::status(engine.store().pool(), names).await.ok()??;
+/// Whether another session streams the slot (`Some(why)`): then this relay waits on standby
+/// without trying a session.
+fn held_elsewhere(status: &slot::SlotStatus, names: &Names) -> Option<String> {
     status.active.then(|| {
         format!(
             "replication slot {:?} is active for PID {}",
@@ -210,11 +210,13 @@ async fn held_elsewhere<E: WalEngine>(engine: &Arc<E>, names: &Names) -> Option<
     })
 }
 
-/// One streaming session: connect, start at `settled`, relay until it ends.
+/// One streaming session: connect, start at `settled` (at the slot's `confirmed` position while
+/// this process has settled nothing), relay until it ends.
 async fn session<E: WalEngine>(
     engine: &Arc<E>,
     names: &Names,
     settled: &mut Lsn,
+    confirmed: Option<&str>,
     total: &mut BatchReport,
     shutdown: &CancellationToken,
     streamed: &mut bool,
@@ -238,13 +240,10 @@ async fn session<E: WalEngine>(
     // Nothing settled yet in this process: the server resumes at the slot's confirmed position,
     // which is what the line should name (not 0/0).
     let from = if settled.0 == 0 {
-        slot::status(engine.store().pool(), names)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|s| s.confirmed_flush_lsn)
-            .map(|lsn| format!("{lsn} (the slot's confirmed position)"))
-            .unwrap_or_else(|| "the slot's confirmed position".into())
+        confirmed.map_or_else(
+            || "the slot's confirmed position".into(),
+            |lsn| format!("{lsn} (the slot's confirmed position)"),
+        )
     } else {
         settled.to_string()
     };

@@ -253,11 +253,7 @@ async fn check_slot(slot: &SlotStatus, pool: &PgPool) -> Result<(), SlotError> {
 
 /// Everything the relay checks before it reads the slot: the server, the slot (it must exist:
 /// `pgoutbox slot create`), and the publication (created if missing). Returns warnings to log.
-pub async fn ready(
-    pool: &PgPool,
-    table: &OutboxTable,
-    names: &Names,
-) -> Result<Vec<String>, SlotError> {
+pub async fn ready(pool: &PgPool, table: &OutboxTable, names: &Names) -> Result<Ready, SlotError> {
     let warnings = check_server(pool).await?;
     let Some(slot) = status(pool, names).await? else {
         return Err(SlotError::NotReady(format!(
@@ -268,5 +264,14 @@ pub async fn ready(
     };
     check_slot(&slot, pool).await?;
     ensure_publication(pool, table, names).await?;
-    Ok(warnings)
+    Ok(Ready { warnings, slot })
+}
+
+/// What [`ready`] found: warnings for the operator, and the slot as it stands.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    /// Settings that work but deserve a look.
+    pub warnings: Vec<String>,
+    /// The slot's state (active, confirmed position, lag).
+    pub slot: SlotStatus,
 }
