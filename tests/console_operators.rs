@@ -194,13 +194,13 @@ async fn totals_topic_prefix_and_payload_search() {
     assert_eq!(page["total"], 3, "{page}");
     let (_, page) = search(&format!(
         "payload={}&total=true",
-        urlencode(r#"{"customer":"c-1"}"#)
+        percent_encode(br#"{"customer":"c-1"}"#)
     ))
     .await;
     assert_eq!(page["total"], 3, "{page}");
     let (_, page) = search(&format!(
         "payload={}&topic_prefix=order.&total=true",
-        urlencode(r#"{"customer":"c-1"}"#)
+        percent_encode(br#"{"customer":"c-1"}"#)
     ))
     .await;
     assert_eq!(page["total"], 2, "{page}");
@@ -213,12 +213,8 @@ async fn totals_topic_prefix_and_payload_search() {
         .as_str()
         .unwrap_or_default()
         .starts_with("payload:"));
-    let (status, page) = search(&format!("payload={}", urlencode(r#"{"a":"\u0000"}"#))).await;
+    let (status, page) = search(&format!("payload={}", percent_encode(br#"{"a":"\u0000"}"#))).await;
     assert_eq!(status, 400, "{page}");
-}
-
-fn urlencode(s: &str) -> String {
-    percent_encode(s.as_bytes())
 }
 
 /// Two relay processes on one outbox: each stores its samples in the database, and either

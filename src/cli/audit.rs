@@ -52,9 +52,7 @@ fn operator() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".into());
+    let host = pgoutbox::server::host_name().unwrap_or_else(|| "localhost".into());
     format!("{user}@{host}")
 }
 

@@ -62,9 +62,7 @@ pub async fn backlog(
 
 /// This relay's name among the relays sharing the chart: host and process id.
 fn relay_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "relay".into());
+    let host = super::host_name().unwrap_or_else(|| "relay".into());
     format!("{host}:{}", std::process::id())
 }
 

@@ -28,6 +28,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Relay;
 
+/// This machine's name (from the kernel, Linux), to name a relay among the relays sharing the
+/// chart and an operator in the audit log; `None` where it cannot be read.
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+}
+
 #[derive(Clone)]
 struct ServerState {
     handle: PrometheusHandle,
