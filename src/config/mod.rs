@@ -12,6 +12,7 @@
 //! topics = ["order.*", "payment.*"]                    # optional glob list, default: all
 //! ```
 
+mod database;
 mod destination;
 mod duration;
 mod error;
@@ -29,6 +30,7 @@ use crate::table::{Ident, OutboxTable};
 use destination::parse_destination;
 use duration::parse_duration_key;
 
+pub use database::{DatabaseHosts, ServerRole, SessionAttrs};
 pub use destination::{
     sink_settings, BreakerConfig, DestinationConfig, NoSettings, OnDead, Ordering, SinkConfig,
 };

@@ -41,3 +41,17 @@ pub async fn max_slot_wal_keep_size<'c>(db: impl PgExecutor<'c>) -> Result<Strin
         .fetch_one(db)
         .await?)
 }
+
+/// ServerRole. Whether the server is a standby, and whether a new session is read-only: what
+/// `target_session_attrs` weighs.
+const SERVER_ROLE: &str =
+    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+
+/// ServerRole: what the server says of itself, for choosing among a URL's hosts.
+pub async fn role<'c>(db: impl PgExecutor<'c>) -> Result<crate::config::ServerRole> {
+    let (in_recovery, read_only): (bool, bool) = sqlx::query_as(SERVER_ROLE).fetch_one(db).await?;
+    Ok(crate::config::ServerRole {
+        in_recovery,
+        read_only,
+    })
+}

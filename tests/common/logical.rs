@@ -146,6 +146,81 @@ impl LogicalPg {
         }
     }
 
+    /// A streaming standby of this server (`pg_basebackup -R`) on a port of its own, made
+    /// synchronous (`synchronous_standby_names = '*'` here): from then on a commit this server
+    /// acknowledges is on the standby too.
+    pub fn standby(&self) -> Self {
+        let dir = super::scratch();
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .expect("chown");
+        assert!(status.success());
+        let data = dir.path().join("data");
+        let status = as_postgres(&self.bin, "pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-X", "stream", "-R", "-c", "fast", "-D"])
+            .arg(&data)
+            .stdout(Stdio::null())
+            .status()
+            .expect("pg_basebackup");
+        assert!(status.success(), "pg_basebackup: {status:?}");
+        let mut standby = Self {
+            port: free_port(),
+            bin: self.bin.clone(),
+            data,
+            settings: self.settings.clone(),
+            child: None,
+            dir,
+        };
+        standby.spawn();
+        self.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
+        self.psql("SELECT pg_reload_conf()");
+        for _ in 0..600 {
+            if self.psql("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+                == "1"
+            {
+                return standby;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the standby on {} never became synchronous", standby.port);
+    }
+
+    /// Promotes this standby (`pg_ctl promote`, waiting until it accepts writes).
+    pub fn promote(&self) {
+        let status = as_postgres(&self.bin, "pg_ctl")
+            .args(["promote", "-w", "-D"])
+            .arg(&self.data)
+            .stdout(Stdio::null())
+            .status()
+            .expect("pg_ctl promote");
+        assert!(status.success(), "pg_ctl promote: {status:?}");
+    }
+
+    /// Runs `sql` with psql on the `postgres` database; its output, trimmed.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-Atc", sql])
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
     /// Restarts the server on the same port and data directory.
     pub fn restart(&mut self) {
         self.stop();
