@@ -509,10 +509,13 @@ fn ci_runs_the_readme_test_command() {
     };
     let readme = command_in("README.md");
     assert_eq!(readme.len(), 1, "one test command in README.md: {readme:?}");
-    assert_eq!(
-        command_in(".ci/run"),
-        readme,
-        ".ci/run runs the README's command"
-    );
+    // .ci/run may run parts of the suite before (against PostgreSQL 18), but ends with it.
+    let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
+    let last = ci
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty() && !l.starts_with('#'))
+        .unwrap_or_default();
+    assert_eq!(last, readme[0], ".ci/run ends with the README's command");
     assert!(readme[0].contains("--no-fail-fast"), "{}", readme[0]);
 }

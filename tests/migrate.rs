@@ -113,8 +113,10 @@ async fn shape(pool: &PgPool, schema: &str) -> Vec<String> {
     .await
     .expect("columns");
     let more: Vec<String> = sqlx::query_scalar(
+        // PostgreSQL 18 records NOT NULL as constraints, under generated names that depend on
+        // the order columns were made NOT NULL: the column lines above already say which are.
         "SELECT format('constraint %s %s', conname, pg_get_constraintdef(oid))
-         FROM pg_constraint WHERE conrelid = $1::regclass
+         FROM pg_constraint WHERE conrelid = $1::regclass AND contype <> 'n'
          UNION ALL
          SELECT format('index %s valid=%s', pg_get_indexdef(indexrelid), indisvalid)
          FROM pg_index WHERE indrelid = $1::regclass

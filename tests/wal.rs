@@ -830,18 +830,21 @@ async fn the_heartbeat_advances_an_idle_slot() {
 // ---------------------------------------------------------------------------------------------
 // 7. wal_level = replica.
 
-/// On a server with wal_level = replica (the shared test server), the relay and `slot create`
-/// exit non-zero with a message that names wal_level = logical.
+/// On a server with wal_level = replica (a cluster of the test's own: the shared server may be a
+/// logical one), the relay and `slot create` exit non-zero with a message that names
+/// wal_level = logical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_level_replica_is_a_clear_error() {
-    let db = TestDb::migrated().await;
+    // The last `-c wal_level` on the server's command line wins.
+    let pg = LogicalPg::start(&["wal_level=replica"]);
+    let db = TestDb::migrated_on(&pg.server_url()).await;
     let level: String = sqlx::query_scalar("SHOW wal_level")
         .fetch_one(&db.pool)
         .await
         .expect("wal_level");
     assert_ne!(
         level, "logical",
-        "the shared test server is not a logical one"
+        "the cluster runs with wal_level = replica"
     );
     let rx = Receiver::start().await;
     let text = wal_config(&db, "", &[webhook("hooks", &rx.url, "")]);

@@ -21,8 +21,13 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The newest installed PostgreSQL's programs (`initdb`, `postgres`, `psql`).
+/// The programs (`initdb`, `postgres`, `psql`, `pg_basebackup`) of the clusters tests start:
+/// `PGOUTBOX_TEST_PG_BIN` when set (`.ci/run` points it at PostgreSQL 18), else the newest
+/// installed under /usr/lib/postgresql.
 pub fn postgres_bin() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("PGOUTBOX_TEST_PG_BIN") {
+        return bin.into();
+    }
     std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL is installed under /usr/lib/postgresql")
         .flatten()
