@@ -7,10 +7,45 @@ mod flags;
 
 use std::process::ExitCode;
 
+/// The exit status of a panic that reached `main` (a bug): sysexits' `EX_SOFTWARE`, distinct from
+/// an error's `1` and from Rust's default `101`.
+const PANICKED: u8 = 70;
+
 fn main() -> ExitCode {
     // Before any connection: a database URL with sslmode=verify-ca or verify-full builds a
     // certificate verifier at once, and would panic without a provider chosen.
     pgoutbox::install_crypto_provider();
+    std::panic::set_hook(Box::new(|info| eprintln!("{}", panic_line(info))));
+    guarded(run)
+}
+
+/// Runs `body`; a panic out of it becomes the exit status [`PANICKED`] (the hook has printed it).
+fn guarded(body: impl FnOnce() -> ExitCode + std::panic::UnwindSafe) -> ExitCode {
+    std::panic::catch_unwind(body).unwrap_or(ExitCode::from(PANICKED))
+}
+
+/// One line for a panic, wherever it happens (a sink's panic is caught and retried, a worker's
+/// stops the relay; both print this first): where, what, and that it is a bug to report.
+fn panic_line(info: &std::panic::PanicHookInfo<'_>) -> String {
+    let message = info
+        .payload()
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| info.payload().downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    let place = info
+        .location()
+        .map(|l| format!(" at {}:{}", l.file(), l.line()))
+        .unwrap_or_default();
+    let thread = std::thread::current();
+    format!(
+        "error: internal error (a bug in pgoutbox {}, please report it with this line) in thread {}{place}: {message}",
+        env!("CARGO_PKG_VERSION"),
+        thread.name().unwrap_or("unnamed"),
+    )
+}
+
+fn run() -> ExitCode {
     let cli = <cli::Cli as clap::Parser>::parse();
     cli::init_logging(&cli);
     // The bench's producer process runs on one thread, as a pgbench thread does: its work is
@@ -37,5 +72,16 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_the_documented_exit_status() {
+        assert_eq!(guarded(|| panic!("a bug")), ExitCode::from(PANICKED));
+        assert_eq!(guarded(|| ExitCode::from(3)), ExitCode::from(3));
     }
 }
