@@ -127,8 +127,11 @@ impl Drop for TestDb {
                 return;
             };
             rt.block_on(async move {
+                // A server a test stopped (a failover's old primary) refuses at once: do not
+                // retry for the default 30 s.
                 if let Ok(admin) = PgPoolOptions::new()
                     .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(3))
                     .connect(&format!("{server}/postgres"))
                     .await
                 {
