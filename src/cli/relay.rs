@@ -35,11 +35,6 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         e.file = cli.config.clone();
         e
     })?;
-    if config.source == Source::Wal
-        && pgoutbox::config::DatabaseHosts::parse(config.database_url()?)?.several()
-    {
-        bail!("source = \"wal\" reads one server's replication slot: give database_url a single host (a failover slot does not follow a multi-host URL yet; source = \"poll\" follows a failover, see docs/operations.md)");
-    }
     let workers = config.relay.workers;
     let pool_settings = pool_settings(&config.relay, config.destinations.len());
     let pool = super::connect_checked_with(&config, &pool_settings).await?;

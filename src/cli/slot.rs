@@ -54,6 +54,13 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
                 ),
                 None => eprintln!("slot {} already there", names.slot),
             }
+            if created.failover {
+                eprintln!(
+                    "it is a failover slot: standbys with sync_replication_slots = on keep a copy, \
+                     and relays given every host in database_url resume on a promoted standby \
+                     (see docs/operations.md)"
+                );
+            }
         }
         Command::Drop { publication, force } => {
             let options = slot::DropOptions {

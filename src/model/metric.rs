@@ -61,7 +61,8 @@ pub const WAL_EVENTS_READ_TOTAL: &str = "pgoutbox_wal_events_read_total";
 /// `source = "wal"`: streaming sessions this relay started on the slot.
 pub const WAL_SESSIONS_TOTAL: &str = "pgoutbox_wal_sessions_total";
 /// `source = "wal"`: times this relay did not stream, by reason: `failed` (a session ended or
-/// could not start; it reconnects) or `standby` (another relay streams the slot).
+/// could not start; it reconnects), `standby` (another relay streams the slot) or `missing` (the
+/// slot is not on the server: lost in a failover, or dropped).
 pub const WAL_SESSION_ENDS_TOTAL: &str = "pgoutbox_wal_session_ends_total";
 
 /// The metrics of `source = "wal"` only (a polling relay has none of them).
@@ -82,7 +83,7 @@ pub const WAL_METRICS: &[(&str, &str, &str, &str)] = &[
         WAL_SESSION_ENDS_TOTAL,
         "counter",
         "reason",
-        "times the relay was not streaming: failed (it reconnects) or standby (another relay streams the slot)",
+        "times the relay was not streaming: failed (it reconnects), standby (another relay streams the slot) or missing (no slot on the server: lost in a failover, or dropped)",
     ),
     (
         WAL_SLOT_LAG_BYTES,

@@ -97,12 +97,19 @@ pub async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<SlotStatus>
 const SLOT_CREATE: &str =
     "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')";
 
-/// SlotCreate: creates the slot `slot`; returns its starting position.
-pub async fn create_slot(pool: &PgPool, slot: &str) -> Result<String> {
-    Ok(sqlx::query_scalar(SLOT_CREATE)
-        .bind(slot)
-        .fetch_one(pool)
-        .await?)
+/// SlotCreateFailover. The same, as a failover slot (PostgreSQL 17+: not temporary, no two-phase,
+/// `failover`): standbys with `sync_replication_slots` keep a copy that a promotion makes usable.
+const SLOT_CREATE_FAILOVER: &str =
+    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)";
+
+/// SlotCreate or SlotCreateFailover: creates the slot `slot`; returns its starting position.
+pub async fn create_slot(pool: &PgPool, slot: &str, failover: bool) -> Result<String> {
+    let sql = if failover {
+        SLOT_CREATE_FAILOVER
+    } else {
+        SLOT_CREATE
+    };
+    Ok(sqlx::query_scalar(sql).bind(slot).fetch_one(pool).await?)
 }
 
 /// SlotUndelivered. The `<table>_emit()` events the slot holds past its confirmed position,

@@ -146,9 +146,18 @@ impl LogicalPg {
         }
     }
 
-    /// A streaming standby of this server (`pg_basebackup -R`) on a port of its own, made
-    /// synchronous (`synchronous_standby_names = '*'` here): from then on a commit this server
-    /// acknowledges is on the standby too.
+    /// This server's `server_version_num`.
+    pub fn version(&self) -> i32 {
+        self.psql("SHOW server_version_num")
+            .parse()
+            .expect("server_version_num")
+    }
+
+    /// A streaming standby of this server (`pg_basebackup -R`, with a physical slot) on a port of
+    /// its own, made synchronous (`synchronous_standby_names = '*'` here): from then on a commit
+    /// this server acknowledges is on the standby too. On PostgreSQL 17 and later the standby
+    /// also keeps copies of the failover slots (`sync_replication_slots`), and this server sends
+    /// logical changes only once the standby has them (`synchronized_standby_slots`).
     pub fn standby(&self) -> Self {
         let dir = super::scratch();
         let status = Command::new("chown")
@@ -158,30 +167,44 @@ impl LogicalPg {
             .expect("chown");
         assert!(status.success());
         let data = dir.path().join("data");
+        let port = free_port();
+        let physical = format!("standby_{port}");
+        // dbname in the connection string: -R writes it into primary_conninfo, which slot
+        // synchronisation needs.
         let status = as_postgres(&self.bin, "pg_basebackup")
+            .arg("-d")
+            .arg(format!(
+                "host=127.0.0.1 port={} user=postgres dbname=postgres",
+                self.port
+            ))
             .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
+                "-X", "stream", "-R", "-c", "fast", "-C", "-S", &physical, "-D",
             ])
-            .args(["-X", "stream", "-R", "-c", "fast", "-D"])
             .arg(&data)
             .stdout(Stdio::null())
             .status()
             .expect("pg_basebackup");
         assert!(status.success(), "pg_basebackup: {status:?}");
+        let failover_slots = self.version() >= 170_000;
+        let mut settings = self.settings.clone();
+        settings.push("hot_standby_feedback=on".into());
+        if failover_slots {
+            settings.push("sync_replication_slots=on".into());
+        }
         let mut standby = Self {
-            port: free_port(),
+            port,
             bin: self.bin.clone(),
             data,
-            settings: self.settings.clone(),
+            settings,
             child: None,
             dir,
         };
         standby.spawn();
+        if failover_slots {
+            self.psql(&format!(
+                "ALTER SYSTEM SET synchronized_standby_slots = '{physical}'"
+            ));
+        }
         self.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
         self.psql("SELECT pg_reload_conf()");
         for _ in 0..600 {

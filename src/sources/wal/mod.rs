@@ -31,7 +31,7 @@ use std::time::Duration;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use crate::config::Config;
@@ -116,6 +116,9 @@ enum End {
     Standby(String),
     /// An error: log, wait, reconnect.
     Failed(String),
+    /// The slot is not on the server (lost in a failover, or dropped): said once, then looked
+    /// for again quietly.
+    Missing(String),
 }
 
 /// Runs the WAL source until `shutdown`: one streaming session at a time, reconnecting (or
@@ -128,6 +131,7 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
     // not deliver again what was settled but not yet reported to the server.
     let mut settled = Lsn::ZERO;
     let mut standby_logged = false;
+    let mut missing_logged = false;
     let mut warned = false;
     let mut pause = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
@@ -162,9 +166,11 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
                     // later standby spell is logged again.
                     pause = Duration::from_millis(100);
                     standby_logged = false;
+                    missing_logged = false;
                 }
                 end
             }
+            Err(e @ slot::SlotError::Missing(_)) => End::Missing(e.to_string()),
             Err(e) => End::Failed(crate::error_chain(&e)),
         };
         let wait = match end {
@@ -178,6 +184,15 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
                 metrics::counter!(metric::WAL_SESSION_ENDS_TOTAL, "reason" => "standby")
                     .increment(1);
                 config.wal.standby_retry
+            }
+            End::Missing(why) => {
+                if !std::mem::replace(&mut missing_logged, true) {
+                    error!(slot = %names.slot, "{why}. If the database failed over to a server without it (PostgreSQL before 17, or a slot made without failover), outbox_emit() events committed after its last confirmed position are lost and rows of the table stay pending for a relay with source = \"poll\": see docs/operations.md (failover); looking for the slot again every {} s", config.wal.standby_retry.as_secs().max(1));
+                }
+                metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
+                metrics::counter!(metric::WAL_SESSION_ENDS_TOTAL, "reason" => "missing")
+                    .increment(1);
+                config.wal.standby_retry.max(Duration::from_secs(1))
             }
             End::Failed(why) => {
                 metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
@@ -223,7 +238,12 @@ async fn session<E: WalEngine>(
 ) -> End {
     let config = engine.config();
     let url = match config.database_url() {
-        Ok(url) => url.to_owned(),
+        // With several hosts, the slot is streamed where the pool is: the host it found
+        // writable (after a failover, the promoted standby with its synced failover slot).
+        Ok(url) => {
+            let pool = engine.store().pool().connect_options();
+            url::host_in_use(url, pool.get_host(), pool.get_port())
+        }
         Err(e) => return End::Failed(e.to_string()),
     };
     let cfg = match replication_config(&url, names, config.wal.status_interval) {

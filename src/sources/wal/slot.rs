@@ -20,6 +20,10 @@ use crate::table::{Ident, OutboxTable};
 /// `emit()` events need.
 pub const MIN_SERVER_VERSION: i32 = 140_000;
 
+/// First PostgreSQL whose logical slots can follow a failover (`failover` at creation, synced to
+/// standbys that set `sync_replication_slots`).
+pub const FAILOVER_SLOT_VERSION: i32 = 170_000;
+
 /// Why the WAL source cannot run, in words an operator can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
@@ -29,6 +33,10 @@ pub enum SlotError {
     /// The server or the role is not set up for logical replication.
     #[error("{0}")]
     NotReady(String),
+    /// There is no slot of that name on the server (never created, dropped, or not on a
+    /// promoted standby: lost in a failover).
+    #[error("replication slot {0} does not exist: create it with `pgoutbox slot create` (the relay never creates or drops a slot by itself)")]
+    Missing(String),
 }
 
 impl From<crate::Error> for SlotError {
@@ -139,6 +147,8 @@ pub struct Created {
     pub publication: bool,
     /// The slot was created at this position (`None`: it was there).
     pub slot_at: Option<String>,
+    /// The slot was created as a failover slot (PostgreSQL 17+).
+    pub failover: bool,
 }
 
 /// Creates the publication and the slot (`pgoutput`) where missing, after the server checks.
@@ -150,16 +160,18 @@ pub async fn create(
     names: &Names,
 ) -> Result<Created, SlotError> {
     check_server(pool).await?;
+    let failover = sql::server_setup(pool).await?.version >= FAILOVER_SLOT_VERSION;
     let publication = ensure_publication(pool, table, names).await?;
     let slot_at = match status(pool, names).await? {
         Some(existing) => {
             check_slot(&existing, pool).await?;
             None
         }
-        None => Some(sql::create_slot(pool, &names.slot).await?),
+        None => Some(sql::create_slot(pool, &names.slot, failover).await?),
     };
     Ok(Created {
         publication,
+        failover: failover && slot_at.is_some(),
         slot_at,
     })
 }
@@ -256,11 +268,7 @@ async fn check_slot(slot: &SlotStatus, pool: &PgPool) -> Result<(), SlotError> {
 pub async fn ready(pool: &PgPool, table: &OutboxTable, names: &Names) -> Result<Ready, SlotError> {
     let warnings = check_server(pool).await?;
     let Some(slot) = status(pool, names).await? else {
-        return Err(SlotError::NotReady(format!(
-            "replication slot {} does not exist: create it with `pgoutbox slot create` \
-             (the relay never creates or drops a slot by itself)",
-            names.slot
-        )));
+        return Err(SlotError::Missing(names.slot.clone()));
     };
     check_slot(&slot, pool).await?;
     ensure_publication(pool, table, names).await?;

@@ -65,6 +65,27 @@ impl UrlParts {
     }
 }
 
+/// The one of `url`'s hosts at `host`:`port` (where the relay's pool connects now: it follows a
+/// failover), as a single-host URL; the first host when none is there, and `url` itself when it
+/// names one host (or cannot be read: the session reports that).
+pub fn host_in_use(url: &str, host: &str, port: u16) -> String {
+    let Ok(hosts) = crate::config::DatabaseHosts::parse(url) else {
+        return url.to_owned();
+    };
+    if !hosts.several() {
+        return url.to_owned();
+    }
+    hosts
+        .urls
+        .iter()
+        .find(|one| {
+            UrlParts::parse(one)
+                .is_ok_and(|p| p.host.as_deref() == Some(host) && p.port.unwrap_or(5432) == port)
+        })
+        .unwrap_or(&hosts.urls[0])
+        .clone()
+}
+
 /// The replication session's settings, from the database URL and `[wal]`.
 pub fn replication_config(
     url: &str,
@@ -146,5 +167,24 @@ mod tests {
             Duration::from_secs(1)
         )
         .is_err());
+    }
+
+    #[test]
+    fn the_session_streams_from_the_host_the_pool_is_on() {
+        let both = "postgres://r:pw@a:5441,b/app?target_session_attrs=read-write&sslmode=require";
+        let cases = [
+            ("a", 5441, "postgres://r:pw@a:5441/app?sslmode=require"),
+            ("b", 5432, "postgres://r:pw@b/app?sslmode=require"),
+            (
+                "elsewhere",
+                5432,
+                "postgres://r:pw@a:5441/app?sslmode=require",
+            ),
+        ];
+        for (host, port, expected) in cases {
+            assert_eq!(host_in_use(both, host, port), expected, "{host}:{port}");
+        }
+        let one = "postgres://r@a/app?sslmode=disable";
+        assert_eq!(host_in_use(one, "b", 1), one);
     }
 }
