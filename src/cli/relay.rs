@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use pgoutbox::config::{RelayConfig, Source};
 use pgoutbox::engine::Relay;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{Cli, PoolSettings};
 
@@ -24,32 +24,32 @@ pub struct Args {
     once: bool,
 }
 
-pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+/// A configuration made ready to run: its sinks built, its pool open and checked.
+struct Prepared {
+    config: pgoutbox::config::Config,
+    sinks: Vec<Arc<dyn pgoutbox::sinks::Sink>>,
+    pool: sqlx::PgPool,
+    pool_settings: PoolSettings,
+}
+
+/// Loads the configuration and makes it ready: every check the relay makes before it relays, so
+/// that a reload with a mistake in it is refused while the running relay goes on.
+async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     let config = cli.load_config()?;
     if config.destinations.is_empty() {
         bail!("no destinations configured: add a [[destinations]] table to the config file (see README)");
     }
-    // The sinks are built (and their settings checked) once, before the database is reached: a
-    // typo in a destination is reported first.
+    // The sinks are built (and their settings checked) before the database is reached: a typo in
+    // a destination is reported first.
     let sinks = pgoutbox::sinks::build_all(&config).map_err(|mut e| {
         e.file = cli.config.clone();
         e
     })?;
-    let workers = config.relay.workers;
     let pool_settings = pool_settings(&config.relay, config.destinations.len());
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
     super::check_relay_privileges(&pool, &config).await?;
-    // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
-    // them, and without it claims slow down as they pile up.
-    if let Ok(off) = pgoutbox::store::server::autovacuum(&pool).await {
-        if off == "off" {
-            tracing::warn!(
-                "autovacuum is off on this server: the outbox's dead rows and index entries will pile up and claims will slow down; turn autovacuum on or VACUUM the outbox regularly"
-            );
-        }
-    }
     if config.source == Source::Wal {
-        if args.once {
+        if once {
             bail!("--once claims from the table: it works with source = \"poll\" only");
         }
         let names = pgoutbox::sources::wal::slot::Names::of(&config.wal, &config.table);
@@ -58,19 +58,78 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             .await
             .context("cannot read events from the WAL (source = \"wal\")")?;
     }
-    // The recorder goes first: metrics registered while the relay is built must reach it.
-    let metrics = match config.observability.listen {
+    Ok(Prepared {
+        config,
+        sinks,
+        pool,
+        pool_settings,
+    })
+}
+
+pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
+    let mut prepared = prepare(cli, args.once).await?;
+    // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
+    // them, and without it claims slow down as they pile up.
+    if let Ok(off) = pgoutbox::store::server::autovacuum(&prepared.pool).await {
+        if off == "off" {
+            tracing::warn!(
+                "autovacuum is off on this server: the outbox's dead rows and index entries will pile up and claims will slow down; turn autovacuum on or VACUUM the outbox regularly"
+            );
+        }
+    }
+    if args.once {
+        let relay = Relay::with_sinks(prepared.pool, &prepared.config, prepared.sinks);
+        return run_once(&relay).await;
+    }
+    // The recorder and the span exporter live as long as the process, across reloads: metrics
+    // registered while a relay is built must reach the recorder, so it goes first.
+    let first = &prepared.config;
+    let metrics = match first.observability.listen {
         Some(_) => Some(pgoutbox::server::install_recorder().map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let relay = Arc::new(Relay::with_sinks(pool, &config, sinks));
-    let spans = pgoutbox::otlp::start(&config.observability.otlp, |k| std::env::var(k).ok())
+    let spans = pgoutbox::otlp::start(&first.observability.otlp, |k| std::env::var(k).ok())
         .map_err(anyhow::Error::msg)
         .context("cannot export spans over OTLP")?;
     if spans.is_some() {
         info!("exporting the relay's spans over OTLP");
     }
-    let result = run_relay(args, &config, relay, metrics, workers, &pool_settings).await;
+    let shutdown = CancellationToken::new();
+    let (reload_tx, mut reload_rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(watch_signals(shutdown.clone(), reload_tx));
+    let result = loop {
+        let generation = shutdown.child_token();
+        let pool = prepared.pool.clone();
+        let running = Generation::start(prepared, metrics.clone(), generation.clone())?;
+        let mut relay = tokio::spawn(running.run());
+        let ended = loop {
+            tokio::select! {
+                ended = &mut relay => break Ended::Stopped(ended),
+                Some(()) = reload_rx.recv() => {
+                    match prepare(cli, false).await {
+                        Ok(next) => {
+                            info!(destinations = next.config.destinations.len(), "configuration reloaded: in-flight batches finish under the old one, then the new one relays");
+                            generation.cancel();
+                            break Ended::Reloaded(relay.await, Box::new(next));
+                        }
+                        Err(e) => error!(error = %format!("{e:#}"), "configuration not reloaded: the relay goes on with the one it has"),
+                    }
+                }
+            }
+        };
+        pool.close().await;
+        match ended {
+            Ended::Stopped(result) => {
+                break result
+                    .context("the relay task ended abnormally")
+                    .and_then(|r| r)
+            }
+            Ended::Reloaded(result, next) => {
+                result.context("the relay task ended abnormally")??;
+                prepared = *next;
+            }
+        }
+    };
     if let Some(spans) = spans {
         // Sends what is buffered; the exporter blocks on its own thread.
         let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
@@ -78,82 +137,140 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     result
 }
 
-/// Runs the relay once or until a signal, serving metrics and health meanwhile.
-async fn run_relay(
-    args: &Args,
-    config: &pgoutbox::config::Config,
+/// How a generation of the relay ended.
+enum Ended {
+    /// Shut down (a signal) or failed.
+    Stopped(Result<anyhow::Result<ExitCode>, tokio::task::JoinError>),
+    /// Stopped for a reload: the next configuration, ready.
+    Reloaded(
+        Result<anyhow::Result<ExitCode>, tokio::task::JoinError>,
+        Box<Prepared>,
+    ),
+}
+
+/// `relay --once`: everything due now, then a summary and the exit status.
+async fn run_once(relay: &Relay) -> anyhow::Result<ExitCode> {
+    let report = relay.run_once().await?;
+    eprintln!(
+        "relay --once: claimed {}, delivered {}, scheduled for retry {}, dead-lettered {}, held for an unavailable destination {}",
+        report.claimed, report.delivered, report.retried, report.dead, report.held
+    );
+    Ok(if report.retried + report.dead + report.held == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_SOME_FAILED)
+    })
+}
+
+/// One configuration's relay, with its metrics, health and console endpoint, until its token is
+/// cancelled (a shutdown, or a reload).
+struct Generation {
+    config: pgoutbox::config::Config,
     relay: Arc<Relay>,
-    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    workers: usize,
-    pool_settings: &PoolSettings,
-) -> anyhow::Result<ExitCode> {
-    if args.once {
-        let report = relay.run_once().await?;
-        eprintln!(
-            "relay --once: claimed {}, delivered {}, scheduled for retry {}, dead-lettered {}, held for an unavailable destination {}",
-            report.claimed, report.delivered, report.retried, report.dead, report.held
+    server: Option<tokio::task::JoinHandle<()>>,
+    stop: CancellationToken,
+}
+
+impl Generation {
+    /// Builds the relay of `prepared` and starts serving its endpoint.
+    fn start(
+        prepared: Prepared,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let Prepared {
+            config,
+            sinks,
+            pool,
+            pool_settings,
+        } = prepared;
+        let relay = Arc::new(Relay::with_sinks(pool, &config, sinks));
+        info!(
+            table = %config.table,
+            destinations = config.destinations.len(),
+            workers = config.relay.workers,
+            source = ?config.source,
+            claim = ?config.relay.claim,
+            pool = pool_settings.max_connections,
+            "relay started"
         );
-        return Ok(if report.retried + report.dead + report.held == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(EXIT_SOME_FAILED)
-        });
+        let server = match (config.observability.listen, metrics) {
+            (Some(addr), Some(handle)) => Some(serve(&config, addr, handle, &relay, &stop)?),
+            (Some(addr), None) => {
+                warn!(%addr, "observability.listen was added by a reload: restart the relay to serve it");
+                None
+            }
+            _ => None,
+        };
+        Ok(Self {
+            config,
+            relay,
+            server,
+            stop,
+        })
     }
 
-    info!(
-        table = %config.table,
-        destinations = config.destinations.len(),
-        workers,
-        source = ?config.source,
-        claim = ?config.relay.claim,
-        pool = pool_settings.max_connections,
-        "relay started"
-    );
-    let shutdown = CancellationToken::new();
-    tokio::spawn(watch_signals(shutdown.clone()));
-    if let (Some(addr), Some(handle)) = (config.observability.listen, metrics) {
-        let samples = Arc::new(pgoutbox::server::Samples::default());
-        tokio::spawn(pgoutbox::server::refresh_gauges(
-            Arc::clone(&relay),
-            config.observability.gauge_interval,
-            samples.clone(),
-            shutdown.clone(),
-        ));
-        if config.source == Source::Wal {
-            tokio::spawn(pgoutbox::server::refresh_wal_gauges(
-                relay.store().clone(),
-                config.clone(),
-                config.observability.gauge_interval,
-                shutdown.clone(),
-            ));
+    /// Relays until the token is cancelled; waits for the endpoint to close (a reload binds it
+    /// again).
+    async fn run(self) -> anyhow::Result<ExitCode> {
+        let total = self.relay.run(self.stop.clone()).await;
+        self.stop.cancel();
+        if let Some(server) = self.server {
+            let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         }
-        let console =
-            pgoutbox::server::console::Console::new(Arc::clone(&relay), samples, &config.admin);
-        config.admin.check(Some(addr))?;
-        if !addr.ip().is_loopback() && !config.admin.reads_need_token() {
-            warn!(%addr, "admin.open_reads: the console and its API are readable by anyone who reaches this address");
-        }
-        // Bind before relaying, so a taken port is an error at start rather than a silent loss.
-        let listener_check = std::net::TcpListener::bind(addr)
-            .with_context(|| format!("cannot listen on {addr} for metrics and health"))?;
-        drop(listener_check);
-        let (relay, stop) = (Arc::clone(&relay), shutdown.clone());
-        tokio::spawn(async move {
-            if let Err(e) = pgoutbox::server::serve(addr, handle, relay, Some(console), stop).await
-            {
-                warn!(error = %e, "metrics and health endpoint stopped");
-            }
-        });
-        info!(%addr, "serving /metrics, /healthz, /readyz and the console (http://{addr}/)");
+        let total = total?;
+        info!(
+            delivered = total.delivered,
+            retried = total.retried,
+            dead = total.dead,
+            source = ?self.config.source,
+            "relay stopped"
+        );
+        Ok(ExitCode::SUCCESS)
     }
-    let total = relay.run(shutdown).await?;
-    info!(
-        delivered = total.delivered,
-        retried = total.retried,
-        dead = total.dead,
-        "relay stopped"
-    );
-    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves metrics, health and the console for `relay` on `addr` until `stop`.
+fn serve(
+    config: &pgoutbox::config::Config,
+    addr: std::net::SocketAddr,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    relay: &Arc<Relay>,
+    stop: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let samples = Arc::new(pgoutbox::server::Samples::default());
+    tokio::spawn(pgoutbox::server::refresh_gauges(
+        Arc::clone(relay),
+        config.observability.gauge_interval,
+        samples.clone(),
+        stop.clone(),
+    ));
+    if config.source == Source::Wal {
+        tokio::spawn(pgoutbox::server::refresh_wal_gauges(
+            relay.store().clone(),
+            config.clone(),
+            config.observability.gauge_interval,
+            stop.clone(),
+        ));
+    }
+    let console =
+        pgoutbox::server::console::Console::new(Arc::clone(relay), samples, &config.admin);
+    config.admin.check(Some(addr))?;
+    if !addr.ip().is_loopback() && !config.admin.reads_need_token() {
+        warn!(%addr, "admin.open_reads: the console and its API are readable by anyone who reaches this address");
+    }
+    // Bind before relaying, so a taken port is an error at start rather than a silent loss.
+    let listener_check = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("cannot listen on {addr} for metrics and health"))?;
+    drop(listener_check);
+    let (relay, stop) = (Arc::clone(relay), stop.clone());
+    let server = tokio::spawn(async move {
+        if let Err(e) = pgoutbox::server::serve(addr, handle, relay, Some(console), stop).await {
+            warn!(error = %e, "metrics and health endpoint stopped");
+        }
+    });
+    info!(%addr, "serving /metrics, /healthz, /readyz and the console (http://{addr}/)");
+    Ok(server)
 }
 
 /// Longest a relay statement may run: claims and settles take milliseconds, a cleanup chunk
@@ -209,17 +326,28 @@ fn millis(d: Duration) -> String {
 }
 
 /// First SIGINT/SIGTERM: stop claiming and let in-flight batches settle. Second: exit at once
-/// (still safe: unsettled events are claimed again, at least once).
-async fn watch_signals(shutdown: CancellationToken) {
+/// (still safe: unsettled events are claimed again, at least once). SIGHUP: ask for a reload.
+async fn watch_signals(shutdown: CancellationToken, reload: tokio::sync::mpsc::Sender<()>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         warn!("cannot install signal handlers");
         return;
     };
-    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                info!("SIGHUP: reloading the configuration");
+                // One reload waiting is enough: a second SIGHUP meanwhile reads the same file.
+                let _ = reload.try_send(());
+            }
+        }
+    }
     info!("shutting down: no new claims, finishing in-flight batches (signal again to exit now)");
     shutdown.cancel();
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
