@@ -20,6 +20,7 @@ mod catchup;
 mod console;
 mod drain;
 mod history;
+mod memory;
 mod migrate;
 mod ordering;
 mod produce;
@@ -71,6 +72,10 @@ enum Scenario {
     /// A backlog read from a logical replication slot: the WAL relay (null sink) against
     /// pg_recvlogical on the same WAL (needs wal_level = logical).
     Catchup(catchup::Args),
+    /// The relay's resident memory with one of two destinations down: a backlog due (1,000,000
+    /// by default, poll and WAL), optionally producers at a rate for a long time (`--rate 3000
+    /// --duration 1h`).
+    Memory(memory::Args),
     /// Claim cost with 0 vs many already-published rows retained.
     History(history::Args),
     /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
@@ -129,6 +134,7 @@ pub async fn run(
             Scenario::Baseline(a) => baseline::run(&scratch, &out, a).await,
             Scenario::Steady(a) => steady::run(&scratch, &out, a).await,
             Scenario::Catchup(a) => catchup::run(&scratch, &out, a).await,
+            Scenario::Memory(a) => memory::run(&scratch, &out, a).await,
             Scenario::History(a) => history::run(&scratch, &out, a).await,
             Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
             Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,

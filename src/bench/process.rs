@@ -35,6 +35,10 @@ pub struct RelaySpec<'a> {
     pub wal_batch_wait: Option<&'a str>,
     /// The null sink instead of the webhook receiver.
     pub null_sink: bool,
+    /// The destination's name.
+    pub destination_name: &'a str,
+    /// More `[[destinations]]` tables, as TOML (empty: none).
+    pub extra_destinations: &'a str,
 }
 
 impl<'a> RelaySpec<'a> {
@@ -54,6 +58,8 @@ impl<'a> RelaySpec<'a> {
             wal_status_interval: None,
             wal_batch_wait: None,
             null_sink: false,
+            destination_name: "bench",
+            extra_destinations: "",
         }
     }
 }
@@ -89,7 +95,9 @@ impl RelayProcess {
                  [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}{fill}\
                  [wal]\nslot = \"{slot}\"\n{status}{batch_wait}\
                  [observability]\nlisten = \"127.0.0.1:{port}\"\n\
-                 [[destinations]]\nname = \"bench\"\n{destination}",
+                 [[destinations]]\nname = \"{name}\"\n{destination}\n{extra}",
+                name = spec.destination_name,
+                extra = spec.extra_destinations,
                 url = scratch.url,
                 source = spec.source.as_str(),
                 slot = scratch.wal_names().1.slot,
