@@ -35,4 +35,11 @@ pub struct Args {
     /// Draw the curves into this SVG file.
     #[arg(long)]
     pub(super) plot: Option<PathBuf>,
+    /// Hold a REPEATABLE READ transaction open this long in each mode (a long report or a
+    /// forgotten session): vacuum cannot remove what it might still see.
+    #[arg(long, value_parser = crate::flags::parse_duration)]
+    pub(super) hold_xmin: Option<Duration>,
+    /// When the held transaction begins, after the mode's start.
+    #[arg(long, default_value = "2m", value_parser = crate::flags::parse_duration)]
+    pub(super) hold_xmin_at: Duration,
 }

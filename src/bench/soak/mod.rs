@@ -91,6 +91,9 @@ async fn run_mode(
     })?;
     let bar = out.bar(args.events, mode);
     let started = Instant::now();
+    let held = args
+        .hold_xmin
+        .map(|hold| tokio::spawn(hold_xmin(scratch.url.clone(), args.hold_xmin_at, hold)));
     let mut samples = Vec::new();
     let mut metrics = Histogram::parse(
         &relay.metrics().await,
@@ -152,7 +155,25 @@ async fn run_mode(
     bar.finish_and_clear();
     drop(relay);
     summarize(out, args, mode, &samples, delivered_total);
+    if let Some(held) = held {
+        let (from, to) = held.await??;
+        report::held_xmin(out, mode, &samples, from, to);
+    }
     Ok(samples)
+}
+
+/// Holds a REPEATABLE READ transaction open on the outbox from `at` after now for `hold`;
+/// returns when it began and ended, in minutes since now.
+async fn hold_xmin(url: String, at: Duration, hold: Duration) -> anyhow::Result<(f64, f64)> {
+    use sqlx::Connection;
+    let start = Instant::now();
+    tokio::time::sleep(at).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await?;
+    sql::setup::hold_snapshot(&mut conn).await?;
+    let from = start.elapsed().as_secs_f64() / 60.0;
+    tokio::time::sleep(hold).await;
+    sql::setup::release_snapshot(&mut conn).await?;
+    Ok((from, start.elapsed().as_secs_f64() / 60.0))
 }
 
 /// Moves the events both committed and received out of the two maps; returns their latencies (µs).

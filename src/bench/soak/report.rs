@@ -136,6 +136,44 @@ pub fn summarize(out: &Output, args: &Args, mode: &str, samples: &[Sample], deli
     }
 }
 
+/// The held transaction's effect: commit→publish p99, backlog (live rows) and table + index size
+/// before it began (the interval before), at their worst while it was open, and at the end.
+pub fn held_xmin(out: &Output, mode: &str, samples: &[Sample], from: f64, to: f64) {
+    let size = |s: &Sample| s.table_mb + s.indexes_mb;
+    let before: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.minute <= from && s.delivered > 0)
+        .collect();
+    let during: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.minute > from && s.minute <= to + 1.0 && s.delivered > 0)
+        .collect();
+    let (Some(last_before), Some(end)) = (
+        before.last(),
+        samples.iter().rev().find(|s| s.delivered > 0),
+    ) else {
+        return;
+    };
+    let worst_p99 = during.iter().map(|s| s.latency.p99).fold(0.0, f64::max);
+    let worst_size = during.iter().map(|s| size(s)).fold(0.0, f64::max);
+    let worst_backlog = during.iter().map(|s| s.live_tuples).max().unwrap_or(0);
+    let p99_before = before.iter().map(|s| s.latency.p99).fold(0.0, f64::max);
+    out.row(Row {
+        scenario: "soak".into(),
+        variant: format!("{mode}: xmin held minute {from:.1} to {to:.1}"),
+        value: worst_p99 / p99_before.max(0.001),
+        unit: "× p99",
+        detail: format!(
+            "commit→publish p99 at most {p99_before:.1} ms before, {worst_p99:.1} ms while held (target within 3×); live rows {} before, at most {worst_backlog} while held, {} at the end; table + indexes {:.1} MB before, {worst_size:.1} MB at most while held, {:.1} MB at minute {:.1}",
+            last_before.live_tuples,
+            end.live_tuples,
+            size(last_before),
+            size(end),
+            end.minute
+        ),
+    });
+}
+
 /// Every interval as a CSV line, under a header line.
 pub fn csv(samples: &[Sample]) -> String {
     let mut s = String::from(

@@ -43,6 +43,22 @@ pub async fn replace_minimal_table(pool: &PgPool, table: &OutboxTable) -> sqlx::
     Ok(())
 }
 
+/// BenchHoldSnapshot. A REPEATABLE READ transaction that has taken its snapshot with a count of
+/// the outbox (a long report, a forgotten session): while it stays open, no row version deleted
+/// after it began can be vacuumed away. [`release_snapshot`] ends it.
+pub async fn hold_snapshot(conn: &mut sqlx::PgConnection) -> sqlx::Result<i64> {
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await?;
+    sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// BenchReleaseSnapshot. Ends [`hold_snapshot`]'s transaction.
+pub async fn release_snapshot(conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+    conn.execute("COMMIT").await.map(|_| ())
+}
+
 /// BenchDropOutbox. Every table pgoutbox's migrations create for the default outbox, and the
 /// migrations' own record: the next migrate starts from nothing, so each run measures a new
 /// table, not the bloat of the last one.
