@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -226,6 +227,18 @@ fn installed_version() -> i32 {
     major * 10_000
 }
 
+/// `pgoutbox slot create` for `config`; what it said.
+fn slot_create(config: &Path) -> String {
+    let (code, _, stderr) = run(&[
+        "slot",
+        "create",
+        "--config",
+        config.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    stderr
+}
+
 /// Stops relay processes.
 fn kill(relays: &mut [std::process::Child]) {
     for relay in relays {
@@ -285,13 +298,7 @@ async fn wal_relays_resume_on_the_promoted_standby_from_the_synced_failover_slot
     let parsed = parse_config(&text);
     let slot = pgoutbox::sources::wal::slot::Names::of(&parsed.wal, &parsed.table).slot;
     let config = write_config(pair.dir.path(), &text);
-    let (code, _, stderr) = run(&[
-        "slot",
-        "create",
-        "--config",
-        config.to_str().expect("utf-8"),
-    ]);
-    assert_eq!(code, 0, "{stderr}");
+    let stderr = slot_create(&config);
     assert!(stderr.contains("failover slot"), "{stderr}");
     let mut relays = vec![
         spawn_relay(pair.dir.path(), &config, "a"),
@@ -344,13 +351,7 @@ async fn without_failover_slots_a_wal_relay_names_the_lost_slot_and_a_poll_relay
         &format!("[observability]\nlisten = \"127.0.0.1:{metrics_port}\"\n"),
     );
     let config = write_config(pair.dir.path(), &text);
-    let (code, _, stderr) = run(&[
-        "slot",
-        "create",
-        "--config",
-        config.to_str().expect("utf-8"),
-    ]);
-    assert_eq!(code, 0, "{stderr}");
+    slot_create(&config);
     let mut relays = vec![spawn_relay(pair.dir.path(), &config, "wal")];
     let (stop, producer) = pair.produce();
     delivering(&pair.rx, 50).await;

@@ -27,13 +27,7 @@ impl LogicalPg {
     /// `logical_decoding_work_mem=64kB`).
     pub fn start(settings: &[&str]) -> Self {
         let bin = super::private::postgres_bin();
-        let dir = super::scratch();
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status()
-            .expect("chown");
-        assert!(status.success());
+        let dir = postgres_scratch();
         let data = dir.path().join("data");
         let status = as_postgres(&bin, "initdb")
             .args(["-A", "trust", "-U", "postgres", "-D"])
@@ -159,13 +153,7 @@ impl LogicalPg {
     /// also keeps copies of the failover slots (`sync_replication_slots`), and this server sends
     /// logical changes only once the standby has them (`synchronized_standby_slots`).
     pub fn standby(&self) -> Self {
-        let dir = super::scratch();
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status()
-            .expect("chown");
-        assert!(status.success());
+        let dir = postgres_scratch();
         let data = dir.path().join("data");
         let port = free_port();
         let physical = format!("standby_{port}");
@@ -255,6 +243,18 @@ impl Drop for LogicalPg {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A scratch directory the `postgres` user owns (the server's data and socket live there).
+fn postgres_scratch() -> tempfile::TempDir {
+    let dir = super::scratch();
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir.path())
+        .status()
+        .expect("chown");
+    assert!(status.success());
+    dir
 }
 
 fn as_postgres(bin: &std::path::Path, program: &str) -> Command {
