@@ -67,7 +67,7 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
 }
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
-    let mut prepared = prepare(cli, args.once).await?;
+    let prepared = prepare(cli, args.once).await?;
     // Every settle leaves a dead row version and dead index entries behind; only vacuum removes
     // them, and without it claims slow down as they pile up.
     if let Ok(off) = pgoutbox::store::server::autovacuum(&prepared.pool).await {
@@ -77,12 +77,9 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    if args.once {
-        let relay = Relay::with_sinks(prepared.pool, &prepared.config, prepared.sinks);
-        return run_once(&relay).await;
-    }
     // The recorder and the span exporter live as long as the process, across reloads: metrics
-    // registered while a relay is built must reach the recorder, so it goes first.
+    // registered while a relay is built must reach the recorder, so it goes first (with --once
+    // too: its spans are exported).
     let first = &prepared.config;
     let metrics = match first.observability.listen {
         Some(_) => Some(pgoutbox::server::install_recorder().map_err(anyhow::Error::msg)?),
@@ -94,10 +91,30 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if spans.is_some() {
         info!("exporting the relay's spans over OTLP");
     }
+    let result = if args.once {
+        let relay = Relay::with_sinks(prepared.pool, &prepared.config, prepared.sinks);
+        run_once(&relay).await
+    } else {
+        relay_until_stopped(cli, prepared, metrics).await
+    };
+    if let Some(spans) = spans {
+        // Sends what is buffered; the exporter blocks on its own thread.
+        let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+    }
+    result
+}
+
+/// Relays until a signal stops it; SIGHUP swaps in the configuration read again (see
+/// [`prepare`]) once the running relay's in-flight batches have settled.
+async fn relay_until_stopped(
+    cli: &Cli,
+    mut prepared: Prepared,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::channel(1);
     tokio::spawn(watch_signals(shutdown.clone(), reload_tx));
-    let result = loop {
+    loop {
         let generation = shutdown.child_token();
         let pool = prepared.pool.clone();
         let running = Generation::start(prepared, metrics.clone(), generation.clone())?;
@@ -120,7 +137,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         pool.close().await;
         match ended {
             Ended::Stopped(result) => {
-                break result
+                return result
                     .context("the relay task ended abnormally")
                     .and_then(|r| r)
             }
@@ -129,12 +146,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
                 prepared = *next;
             }
         }
-    };
-    if let Some(spans) = spans {
-        // Sends what is buffered; the exporter blocks on its own thread.
-        let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
     }
-    result
 }
 
 /// How a generation of the relay ended.
