@@ -304,3 +304,61 @@ fn the_wal_scenarios_refuse_what_cannot_run_and_report_on_a_logical_server() {
     assert_eq!(left, (0, 0), "slots and scratch databases left behind");
     pg.stop();
 }
+
+#[test]
+fn memory_and_a_held_xmin_report() {
+    let pg = common::logical::LogicalPg::start(&[]);
+    let rows = bench_on(
+        &pg.server_url(),
+        &[
+            "memory",
+            "--events",
+            "2000",
+            "--rate",
+            "200",
+            "--duration",
+            "2s",
+            "--hold",
+            "1s",
+        ],
+    );
+    for source in ["poll", "wal"] {
+        let row = rows
+            .iter()
+            .find(|r| {
+                r["scenario"] == "memory"
+                    && r["variant"].as_str().is_some_and(|v| {
+                        v.starts_with(&format!("{source}, 1 of 2 destinations down"))
+                    })
+            })
+            .unwrap_or_else(|| panic!("no {source} row in {rows:?}"));
+        assert!(row["value"].as_f64().is_some_and(|mib| mib > 0.0), "{row}");
+        assert!(
+            row["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("2000 events due at start")),
+            "{row}"
+        );
+    }
+    let rows = bench(&[
+        "soak",
+        "--modes",
+        "delete",
+        "--events",
+        "3000",
+        "--rate",
+        "1000",
+        "--every",
+        "1s",
+        "--hold-xmin",
+        "1s",
+        "--hold-xmin-at",
+        "1s",
+    ]);
+    assert!(
+        rows.iter().any(|r| r["variant"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("delete: xmin held minute"))),
+        "{rows:?}"
+    );
+}

@@ -148,8 +148,9 @@ pub fn held_xmin(out: &Output, mode: &str, samples: &[Sample], from: f64, to: f6
         .iter()
         .filter(|s| s.minute > from && s.minute <= to + 1.0 && s.delivered > 0)
         .collect();
+    // A hold that began before the first interval ended is weighed against that interval.
     let (Some(last_before), Some(end)) = (
-        before.last(),
+        before.last().copied().or(samples.first()),
         samples.iter().rev().find(|s| s.delivered > 0),
     ) else {
         return;
