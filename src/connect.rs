@@ -91,17 +91,11 @@ pub async fn connect_with(url: &str, settings: &PoolSettings) -> anyhow::Result<
             Box::pin(async move {
                 // Between the follower's looks a new session may reach a server that has just
                 // become a standby: it is refused, never written through.
-                if attrs != SessionAttrs::Any {
-                    let role = pgoutbox::store::server::role(&mut *conn)
-                        .await
-                        .map_err(|e| sqlx::Error::Configuration(e.into()))?;
-                    if !attrs.fits(role) {
-                        return Err(sqlx::Error::Configuration(
-                            "the server is read-only (a standby?) and target_session_attrs asks for a writable one".into(),
-                        ));
-                    }
+                match fits(conn, attrs).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(sqlx::Error::Configuration(UNFIT.into())),
+                    Err(e) => Err(sqlx::Error::Configuration(e.into())),
                 }
-                Ok(())
             })
         })
         .connect_with(hosts[at].options.clone())
@@ -138,16 +132,22 @@ async fn try_host(host: &Host, attrs: SessionAttrs) -> anyhow::Result<PgConnecti
     )
     .await
     .map_err(|_| anyhow!("no answer within 10 s"))??;
-    if attrs != SessionAttrs::Any {
-        let role = pgoutbox::store::server::role(&mut conn).await?;
-        if !attrs.fits(role) {
-            conn.close().await.ok();
-            anyhow::bail!(
-                "read-only (a standby?), and target_session_attrs asks for a writable server"
-            );
-        }
+    if !fits(&mut conn, attrs).await? {
+        conn.close().await.ok();
+        anyhow::bail!(UNFIT);
     }
     Ok(conn)
+}
+
+/// Why a session on a server that does not fit `target_session_attrs` is refused.
+const UNFIT: &str = "read-only (a standby?), and target_session_attrs asks for a writable server";
+
+/// Whether the server of `conn` serves sessions of `attrs` (`any`: without asking it).
+async fn fits(conn: &mut PgConnection, attrs: SessionAttrs) -> pgoutbox::Result<bool> {
+    if attrs == SessionAttrs::Any {
+        return Ok(true);
+    }
+    Ok(attrs.fits(pgoutbox::store::server::role(conn).await?))
 }
 
 /// Keeps `pool` on a host that fits: asks the host in use every [`FOLLOW_EVERY`] over a session
