@@ -71,13 +71,19 @@ impl Names {
 /// newer, and a role with the REPLICATION attribute. Returns warnings worth logging (no
 /// `max_slot_wal_keep_size`: a relay that is down for long fills the disk with WAL).
 pub async fn check_server(pool: &PgPool) -> Result<Vec<String>, SlotError> {
+    check_setup(&sql::server_setup(pool).await?)
+}
+
+/// What [`check_server`] decides from the server's answers.
+fn check_setup(setup: &sql::ServerSetup) -> Result<Vec<String>, SlotError> {
     let sql::ServerSetup {
         wal_level,
         version,
         replication,
         keep_size,
         role,
-    } = sql::server_setup(pool).await?;
+    } = setup;
+    let version = *version;
     if version < MIN_SERVER_VERSION {
         return Err(SlotError::NotReady(format!(
             "source = \"wal\" needs PostgreSQL 14 or newer (this server is {}.{}); use source = \"poll\"",
@@ -91,7 +97,7 @@ pub async fn check_server(pool: &PgPool) -> Result<Vec<String>, SlotError> {
              run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL, or use source = \"poll\""
         )));
     }
-    if replication != Some(true) {
+    if *replication != Some(true) {
         return Err(SlotError::NotReady(format!(
             "source = \"wal\" needs a role with the REPLICATION attribute, and {role} has none: \
              ALTER ROLE {role} REPLICATION (pg_hba.conf must also let it in for replication)"
@@ -159,8 +165,9 @@ pub async fn create(
     table: &OutboxTable,
     names: &Names,
 ) -> Result<Created, SlotError> {
-    check_server(pool).await?;
-    let failover = sql::server_setup(pool).await?.version >= FAILOVER_SLOT_VERSION;
+    let setup = sql::server_setup(pool).await?;
+    check_setup(&setup)?;
+    let failover = setup.version >= FAILOVER_SLOT_VERSION;
     let publication = ensure_publication(pool, table, names).await?;
     let slot_at = match status(pool, names).await? {
         Some(existing) => {
