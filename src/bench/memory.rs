@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::metrics::counter;
+use super::metrics::{counter, counter_with};
 use super::output::{Output, Row};
 use super::process::{RelayProcess, RelaySpec};
 use super::producer::{Producer, Spec, Statement};
@@ -80,18 +80,6 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     Ok(())
 }
 
-/// `up`'s published events, from the relay's scrape.
-fn published_up(scrape: &str) -> u64 {
-    scrape
-        .lines()
-        .filter(|l| {
-            l.starts_with(pgoutbox::model::metric::PUBLISHED_TOTAL)
-                && l.contains("destination=\"up\"")
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 async fn one(scratch: &Scratch, out: &Output, args: &Args, source: Source) -> anyhow::Result<()> {
     scratch.fresh_source(source).await?;
     let (table, _) = scratch.wal_names();
@@ -153,7 +141,11 @@ async fn one(scratch: &Scratch, out: &Output, args: &Args, source: Source) -> an
         }
         samples.push(relay.rss_kib());
         scrape = relay.metrics().await;
-        let published = published_up(&scrape);
+        let published = counter_with(
+            &scrape,
+            pgoutbox::model::metric::PUBLISHED_TOTAL,
+            "destination=\"up\"",
+        ) as u64;
         bar.set_position(published);
         if let Some(task) = producers.take_if(|task| task.is_finished()) {
             written_total = Some(task.await??);

@@ -80,11 +80,19 @@ impl Histogram {
 
 /// A counter's value in a Prometheus scrape, summed over its label sets.
 pub fn counter(scrape: &str, name: &str) -> f64 {
+    counter_with(scrape, name, "")
+}
+
+/// A counter's value summed over the label sets that contain `label` (e.g.
+/// `destination="up"`; empty: all of them).
+pub fn counter_with(scrape: &str, name: &str, label: &str) -> f64 {
     scrape
         .lines()
         .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            l.strip_prefix(name).is_some_and(|rest| {
+                (rest.starts_with(' ') && label.is_empty())
+                    || (rest.starts_with('{') && rest.contains(label))
+            })
         })
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
@@ -125,5 +133,13 @@ pgoutbox_claim_duration_seconds_count 100
                       pgoutbox_events_published_total{destination=\"b\"} 5\n\
                       pgoutbox_events_published_total_other 7\n";
         assert_eq!(counter(scrape, "pgoutbox_events_published_total"), 15.0);
+        assert_eq!(
+            counter_with(
+                scrape,
+                "pgoutbox_events_published_total",
+                "destination=\"b\""
+            ),
+            5.0
+        );
     }
 }
