@@ -186,13 +186,14 @@ pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> B
                 config.wal.standby_retry
             }
             End::Missing(why) => {
+                let again = config.wal.standby_retry.max(Duration::from_secs(1));
                 if !std::mem::replace(&mut missing_logged, true) {
-                    error!(slot = %names.slot, "{why}. If the database failed over to a server without it (PostgreSQL before 17, or a slot made without failover), outbox_emit() events committed after its last confirmed position are lost and rows of the table stay pending for a relay with source = \"poll\": see docs/operations.md (failover); looking for the slot again every {} s", config.wal.standby_retry.as_secs().max(1));
+                    error!(slot = %names.slot, "{why}. If the database failed over to a server without it (PostgreSQL before 17, or a slot made without failover), outbox_emit() events committed after its last confirmed position are lost and rows of the table stay pending for a relay with source = \"poll\": see docs/operations.md (failover); looking for the slot again every {} s", again.as_secs());
                 }
                 metrics::gauge!(metric::WAL_SLOT_ACTIVE).set(0.0);
                 metrics::counter!(metric::WAL_SESSION_ENDS_TOTAL, "reason" => "missing")
                     .increment(1);
-                config.wal.standby_retry.max(Duration::from_secs(1))
+                again
             }
             End::Failed(why) => {
                 metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
