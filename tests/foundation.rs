@@ -519,3 +519,75 @@ fn ci_runs_the_readme_test_command() {
     assert_eq!(last, readme[0], ".ci/run ends with the README's command");
     assert!(readme[0].contains("--no-fail-fast"), "{}", readme[0]);
 }
+
+/// Claims start at a watermark a little below the oldest pending row (so that a transaction holding
+/// back vacuum does not make every claim step over the rows settled since it began). A row that
+/// commits later with an older due time — a long producer transaction's, or one written with an
+/// old `next_attempt_at` — is below the watermark claims use at the time, and is still delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_committed_below_the_claim_watermark_are_delivered() {
+    use pgoutbox::sources::{poll, watermark};
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let store = pgoutbox::store::Store::new(db.pool.clone(), OutboxTable::default_table());
+    let old = "INSERT INTO outbox (topic, payload, next_attempt_at)
+               VALUES ('t', '{}', now() - interval '1 hour') RETURNING id::text";
+    let first: String = sqlx::query_scalar(old)
+        .fetch_one(&db.pool)
+        .await
+        .expect("insert");
+    let options = poll::ClaimOptions {
+        mode: pgoutbox::config::ClaimMode::Lease,
+        limit: 10,
+        lease: Duration::from_secs(30),
+        ordered: false,
+        heads: 0,
+        followers: 0,
+        window: 0,
+    };
+    let read = |from| pgoutbox::store::outbox::watermark(&store, from, watermark::MARGIN);
+    let mark = read(None).await.expect("full read");
+    assert!(mark < chrono::Utc::now() - chrono::Duration::minutes(59));
+    let above = Some(chrono::Utc::now() - chrono::Duration::minutes(1));
+    let short = read(above).await.expect("short read");
+    assert!(
+        Some(short) >= above,
+        "a short read only moves the watermark up"
+    );
+    for (from, found) in [(above, 0), (Some(mark), 1), (None, 1)] {
+        let batch = poll::claim_due(&store, &options, &[], from)
+            .await
+            .expect("claim");
+        assert_eq!(batch.events.len(), found, "claim from {from:?}");
+        let ids: Vec<_> = batch.events.iter().map(|e| e.id).collect();
+        poll::release(&store, batch.guard, &ids)
+            .await
+            .expect("release");
+    }
+
+    let relay = Running::start(&db, &webhook_config(&db, &rx.url, ""));
+    let mut long = db.pool.begin().await.expect("begin");
+    let late = Outbox::default()
+        .enqueue(&mut long, &Event::new("t", &json!({})).expect("json"))
+        .await
+        .expect("enqueue");
+    let mut ids: HashSet<String> = [first, late.to_string()].into();
+    // The relay reads new watermarks while other rows come and go.
+    for _ in 0..3 {
+        ids.extend(db.insert_plain(2, "t").await);
+        tokio::time::sleep(watermark::EVERY + watermark::MARGIN).await;
+    }
+    long.commit().await.expect("commit");
+    ids.insert(
+        sqlx::query_scalar(old)
+            .fetch_one(&db.pool)
+            .await
+            .expect("insert"),
+    );
+    let all = wait_for(Duration::from_secs(30), || async {
+        rx.delivered_ids().is_superset(&ids)
+    })
+    .await;
+    relay.stop().await;
+    assert!(all, "missing: {:?}", ids.difference(&rx.delivered_ids()));
+}

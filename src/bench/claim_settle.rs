@@ -21,7 +21,7 @@ pub async fn claim_and_settle(
         window: u64::MAX,
     };
     let started = std::time::Instant::now();
-    let batch = pgoutbox::sources::poll::claim_due(store, &options, &[]).await?;
+    let batch = pgoutbox::sources::poll::claim_due(store, &options, &[], None).await?;
     let claim_time = started.elapsed();
     if batch.events.is_empty() {
         pgoutbox::sources::poll::release(store, batch.guard, &[]).await?;

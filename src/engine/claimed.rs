@@ -47,7 +47,13 @@ impl Relay {
             behind,
             guard,
             found,
-        } = claim_due(&self.store, &options, &self.blocking).await?;
+        } = claim_due(
+            &self.store,
+            &options,
+            &self.blocking,
+            self.watermark.current(claim_started),
+        )
+        .await?;
         metrics::histogram!(metric::CLAIM_SECONDS).record(claim_started.elapsed().as_secs_f64());
         if self.claim.ordered {
             self.sizing.adapt(

@@ -47,6 +47,7 @@ use crate::route::Router;
 use crate::settle::SettleMode;
 use crate::sinks::{self, Sink};
 use crate::sources::poll::ClaimOptions;
+use crate::sources::watermark::Watermark;
 use crate::store::Store;
 use std::sync::Arc;
 
@@ -77,6 +78,8 @@ pub struct Relay {
     wake: Notify,
     /// When this relay last claimed or settled anything (readiness sees a stall by it).
     progress: readiness::Progress,
+    /// Where claims start their walk of the due range (kept by [`Relay::watermark_loop`]).
+    watermark: Watermark,
 }
 
 impl Relay {
@@ -148,6 +151,7 @@ impl Relay {
             idle_poller: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             progress: readiness::Progress::default(),
+            watermark: Watermark::default(),
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 use uuid::Uuid;
 
 use super::pacing::{db_reachable, Pacing};
@@ -14,6 +14,7 @@ use super::Relay;
 use crate::config::Source;
 use crate::error::{Error, Result};
 use crate::model::metric;
+use crate::sources::watermark;
 use crate::store::{outbox, waiting};
 
 /// A batch's report and the ids it scheduled for another attempt.
@@ -52,6 +53,12 @@ impl Relay {
         let mut workers = tokio::task::JoinSet::new();
         match self.config.source {
             Source::Poll => {
+                let relay = Arc::clone(&self);
+                let watermark_shutdown = shutdown.clone();
+                workers.spawn(async move {
+                    relay.watermark_loop(watermark_shutdown).await;
+                    BatchReport::default()
+                });
                 for worker in 0..self.config.relay.workers {
                     let relay = Arc::clone(&self);
                     let shutdown = shutdown.clone();
@@ -226,9 +233,27 @@ impl Relay {
         total
     }
 
-    /// OutboxAnyDue: is a row due now?
+    /// OutboxAnyDue: is a row due now (from the watermark)?
     pub(super) async fn any_due(&self) -> Result<bool> {
-        outbox::any_due(&self.store).await
+        outbox::any_due(
+            &self.store,
+            self.watermark.current(std::time::Instant::now()),
+        )
+        .await
+    }
+
+    /// Keeps the claim watermark (see [`crate::sources::watermark`]) until shutdown. A failed read
+    /// is logged at debug only: the claims fail too and say so, and a stale watermark is not used.
+    pub(super) async fn watermark_loop(&self, shutdown: CancellationToken) {
+        loop {
+            if let Err(e) = self.watermark.refresh(&self.store).await {
+                debug!(error = %crate::error_chain(&e), "reading the claim watermark failed");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(watermark::EVERY) => {}
+            }
+        }
     }
 
     /// A claim loop's database error (poll, claim or settle): counted, logged, and the pause

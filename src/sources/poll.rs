@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::config::{ClaimMode, DestinationConfig, Ordering};
@@ -66,12 +67,14 @@ pub const WINDOW_UNBOUNDED_FROM: u64 = 1 << 20;
 /// Most later events of one key carried in a batch behind its head (ordered mode).
 pub const FOLLOWERS_PER_KEY: usize = 100;
 
-/// Claims due events per `options`. Ordered claims: `blocking` names the destinations whose dead
-/// events hold back the later events of their key (`on_dead = "block"`).
+/// Claims due events per `options`, from `watermark` (see [`super::watermark`]; `None`: from the
+/// oldest). Ordered claims: `blocking` names the destinations whose dead events hold back the
+/// later events of their key (`on_dead = "block"`).
 pub async fn claim_due(
     store: &Store,
     options: &ClaimOptions,
     blocking: &[String],
+    watermark: Option<DateTime<Utc>>,
 ) -> Result<ClaimedBatch> {
     let window = if options.window >= WINDOW_UNBOUNDED_FROM {
         i64::MAX
@@ -92,6 +95,7 @@ pub async fn claim_due(
         limit: options.limit,
         ordered,
         lease,
+        watermark,
     };
     let (claimed, guard) = match lease {
         None => {

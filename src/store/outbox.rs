@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 use uuid::Uuid;
@@ -22,33 +23,53 @@ pub(super) const EVENT_COLUMNS: &str =
     "id, seq, topic, key, payload::text AS payload, headers::text AS headers, created_at, attempts";
 
 /// OutboxAnyDue. What an idle relay polls instead of a claim: the first entry of the due range
-/// of `{name:pending_idx}`, one statement and no transaction or row lock, so a short
-/// `poll_interval` (the wait of the first event after a quiet spell) costs little when idle.
+/// of `{name:pending_idx}` from the watermark (`$1`, see OutboxWatermark), one statement and no
+/// transaction or row lock, so a short `poll_interval` (the wait of the first event after a quiet
+/// spell) costs little when idle.
 const ANY_DUE: &str = "
 SELECT EXISTS (
     SELECT 1 FROM {outbox}
-    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now())";
+    WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+      AND next_attempt_at >= coalesce($1, '-infinity'::timestamptz))";
 
-/// OutboxClaimDue. Range scan of the partial index `{name:pending_idx}` on (next_attempt_at, seq):
-/// published, dead and backing-off rows are not in that range, so the cost does not grow with
-/// history or with events waiting for a retry. `FOR UPDATE SKIP LOCKED` takes row locks that last
-/// until the claiming transaction settles, and lets concurrent relays take disjoint rows without
-/// waiting on each other.
+/// OutboxWatermark. Where claims may start their walk of `{name:pending_idx}`: the due time of the
+/// oldest pending row at or above `$2` (NULL: of all), or now if that is later, less `$1` seconds,
+/// and never below `$2`. A plain read, so rows other relays hold count too. Rows that later appear
+/// below it are only those a transaction still open now commits with an older due time (an
+/// insert's is its transaction's start): `$1` covers short ones, the next read from the start the
+/// others. Why a watermark at all: while a long transaction holds back vacuum, the index entries
+/// of every row settled since it began stay in front of the due range, and a claim from the start
+/// would step over all of them.
+const WATERMARK: &str = "
+SELECT greatest($2::timestamptz,
+                least(now(), (SELECT next_attempt_at FROM {outbox}
+                              WHERE published_at IS NULL AND dead_at IS NULL
+                                AND next_attempt_at >= coalesce($2, '-infinity'::timestamptz)
+                              ORDER BY next_attempt_at, seq LIMIT 1))
+                - make_interval(secs => $1))";
+
+/// OutboxClaimDue. Range scan of the partial index `{name:pending_idx}` on (next_attempt_at, seq),
+/// from the watermark (`$2`, see OutboxWatermark; NULL: from the start): published, dead and
+/// backing-off rows are not in that range, so the cost does not grow with history or with events
+/// waiting for a retry. `FOR UPDATE SKIP LOCKED` takes row locks that last until the claiming transaction
+/// settles, and lets concurrent relays take disjoint rows without waiting on each other.
 const CLAIM_DUE: &str = "
 SELECT {columns}
 FROM {outbox}
 WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+  AND next_attempt_at >= coalesce($2, '-infinity'::timestamptz)
 ORDER BY next_attempt_at, seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED";
 
 /// OutboxClaimLease. Same index and row choice as OutboxClaimDue, but commits at once: the lease is
 /// `next_attempt_at` pushed to the lease expiry (so the row leaves the due range until then) plus a
-/// fresh `lease_token` that every later settle must present (fencing).
+/// fresh `lease_token` that every later settle must present (fencing). The watermark is `$4`.
 const CLAIM_LEASE: &str = "
 WITH due AS (
     SELECT id FROM {outbox}
     WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
+      AND next_attempt_at >= coalesce($4, '-infinity'::timestamptz)
     ORDER BY next_attempt_at, seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -68,7 +89,7 @@ RETURNING o.id, o.seq, o.topic, o.key, o.payload::text AS payload, o.headers::te
 /// index-only walk of `{name:pending_idx}` and becomes an index condition). Without it, a claim that
 /// finds every key held by other relays would probe every due row of the table before giving up;
 /// the relay widens the window when it comes back empty, so keys beyond a long run of held-back
-/// rows are still reached.
+/// rows are still reached. Both walks start at the watermark (`$6`, see OutboxWatermark).
 /// `followers`: up to `$2` later rows of each head's key, in seq order, so a hot key moves many
 /// events per round trip. Rows that are not due (backoff) or dead for a destination with
 /// `on_dead = "block"` (`$3`, their names) are returned with `due = false`; the relay cuts each key's chain there. `picked` keeps a seq
@@ -80,10 +101,12 @@ WITH heads AS (
            o.created_at, o.attempts, true AS due
     FROM {outbox} o
     WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= now()
+      AND o.next_attempt_at >= coalesce($6, '-infinity'::timestamptz)
       AND (o.next_attempt_at, o.seq) < (
             SELECT b.t, b.s FROM (
                 (SELECT w.next_attempt_at AS t, w.seq AS s, 0 AS last FROM {outbox} w
                  WHERE w.published_at IS NULL AND w.dead_at IS NULL AND w.next_attempt_at <= now()
+                   AND w.next_attempt_at >= coalesce($6, '-infinity'::timestamptz)
                  ORDER BY w.next_attempt_at, w.seq
                  OFFSET $5 LIMIT 1)
                 UNION ALL SELECT 'infinity'::timestamptz, 0, 1) b
@@ -124,7 +147,7 @@ FROM picked ORDER BY seq";
 const CLAIM_LEASE_ORDERED: &str = ",
 leased AS (
     UPDATE {outbox} AS o
-    SET next_attempt_at = now() + make_interval(secs => $6), lease_token = $7
+    SET next_attempt_at = now() + make_interval(secs => $7), lease_token = $8
     FROM picked
     WHERE o.id = picked.id AND picked.due
     RETURNING o.id
@@ -212,6 +235,7 @@ const WAL_UNMARK: &str = "UPDATE {outbox} SET published_at = NULL WHERE id = ANY
 /// The outbox table's statements, rendered.
 pub(super) struct Sql {
     any_due: String,
+    watermark: String,
     claim_due: String,
     claim_lease: String,
     claim_due_ordered: String,
@@ -231,6 +255,7 @@ impl Sql {
         let r = |t: &str| table.render(&t.replace("{columns}", EVENT_COLUMNS));
         Self {
             any_due: r(ANY_DUE),
+            watermark: r(WATERMARK),
             claim_due: r(CLAIM_DUE),
             claim_lease: r(CLAIM_LEASE),
             claim_due_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_DUE_ORDERED}")),
@@ -280,6 +305,8 @@ pub struct Claim<'a> {
     pub ordered: Option<OrderedClaim<'a>>,
     /// `Some((length, token))`: leased (committed at once) rather than held by the transaction.
     pub lease: Option<(Duration, Uuid)>,
+    /// Where the walk of the due range starts (see [`watermark`]); `None`: from the start.
+    pub watermark: Option<DateTime<Utc>>,
 }
 
 /// The ordered claim's sizing.
@@ -308,9 +335,24 @@ fn to_i64(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// OutboxAnyDue: is a row due now?
-pub async fn any_due(store: &Store) -> Result<bool> {
+/// OutboxAnyDue: is a row due now, at or above `watermark`?
+pub async fn any_due(store: &Store, watermark: Option<DateTime<Utc>>) -> Result<bool> {
     Ok(sqlx::query_scalar(&store.sql.outbox.any_due)
+        .bind(watermark)
+        .fetch_one(store.pool())
+        .await?)
+}
+
+/// OutboxWatermark: where claims may start, `margin` below the oldest pending row at or above
+/// `from` (or now), never below `from` (`None`: from the first entry).
+pub async fn watermark(
+    store: &Store,
+    from: Option<DateTime<Utc>>,
+    margin: Duration,
+) -> Result<DateTime<Utc>> {
+    Ok(sqlx::query_scalar(&store.sql.outbox.watermark)
+        .bind(margin.as_secs_f64())
+        .bind(from)
         .fetch_one(store.pool())
         .await?)
 }
@@ -324,6 +366,7 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
         (None, None) => {
             sqlx::query(&sql.claim_due)
                 .bind(limit)
+                .bind(claim.watermark)
                 .fetch_all(conn)
                 .await?
         }
@@ -332,6 +375,7 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
                 .bind(limit)
                 .bind(length.as_secs_f64())
                 .bind(token)
+                .bind(claim.watermark)
                 .fetch_all(conn)
                 .await?
         }
@@ -345,7 +389,8 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
                 .bind(to_i64(o.followers))
                 .bind(o.blocking)
                 .bind(to_i64(o.heads))
-                .bind(o.window);
+                .bind(o.window)
+                .bind(claim.watermark);
             match lease {
                 None => query.fetch_all(conn).await?,
                 Some((length, token)) => {
