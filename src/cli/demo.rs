@@ -69,6 +69,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         name: "stdout".into(),
         topics: vec![],
         filter: None,
+        transform: None,
         retry: RetryPolicy::default(),
         ordering: Default::default(),
         on_dead: Default::default(),

@@ -21,6 +21,8 @@ pub struct DestinationConfig {
     pub topics: Vec<String>,
     /// A CEL expression an event must also satisfy to go here.
     pub filter: Option<crate::model::filter::Filter>,
+    /// A CEL expression whose value is the payload this destination is sent.
+    pub transform: Option<crate::model::transform::Transform>,
     /// Retry schedule and limits.
     pub retry: RetryPolicy,
     /// Per-key ordering of this destination's events.
@@ -143,6 +145,7 @@ struct CommonDestination {
     #[serde(default)]
     topics: Vec<String>,
     filter: Option<String>,
+    transform: Option<String>,
     retry_schedule: Option<Vec<String>>,
     max_attempts: Option<u32>,
     max_age: Option<String>,
@@ -159,6 +162,7 @@ const COMMON_KEYS: &[&str] = &[
     "type",
     "topics",
     "filter",
+    "transform",
     "retry_schedule",
     "max_attempts",
     "max_age",
@@ -202,6 +206,13 @@ pub(crate) fn parse_destination(
         .transpose()
         .map_err(|m| ConfigError::at(at("filter"), m))?;
 
+    let transform = common
+        .transform
+        .as_deref()
+        .map(crate::model::transform::Transform::compile)
+        .transpose()
+        .map_err(|m| ConfigError::at(at("transform"), m))?;
+
     let mut retry = RetryPolicy::default();
     if let Some(schedule) = common.retry_schedule {
         if schedule.is_empty() {
@@ -238,6 +249,7 @@ pub(crate) fn parse_destination(
         name: common.name,
         topics: common.topics,
         filter,
+        transform,
         retry,
         ordering: common.ordering,
         on_dead: common.on_dead,

@@ -15,6 +15,7 @@ use super::Relay;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
+use crate::model::transform::Transform;
 use crate::sinks::Share;
 
 impl Relay {
@@ -90,15 +91,48 @@ impl Relay {
         }
     }
 
-    /// Publishes the items `indexes` of lane `d` in one call to its sink. A sink that panics
+    /// Publishes the items `indexes` of lane `d` in one call to its sink, each as the lane's
+    /// `transform` makes it (an item it fails on is dead-lettered unsent). A sink that panics
     /// fails the items it left without an outcome.
     pub(super) async fn publish_share(&self, run: &Run<'_>, d: usize, indexes: &[usize]) {
         let lane = &self.lanes[d];
-        let events: Vec<&OutboxEvent> = indexes.iter().map(|&i| run.event(i)).collect();
+        let Some(transform) = &lane.config.transform else {
+            let events: Vec<&OutboxEvent> = indexes.iter().map(|&i| run.event(i)).collect();
+            return self.publish_events(run, d, indexes, &events).await;
+        };
+        let root = Transform::root();
+        let mut sent = Vec::with_capacity(indexes.len());
+        let mut events = Vec::with_capacity(indexes.len());
+        for (n, &i) in indexes.iter().enumerate() {
+            match transform.event(&root, run.event(i)) {
+                Ok(event) => {
+                    sent.push(i);
+                    events.push(event);
+                }
+                Err(reason) => {
+                    Share::new(&lane.gate, &run.budgets[d], &run.slots, indexes).refuse(n, reason)
+                }
+            }
+        }
+        let events: Vec<&OutboxEvent> = events.iter().collect();
+        if !events.is_empty() {
+            self.publish_events(run, d, &sent, &events).await;
+        }
+    }
+
+    /// Publishes `events`, the items `indexes` of lane `d` as the lane sends them.
+    async fn publish_events(
+        &self,
+        run: &Run<'_>,
+        d: usize,
+        indexes: &[usize],
+        events: &[&OutboxEvent],
+    ) {
+        let lane = &self.lanes[d];
         let share = Share::new(&lane.gate, &run.budgets[d], &run.slots, indexes);
         let started = Instant::now();
         let wall = std::time::SystemTime::now();
-        let publish = lane.sink.publish_until(&events, &share);
+        let publish = lane.sink.publish_until(events, &share);
         if let Err(panic) = std::panic::AssertUnwindSafe(publish).catch_unwind().await {
             let reason = format!("the sink panicked: {}", panic_message(&*panic));
             warn!(destination = %lane.name, error = %reason, "sink panicked; its unfinished events will be retried");

@@ -57,6 +57,7 @@ impl Lane {
             name: destination.name.clone(),
             topics: Vec::new(),
             filter: None,
+            transform: None,
             retry: destination.retry.clone(),
             ordering: Ordering::None,
             on_dead: OnDead::Block,

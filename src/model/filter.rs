@@ -22,8 +22,33 @@ pub fn event_scope<'a>(root: &'a cel::Context<'a>, event: &OutboxEvent) -> cel::
     let _ = scope.add_variable("topic", event.topic.as_str());
     let _ = scope.add_variable("key", event.key.as_deref());
     let _ = scope.add_variable("headers", headers);
-    let _ = scope.add_variable("payload", payload);
+    scope.add_variable_from_value("payload", cel_value(payload));
     scope
+}
+
+/// A JSON value as CEL sees it. Integers are CEL `int`s (those above `i64::MAX` stay `uint`), as
+/// a JSON reader expects: serde would make every non-negative one a `uint`, and CEL has no mixed
+/// arithmetic, so `payload.total * 2` would fail.
+fn cel_value(json: serde_json::Value) -> cel::Value {
+    use serde_json::Value as J;
+    match json {
+        J::Null => cel::Value::Null,
+        J::Bool(b) => cel::Value::Bool(b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => cel::Value::Int(i),
+            (None, Some(u)) => cel::Value::UInt(u),
+            _ => cel::Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => cel::Value::String(Arc::new(s)),
+        J::Array(items) => cel::Value::List(Arc::new(items.into_iter().map(cel_value).collect())),
+        J::Object(map) => cel::Value::Map(cel::objects::Map {
+            map: Arc::new(
+                map.into_iter()
+                    .map(|(k, v)| (cel::objects::Key::from(k), cel_value(v)))
+                    .collect(),
+            ),
+        }),
+    }
 }
 
 /// A destination's `filter`: a CEL expression over `topic`, `key`, `headers` and `payload`,
@@ -44,29 +69,9 @@ pub const FILTER_VARIABLES: [&str; 4] = ["topic", "key", "headers", "payload"];
 impl Filter {
     /// Compiles `source`; the error is one sentence (a syntax error, or an unknown variable).
     pub fn compile(source: &str) -> Result<Self, String> {
-        if source.trim().is_empty() {
-            return Err("the filter is empty".into());
-        }
-        let program = cel::Program::compile(source)
-            .map_err(|e| format!("{source:?} is not a valid CEL expression: {e}"))?;
-        let references = program.references();
-        let bound = comprehension_variables(source);
-        let mut unknown: Vec<&str> = references
-            .variables()
-            .into_iter()
-            .filter(|v| !FILTER_VARIABLES.contains(v) && !bound.iter().any(|b| b == v))
-            .collect();
-        unknown.sort_unstable();
-        if !unknown.is_empty() {
-            return Err(format!(
-                "{source:?} uses unknown variable(s) {}; a filter sees {}",
-                unknown.join(", "),
-                FILTER_VARIABLES.join(", ")
-            ));
-        }
         Ok(Self {
             source: source.to_owned(),
-            program: Arc::new(program),
+            program: Arc::new(compile_over_event(source, "filter")?),
         })
     }
 
@@ -85,6 +90,32 @@ impl Filter {
         let root = cel::Context::default();
         self.matches(&event_scope(&root, event))
     }
+}
+
+/// Compiles a CEL expression over an event's variables (`what` names it in errors: a filter, a
+/// transform); the error is one sentence (empty, a syntax error, or an unknown variable).
+pub(crate) fn compile_over_event(source: &str, what: &str) -> Result<cel::Program, String> {
+    if source.trim().is_empty() {
+        return Err(format!("the {what} is empty"));
+    }
+    let program = cel::Program::compile(source)
+        .map_err(|e| format!("{source:?} is not a valid CEL expression: {e}"))?;
+    let references = program.references();
+    let bound = comprehension_variables(source);
+    let mut unknown: Vec<&str> = references
+        .variables()
+        .into_iter()
+        .filter(|v| !FILTER_VARIABLES.contains(v) && !bound.iter().any(|b| b == v))
+        .collect();
+    unknown.sort_unstable();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "{source:?} uses unknown variable(s) {}; a {what} sees {}",
+            unknown.join(", "),
+            FILTER_VARIABLES.join(", ")
+        ));
+    }
+    Ok(program)
 }
 
 /// The variables that comprehension macros bind (`x` in `list.exists(x, x > 1)`): they are not

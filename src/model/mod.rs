@@ -1,5 +1,5 @@
-//! The vocabulary every layer shares: an event, what an attempt came to, a destination's filter
-//! and name templates, the retry policy, redaction of secrets in messages, and metric names.
+//! The vocabulary every layer shares: an event, what an attempt came to, a destination's filter,
+//! transform and name templates, the retry policy, redaction of secrets in messages, and metric names.
 //!
 //! Plain data and pure functions only: nothing here runs SQL, opens a connection or imports
 //! another module of the relay.
@@ -11,3 +11,4 @@ pub mod outcome;
 pub mod retry;
 pub mod secrets;
 pub mod template;
+pub mod transform;

@@ -196,6 +196,16 @@ impl<'a> Share<'a> {
         let _ = slot.answer.set((outcome, counted));
     }
 
+    /// Dead-letters the call's `i`-th event without sending it (its transform failed): the
+    /// destination was not asked, so its breaker does not count it.
+    pub fn refuse(&self, i: usize, reason: String) {
+        if let Some(slot) = self.slot(i) {
+            let _ = slot
+                .answer
+                .set((Outcome::Rejected { reason }, Counted::Attempt));
+        }
+    }
+
     /// Whether the call's `i`-th event has an outcome.
     pub fn has(&self, i: usize) -> bool {
         self.slot(i).is_some_and(|s| s.answer.get().is_some())
