@@ -114,3 +114,99 @@ fn a_bad_transform_is_refused_at_load_naming_the_key() {
         "{e}"
     );
 }
+
+/// `body = "cloudevents"` (structured) and `"cloudevents-binary"` (`ce-*` headers) on webhooks:
+/// the SDK's HTTP binding reads every request as the event sent, `traceparent` carried, a
+/// transform's value as `data`, and the Standard Webhooks headers still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_on_webhooks_are_read_by_the_sdk() {
+    use ::cloudevents::AttributesReader;
+
+    let db = TestDb::migrated().await;
+    let structured = Receiver::start().await;
+    let binary = Receiver::start().await;
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload, key, headers)
+         SELECT 'order.created', jsonb_build_object('n', g), CASE WHEN g % 2 = 0 THEN 'k' || g END,
+                jsonb_build_object('traceparent', $1::text)
+         FROM generate_series(1, 10) g",
+    )
+    .bind(trace)
+    .execute(&db.pool)
+    .await
+    .expect("insert");
+    let events: Vec<(String, Option<String>, i64)> =
+        sqlx::query_as("SELECT id::text, key, (payload->>'n')::bigint FROM outbox")
+            .fetch_all(&db.pool)
+            .await
+            .expect("events");
+    let text = config(
+        &db,
+        &format!(
+            "[[destinations]]\nname = \"structured\"\ntype = \"webhook\"\nurl = \"{}\"\n\
+             body = \"cloudevents\"\ncloudevents_source = \"/shop/orders\"\n\
+             secret = \"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\"\n\
+             [[destinations]]\nname = \"binary\"\ntype = \"webhook\"\nurl = \"{}\"\n\
+             body = \"cloudevents-binary\"\ntransform = \"{{'n2': payload.n * 2}}\"\n",
+            structured.url, binary.url
+        ),
+    );
+    let relay = Running::start(&db, &text);
+    let done = wait_for(Duration::from_secs(30), || async {
+        structured.delivered_ids().len() == 10 && binary.delivered_ids().len() == 10
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "both destinations got the 10 events");
+    for (rx, source, mode) in [
+        (&structured, "/shop/orders", "application/cloudevents+json"),
+        (&binary, "pgoutbox", "application/json"),
+    ] {
+        for r in rx.delivered() {
+            assert_eq!(
+                r.headers.get("content-type").map(String::as_str),
+                Some(mode)
+            );
+            let mut headers = reqwest::header::HeaderMap::new();
+            for (k, v) in &r.headers {
+                headers.insert(
+                    reqwest::header::HeaderName::try_from(k.as_str()).expect("name"),
+                    reqwest::header::HeaderValue::try_from(v.as_str()).expect("value"),
+                );
+            }
+            let e = ::cloudevents::binding::http::to_event(&headers, r.body.clone())
+                .unwrap_or_else(|err| panic!("{mode}: the SDK reads no CloudEvent ({err}): {r:?}"));
+            let (id, key, n) = events
+                .iter()
+                .find(|(id, _, _)| *id == e.id())
+                .unwrap_or_else(|| panic!("unknown id {}", e.id()));
+            assert_eq!(
+                e.id(),
+                r.headers["webhook-id"],
+                "the event id, as webhook-id"
+            );
+            assert_eq!(e.id(), id);
+            assert_eq!(e.source().to_string(), source);
+            assert_eq!(e.ty(), "order.created");
+            assert_eq!(e.subject(), key.as_deref());
+            assert!(e.time().is_some());
+            assert_eq!(e.datacontenttype(), Some("application/json"));
+            assert_eq!(
+                e.extension("traceparent").map(|v| v.to_string()).as_deref(),
+                Some(trace)
+            );
+            let data = common::cloudevents::data(&e);
+            let want = if mode == "application/json" {
+                serde_json::json!({"n2": n * 2})
+            } else {
+                serde_json::json!({"n": n})
+            };
+            assert_eq!(data, want);
+        }
+    }
+    assert!(structured
+        .delivered()
+        .iter()
+        .all(|r| r.headers.contains_key("webhook-signature")));
+}

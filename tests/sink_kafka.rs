@@ -15,6 +15,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use common::cloudevents;
 use common::sinks::{
     assert_delivered, assert_not_forged, commit_events, committed, deliver_forged, sink_config,
     unique, unpublish_all, Got,
@@ -78,6 +79,24 @@ async fn consume(topic: &str, n: usize) -> Vec<Got> {
         });
     }
     got
+}
+
+/// `body = "cloudevents"` and `"cloudevents-binary"` (`ce_*` headers): the SDK reads every record
+/// as the event sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_and_binary_are_read_by_the_sdk() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgtce");
+    let topic = format!("{prefix}.order.created");
+    create_topic(&topic).await;
+    let settings = format!("brokers = \"{BROKERS}\"\ntopic = \"{prefix}.{{topic}}\"\n");
+    let mut seen = 0;
+    cloudevents::both_modes(&db, "kafka", &settings, "ce_", || {
+        let topic = topic.clone();
+        seen += 6;
+        async move { consume(&topic, seen).await[seen - 6..].to_vec() }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

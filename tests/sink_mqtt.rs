@@ -12,6 +12,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::mpsc;
 
+use common::cloudevents;
 use common::private::Private;
 use common::sinks::{
     assert_delivered, assert_not_forged, commit_events, committed, credentials_scenario,
@@ -118,6 +119,22 @@ async fn events_are_published_at_qos1_with_user_properties() {
     assert_eq!(report.delivered, 30, "{report:?}");
     let (_, again) = receive(&mut rx, 30).await;
     assert_delivered(&expected, &again);
+}
+
+/// `body = "cloudevents"` and `"cloudevents-binary"` (user properties named as the attributes):
+/// the SDK reads every message as the event sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_and_binary_are_read_by_the_sdk() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgtce/");
+    let (_sub, rx) = subscribe(&format!("{prefix}/#")).await;
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
+    let settings = format!("url = \"mqtt://127.0.0.1:1883\"\ntopic = \"{prefix}/{{topic}}\"\n");
+    cloudevents::both_modes(&db, "mqtt", &settings, "", || {
+        let rx = rx.clone();
+        async move { receive(&mut *rx.lock().await, 6).await.1 }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

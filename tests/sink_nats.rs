@@ -8,6 +8,7 @@ use std::sync::Arc;
 use pgoutbox::engine::{Destination, Relay};
 use pgoutbox::sinks::nats::{NatsConfig, NatsSink};
 
+use common::cloudevents;
 use common::nats::{consume, jetstream, stored, stream_settings, URL};
 use common::private::Private;
 use common::sinks::{
@@ -70,6 +71,28 @@ async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
     );
     assert_eq!(stored(&js, &stream).await, 30, "no message stored twice");
     js.delete_stream(&stream).await.expect("cleanup");
+}
+
+/// `body = "cloudevents"` and `"cloudevents-binary"` (`ce-*` headers): the SDK reads every
+/// message as the event sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_and_binary_are_read_by_the_sdk() {
+    let db = TestDb::migrated().await;
+    let js = jetstream().await;
+    let prefix = unique("pgtce");
+    let settings = stream_settings(&format!("{prefix}.{{topic}}"), &prefix, &prefix);
+    let mut seen = 0;
+    cloudevents::both_modes(&db, "nats", &settings, "ce-", || {
+        let js = js.clone();
+        let stream = prefix.clone();
+        seen += 6;
+        async move {
+            let (got, _) = consume(&js, &stream, seen).await;
+            got[seen - 6..].to_vec()
+        }
+    })
+    .await;
+    js.delete_stream(&prefix).await.expect("cleanup");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

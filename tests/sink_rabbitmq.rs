@@ -6,6 +6,7 @@ mod common;
 use pgoutbox::engine::Relay;
 
 use common::amqp::{channel, consume, queue, URL};
+use common::cloudevents;
 use common::sinks::{
     assert_delivered, assert_not_forged, commit_and_run_once, commit_events, committed,
     deliver_forged, sink_config, unique, unpublish_all,
@@ -49,6 +50,32 @@ async fn events_are_confirmed_persistent_and_redeliveries_keep_their_id() {
     assert_eq!(report.delivered, 30, "{report:?}");
     let (again, _, _) = consume(&ch, &name, 30).await;
     assert_delivered(&expected, &again);
+    ch.queue_delete(name.as_str().into(), Default::default())
+        .await
+        .expect("cleanup");
+}
+
+/// `body = "cloudevents"` and `"cloudevents-binary"` (`cloudEvents_*` headers): the SDK reads
+/// every message as the event sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_and_binary_are_read_by_the_sdk() {
+    let db = TestDb::migrated().await;
+    let name = unique("pgtce_");
+    let (_conn, ch) = channel().await;
+    queue(&ch, &name, &format!("{name}.#")).await;
+    let settings =
+        format!("url = \"{URL}\"\nexchange = \"amq.topic\"\nrouting_key = \"{name}.{{topic}}\"\n");
+    cloudevents::both_modes(&db, "rabbitmq", &settings, "cloudEvents_", || {
+        let name = name.clone();
+        async move {
+            // A channel per run: its consumer ends with it and takes no later message.
+            let (conn, ch) = channel().await;
+            let (got, _, _) = consume(&ch, &name, 6).await;
+            let _ = conn.close(200, "done".into()).await;
+            got
+        }
+    })
+    .await;
     ch.queue_delete(name.as_str().into(), Default::default())
         .await
         .expect("cleanup");

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use pgoutbox::engine::Relay;
 use redis::AsyncCommands;
 
+use common::cloudevents;
 use common::sinks::{
     assert_delivered, commit_events, committed, sink_config, unique, unpublish_all, Got,
 };
@@ -28,9 +29,16 @@ async fn read(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec
         .into_iter()
         .map(|(_, f)| {
             let text = |k: &str| f.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
-            let headers: HashMap<String, String> =
+            let mut headers: HashMap<String, String> =
                 serde_json::from_str(&text("headers").expect("headers field"))
                     .expect("headers json");
+            // Fields beside the event's own (CloudEvents attributes, `content-type`).
+            for name in f
+                .keys()
+                .filter(|k| k.starts_with("ce_") || *k == "content-type")
+            {
+                headers.insert(name.clone(), text(name).unwrap_or_default());
+            }
             Got {
                 id: text("id").expect("id field"),
                 key: text("key"),
@@ -72,6 +80,30 @@ async fn events_are_appended_to_streams_and_redeliveries_keep_their_id() {
     assert_eq!(all.len(), 60);
     assert_delivered(&expected, &all[30..]);
     let _: () = conn.del(&stream).await.expect("cleanup");
+}
+
+/// `body = "cloudevents"` (in the `payload` field) and `"cloudevents-binary"` (`ce_*` fields):
+/// the SDK reads every entry as the event sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_and_binary_are_read_by_the_sdk() {
+    let db = TestDb::migrated().await;
+    let prefix = unique("pgtce:");
+    let stream = format!("{prefix}:order.created");
+    let client = redis::Client::open(URL).expect("url");
+    let settings = format!("url = \"{URL}\"\nstream = \"{prefix}:{{topic}}\"\n");
+    cloudevents::both_modes(&db, "redis", &settings, "ce_", || {
+        let (client, stream) = (client.clone(), stream.clone());
+        async move {
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("Redis on 127.0.0.1:6379 (bash .ci/run starts it)");
+            let got = read(&mut conn, &stream).await;
+            let _: () = conn.del(&stream).await.expect("cleanup");
+            got
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

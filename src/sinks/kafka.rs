@@ -42,6 +42,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 
+use super::body::{Binding, Body, Shape};
 use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
@@ -81,6 +82,11 @@ pub struct KafkaConfig {
     /// CA bundle and client certificate for `security.protocol = "ssl"` or `"sasl_ssl"`.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (`ce_*` headers).
+    #[serde(default = "Body::payload")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
 }
 
 /// librdkafka properties the `tls` table sets; set them through `tls`, not `properties`.
@@ -134,6 +140,7 @@ const FIXED: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")
 pub struct KafkaSink {
     cfg: KafkaConfig,
     reserved: Reserved,
+    shape: Shape,
     client_config: ClientConfig,
     producer: Kept<Arc<KeptProducer>>,
     reconnects: Reconnects,
@@ -238,6 +245,7 @@ impl KafkaSink {
             client_config.set(*k, *v);
         }
         Ok(Self {
+            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
             cfg,
             reserved: Reserved::new("kafka", ["id", "topic"], &[]),
             client_config,
@@ -348,8 +356,21 @@ impl Sink for KafkaSink {
                     value: Some(v.as_str()),
                 });
             }
-            let mut record: FutureRecord<'_, str, str> = FutureRecord::to(&topic)
-                .payload(event.payload.get())
+            let message = self.shape.message(event, Binding::Kafka);
+            for (name, value) in &message.attributes {
+                headers = headers.insert(Header {
+                    key: name.as_str(),
+                    value: Some(value.as_str()),
+                });
+            }
+            if self.shape.states_content_type() {
+                headers = headers.insert(Header {
+                    key: "content-type",
+                    value: Some(message.content_type),
+                });
+            }
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&topic)
+                .payload(&message.body[..])
                 .headers(headers)
                 .timestamp(event.created_at.timestamp_millis());
             if let Some(key) = &event.key {

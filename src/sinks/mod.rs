@@ -4,6 +4,7 @@
 //! failures (retriable or not, with the receiver's `Retry-After`); when to retry is the retry
 //! policy's business ([`crate::model::retry`]). Adding a sink is one file plus one line in [`build`].
 
+pub mod body;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(any(

@@ -36,6 +36,7 @@ use rumqttc::{Outgoing, TlsConfiguration, Transport};
 use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
+use super::body::{Binding, Body, Message, Shape};
 use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::{TlsConfig, TlsFiles};
@@ -85,6 +86,12 @@ pub struct MqttConfig {
     /// CA bundle and client certificate for `mqtts://`.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (the attributes as
+    /// user properties named `id`, `type`, …).
+    #[serde(default = "Body::payload")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -96,6 +103,7 @@ pub struct MqttSink {
     cfg: MqttConfig,
     options: MqttOptions,
     reserved: Reserved,
+    shape: Shape,
     session: Kept<Arc<Session>>,
     reconnects: Arc<Reconnects>,
 }
@@ -197,6 +205,7 @@ impl MqttSink {
             options.set_credentials(credentials.user, credentials.password.unwrap_or_default());
         }
         Ok(Self {
+            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
             cfg,
             options,
             reserved: Reserved::new("mqtt", [] as [&str; 0], &["pgoutbox-"]),
@@ -229,24 +238,28 @@ impl MqttSink {
         }
     }
 
-    fn properties(&self, event: &OutboxEvent) -> PublishProperties {
+    fn properties(&self, event: &OutboxEvent, message: &Message<'_>) -> PublishProperties {
         let mut user_properties = Vec::with_capacity(event.headers.len() + 3);
         user_properties.push(("pgoutbox-id".to_owned(), event.id.to_string()));
         user_properties.push(("pgoutbox-topic".to_owned(), event.topic.clone()));
         if let Some(key) = &event.key {
             user_properties.push(("pgoutbox-key".to_owned(), key.clone()));
         }
+        // CloudEvents attributes (binary mode) are the sink's own: an event header of the same
+        // name is not sent beside them.
+        let attribute = |k: &str| message.attributes.iter().any(|(n, _)| n == k);
         user_properties.extend(
             event
                 .headers
                 .iter()
-                .filter(|(k, _)| self.reserved.permits(k))
+                .filter(|(k, _)| !attribute(k) && self.reserved.permits(k))
                 .cloned(),
         );
+        user_properties.extend(message.attributes.iter().cloned());
         PublishProperties {
             // 1 = the payload is UTF-8 (JSON text).
             payload_format_indicator: Some(1),
-            content_type: Some("application/json".into()),
+            content_type: Some(message.content_type.into()),
             user_properties,
             ..Default::default()
         }
@@ -329,7 +342,8 @@ impl Sink for MqttSink {
             let _order = session.send.lock().await;
             for event in events {
                 let topic = self.cfg.topic.render(event);
-                let payload = event.payload.get().as_bytes();
+                let message = self.shape.message(event, Binding::Mqtt);
+                let payload: &[u8] = &message.body;
                 if !valid_topic(&topic) {
                     pending.push(Err(Outcome::Rejected {
                         reason: format!("invalid MQTT topic name {topic:?}"),
@@ -360,7 +374,7 @@ impl Sink for MqttSink {
                         QoS::AtLeastOnce,
                         self.cfg.retain,
                         payload.to_vec(),
-                        self.properties(event),
+                        self.properties(event, &message),
                     )
                     .await;
                 // A request that never entered the queue has no packet coming: its waiter (the

@@ -35,6 +35,7 @@ use async_nats::ServerAddr;
 use async_trait::async_trait;
 use serde::Deserialize;
 
+use super::body::{Binding, Body, Shape};
 use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::{TlsConfig, TlsFiles};
@@ -94,6 +95,11 @@ pub struct NatsConfig {
     /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
     /// configuration loads.
     pub credentials_file: Option<PathBuf>,
+    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (`ce-*` headers).
+    #[serde(default = "Body::payload")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
 }
 
 /// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.
@@ -122,6 +128,7 @@ pub struct NatsSink {
     /// CA and client certificate, when configured.
     tls: Option<TlsFiles>,
     reserved: Reserved,
+    shape: Shape,
     conn: Kept<Conn>,
     reconnects: Reconnects,
     duplicates: AtomicU64,
@@ -253,6 +260,7 @@ impl NatsSink {
             );
         }
         Ok(Self {
+            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
             cfg,
             servers,
             credentials,
@@ -355,8 +363,17 @@ impl NatsSink {
             }
         }
         headers.insert("pgoutbox-topic", event.topic.as_str());
+        let message = self.shape.message(event, Binding::Headers);
+        for (name, value) in &message.attributes {
+            if !value.contains(['\r', '\n']) {
+                headers.insert(name.as_str(), value.as_str());
+            }
+        }
+        if self.shape.states_content_type() {
+            headers.insert("content-type", message.content_type);
+        }
         PublishMessage::build()
-            .payload(event.payload.get().as_bytes().to_vec().into())
+            .payload(message.body.into_owned().into())
             .headers(headers)
             .message_id(event.id.to_string())
     }

@@ -26,6 +26,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::Deserialize;
 
+use super::body::{Binding, Body, Message, Shape};
 use super::kept::{Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
@@ -76,6 +77,12 @@ pub struct RabbitMqConfig {
     /// CA bundle and client certificate for `amqps://`.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (`cloudEvents_*`
+    /// headers).
+    #[serde(default = "Body::payload")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -88,6 +95,7 @@ pub struct RabbitMqSink {
     // Holds the client key: never `Debug`-printed (lapin's own `Debug` would show it).
     tls: OwnedTLSConfig,
     reserved: Reserved,
+    shape: Shape,
     // One connection and confirm-mode channel, replaced when either breaks.
     link: Kept<Arc<Link>>,
     reconnects: Reconnects,
@@ -156,6 +164,7 @@ impl RabbitMqSink {
             return Err("key `max_message_bytes`: must be more than zero".into());
         }
         Ok(Self {
+            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
             cfg,
             tls,
             reserved: Reserved::new("rabbitmq", RESERVED_NAMES, RESERVED_PREFIXES),
@@ -205,7 +214,7 @@ impl RabbitMqSink {
         }
     }
 
-    fn properties(&self, event: &OutboxEvent) -> BasicProperties {
+    fn properties(&self, event: &OutboxEvent, message: &Message<'_>) -> BasicProperties {
         let mut headers = FieldTable::default();
         for (k, v) in &event.headers {
             // AMQP header names are short strings; a longer one (hand-written SQL) is skipped.
@@ -226,9 +235,15 @@ impl RabbitMqSink {
                 AMQPValue::LongString(key.as_str().into()),
             );
         }
+        for (name, value) in &message.attributes {
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(value.as_str().into()),
+            );
+        }
         BasicProperties::default()
             .with_delivery_mode(2)
-            .with_content_type("application/json".into())
+            .with_content_type(message.content_type.into())
             .with_message_id(event.id.to_string().into())
             .with_timestamp(event.created_at.timestamp().max(0) as u64)
             .with_headers(headers)
@@ -251,7 +266,8 @@ impl Sink for RabbitMqSink {
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
             let routing_key = self.cfg.routing_key.render(event);
-            let payload = event.payload.get().as_bytes();
+            let message = self.shape.message(event, Binding::Amqp);
+            let payload: &[u8] = &message.body;
             if routing_key.len() > SHORT_STRING_MAX {
                 pending.push(Err(Outcome::Rejected {
                     reason: format!("routing key longer than {SHORT_STRING_MAX} bytes"),
@@ -275,7 +291,7 @@ impl Sink for RabbitMqSink {
                     routing_key.into(),
                     options,
                     payload,
-                    self.properties(event),
+                    self.properties(event, &message),
                 )
                 .await;
             pending.push(

@@ -23,6 +23,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Deserialize;
 
+use super::body::{Binding, Body, Shape};
 use super::kept::{Connection, Kept, Reconnects};
 use super::tls::TlsConfig;
 use super::{Sink, SinkKind};
@@ -62,11 +63,18 @@ pub struct RedisConfig {
     /// CA bundle and client certificate for `rediss://`.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// What the `payload` field holds: `payload` (default), `envelope`, `cloudevents`, or
+    /// `cloudevents-binary` (the payload, and the attributes as `ce_*` fields).
+    #[serde(default = "Body::payload")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
 }
 
 /// Appends events to Redis streams.
 pub struct RedisSink {
     cfg: RedisConfig,
+    shape: Shape,
     client: redis::Client,
     conn: Kept<ConnectionManager>,
     reconnects: Reconnects,
@@ -118,6 +126,7 @@ impl RedisSink {
             return Err("key `maxlen`: must be at least 1".into());
         }
         Ok(Self {
+            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
             cfg,
             client,
             conn: Kept::new(),
@@ -162,10 +171,17 @@ impl RedisSink {
         if let Some(key) = &event.key {
             cmd.arg("key").arg(key);
         }
+        let message = self.shape.message(event, Binding::Kafka);
         cmd.arg("payload")
-            .arg(event.payload.get())
+            .arg(&message.body[..])
             .arg("headers")
             .arg(serde_json::Value::Object(headers).to_string());
+        if self.shape.states_content_type() {
+            cmd.arg("content-type").arg(message.content_type);
+        }
+        for (name, value) in &message.attributes {
+            cmd.arg(name).arg(value);
+        }
     }
 }
 

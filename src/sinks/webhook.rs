@@ -22,9 +22,10 @@ use reqwest::StatusCode;
 
 use serde::Deserialize;
 
+use super::body::{Binding, Body, Shape};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
-use super::{Envelope, Latency, Share, Sink, SinkKind};
+use super::{Latency, Share, Sink, SinkKind};
 use crate::config::{duration_str, Secret};
 use crate::error::error_chain;
 use crate::model::event::OutboxEvent;
@@ -68,17 +69,6 @@ pub const KIND: SinkKind = SinkKind {
     },
 };
 
-/// What the webhook body holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum BodyMode {
-    /// `{"id","type","timestamp","key","data"}`.
-    #[default]
-    Envelope,
-    /// The raw payload.
-    Payload,
-}
-
 /// Settings of `type = "webhook"`.
 ///
 /// Its `Debug` shows the URL redacted and no secret, header value or signing key.
@@ -91,9 +81,11 @@ pub struct WebhookConfig {
     pub url: Secret,
     /// Standard Webhooks signing secret (`whsec_` + base64); no signature when absent.
     pub secret: Option<Secret>,
-    /// `envelope` (default) or `payload`.
-    #[serde(default)]
-    pub body: BodyMode,
+    /// `envelope` (default), `payload`, `cloudevents` or `cloudevents-binary` (`ce-*` headers).
+    #[serde(default = "Body::envelope")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
     /// Per-request timeout.
     #[serde(default = "super::default_timeout", with = "duration_str")]
     pub timeout: Duration,
@@ -122,6 +114,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("url", &redact_url(self.url.expose()))
             .field("secret", &self.secret)
             .field("body", &self.body)
+            .field("cloudevents_source", &self.cloudevents_source)
             .field("timeout", &self.timeout)
             .field("concurrency", &self.concurrency)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
@@ -144,7 +137,7 @@ pub struct WebhookSink {
     client: reqwest::Client,
     url: reqwest::Url,
     key: Option<Vec<u8>>,
-    body: BodyMode,
+    shape: Shape,
     concurrency: usize,
     static_headers: HeaderMap,
     /// Header names no event may set: the protocol's and the configured ones.
@@ -162,7 +155,7 @@ impl std::fmt::Debug for WebhookSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookSink")
             .field("url", &redact_url(self.url.as_str()))
-            .field("body", &self.body)
+            .field("shape", &self.shape)
             .field("concurrency", &self.concurrency)
             .field("permanent_statuses", &self.permanent_statuses)
             .finish_non_exhaustive()
@@ -249,7 +242,7 @@ impl WebhookSink {
             client,
             url,
             key,
-            body: cfg.body,
+            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
             concurrency: cfg.concurrency,
             static_headers,
             reserved,
@@ -259,17 +252,9 @@ impl WebhookSink {
         })
     }
 
-    fn body_of(&self, event: &OutboxEvent) -> Vec<u8> {
-        match self.body {
-            BodyMode::Payload => event.payload.get().as_bytes().to_vec(),
-            // Strings and raw JSON always serialize.
-            BodyMode::Envelope => serde_json::to_vec(&Envelope::of(event)).unwrap_or_default(),
-        }
-    }
-
     /// Posts one event; `timeout` bounds the request (the sink's own, or less near a deadline).
     async fn send(&self, event: &OutboxEvent, timeout: Duration) -> Outcome {
-        let body = self.body_of(event);
+        let message = self.shape.message(event, Binding::Headers);
         let id = event.id.to_string();
         let timestamp = chrono::Utc::now().timestamp();
         let mut headers = HeaderMap::new();
@@ -288,14 +273,23 @@ impl WebhookSink {
         for (name, value) in &self.static_headers {
             headers.insert(name.clone(), value.clone());
         }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // CloudEvents attributes (binary mode) are the sink's own: they win over event headers.
+        for (name, value) in &message.attributes {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(name, value);
+            }
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(message.content_type));
         insert(&mut headers, "webhook-id", &id);
         insert(&mut headers, "webhook-timestamp", &timestamp.to_string());
         if let Some(key) = &self.key {
             insert(
                 &mut headers,
                 "webhook-signature",
-                &crate::webhook::sign(key, &id, timestamp, &body),
+                &crate::webhook::sign(key, &id, timestamp, &message.body),
             );
         }
         let response = self
@@ -303,7 +297,7 @@ impl WebhookSink {
             .post(self.url.clone())
             .timeout(timeout)
             .headers(headers)
-            .body(body)
+            .body(message.body.into_owned())
             .send()
             .await;
         match response {
