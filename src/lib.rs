@@ -37,6 +37,7 @@ pub mod engine;
 pub mod gate;
 pub mod model;
 pub mod otlp;
+pub mod rate;
 pub mod route;
 pub mod server;
 pub mod settle;

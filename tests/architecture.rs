@@ -31,6 +31,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("sinks", 4),
     ("route", 4),
     ("gate", 4),
+    ("rate", 4),
     ("settle", 4),
     ("otlp", 4),
     ("status", 4),

@@ -70,6 +70,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         topics: vec![],
         filter: None,
         transform: None,
+        rate_limit: None,
         retry: RetryPolicy::default(),
         ordering: Default::default(),
         on_dead: Default::default(),

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::duration::{duration_str, parse_duration_key};
 use super::error::ConfigError;
+use crate::model::rate::RateLimit;
 use crate::model::retry::RetryPolicy;
 
 /// One destination: its routing, its retry policy and its sink.
@@ -23,6 +24,8 @@ pub struct DestinationConfig {
     pub filter: Option<crate::model::filter::Filter>,
     /// A CEL expression whose value is the payload this destination is sent.
     pub transform: Option<crate::model::transform::Transform>,
+    /// Most events a second this destination is sent, across every relay.
+    pub rate_limit: Option<RateLimit>,
     /// Retry schedule and limits.
     pub retry: RetryPolicy,
     /// Per-key ordering of this destination's events.
@@ -135,6 +138,28 @@ pub fn sink_settings<T: DeserializeOwned>(settings: &toml::Table) -> Result<T, S
 #[serde(deny_unknown_fields)]
 pub struct NoSettings {}
 
+/// `rate_limit = "200/s"` or `rate_limit = { rate = "200/s", burst = 400 }`; the error is one
+/// sentence.
+fn rate_limit(value: toml::Value) -> Result<RateLimit, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Table {
+        rate: String,
+        burst: Option<u32>,
+    }
+    match value {
+        toml::Value::String(rate) => RateLimit::parse(&rate, None),
+        toml::Value::Table(table) => {
+            let t: Table = deserialize(table)?;
+            RateLimit::parse(&t.rate, t.burst)
+        }
+        other => Err(format!(
+            "expected \"200/s\" or {{ rate = \"200/s\", burst = 400 }}, found {}",
+            other.type_str()
+        )),
+    }
+}
+
 /// Keys every destination has, whatever its type.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -146,6 +171,7 @@ struct CommonDestination {
     topics: Vec<String>,
     filter: Option<String>,
     transform: Option<String>,
+    rate_limit: Option<toml::Value>,
     retry_schedule: Option<Vec<String>>,
     max_attempts: Option<u32>,
     max_age: Option<String>,
@@ -163,6 +189,7 @@ const COMMON_KEYS: &[&str] = &[
     "topics",
     "filter",
     "transform",
+    "rate_limit",
     "retry_schedule",
     "max_attempts",
     "max_age",
@@ -213,6 +240,12 @@ pub(crate) fn parse_destination(
         .transpose()
         .map_err(|m| ConfigError::at(at("transform"), m))?;
 
+    let rate_limit = common
+        .rate_limit
+        .map(rate_limit)
+        .transpose()
+        .map_err(|m| ConfigError::at(at("rate_limit"), m))?;
+
     let mut retry = RetryPolicy::default();
     if let Some(schedule) = common.retry_schedule {
         if schedule.is_empty() {
@@ -250,6 +283,7 @@ pub(crate) fn parse_destination(
         topics: common.topics,
         filter,
         transform,
+        rate_limit,
         retry,
         ordering: common.ordering,
         on_dead: common.on_dead,

@@ -453,6 +453,28 @@ max_attempts = 10
         );
         assert!(e.contains("destinations[0].filter"), "{e}");
 
+        let dest =
+            |extra: &str| format!("[[destinations]]\nname = \"a\"\ntype = \"null\"\n{extra}\n");
+        for (bad, says) in [
+            ("rate_limit = \"fast\"", "not a rate"),
+            ("rate_limit = 200", "found integer"),
+            ("rate_limit = { rate = \"10/s\", burst = 0 }", "burst"),
+            ("rate_limit = { rate = \"10/s\", brust = 5 }", "brust"),
+        ] {
+            let e = error_of(&dest(bad));
+            assert!(
+                e.contains("destinations[0].rate_limit") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let c = Config::parse(
+            &dest("rate_limit = { rate = \"600/m\", burst = 3 }"),
+            no_env,
+        )
+        .expect("valid");
+        let limit = c.destinations[0].rate_limit.expect("limit");
+        assert_eq!((limit.per_second, limit.burst), (10.0, 3));
+
         let e = error_of("bogus = 1\n");
         assert!(e.contains("bogus"), "{e}");
     }

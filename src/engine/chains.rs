@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tracing::warn;
 
@@ -98,7 +99,7 @@ impl Relay {
         let lane = &self.lanes[d];
         let Some(transform) = &lane.config.transform else {
             let events: Vec<&OutboxEvent> = indexes.iter().map(|&i| run.event(i)).collect();
-            return self.publish_events(run, d, indexes, &events).await;
+            return self.publish_paced(run, d, indexes, &events).await;
         };
         let root = Transform::root();
         let mut sent = Vec::with_capacity(indexes.len());
@@ -116,8 +117,44 @@ impl Relay {
         }
         let events: Vec<&OutboxEvent> = events.iter().collect();
         if !events.is_empty() {
-            self.publish_events(run, d, &sent, &events).await;
+            self.publish_paced(run, d, &sent, &events).await;
         }
+    }
+
+    /// Publishes `events` (the items `indexes` of lane `d`) as fast as the lane's `rate_limit`
+    /// lets them: each slice of tokens taken goes out at once, beside the slices still in flight
+    /// (the limit paces starts; `concurrency` still bounds requests in flight). What has no token
+    /// by the budget's deadline is left without an outcome: handed on, not an attempt.
+    async fn publish_paced(
+        &self,
+        run: &Run<'_>,
+        d: usize,
+        indexes: &[usize],
+        events: &[&OutboxEvent],
+    ) {
+        let Some(rate) = &self.lanes[d].rate else {
+            return self.publish_events(run, d, indexes, events).await;
+        };
+        let budget = &run.budgets[d];
+        let mut sending = FuturesUnordered::new();
+        let mut from = 0;
+        while from < events.len() && !budget.is_stopped() {
+            let take = rate.take(events.len() - from, budget.deadline());
+            tokio::pin!(take);
+            let granted = loop {
+                tokio::select! {
+                    granted = &mut take => break granted,
+                    Some(()) = sending.next(), if !sending.is_empty() => {}
+                }
+            };
+            if granted == 0 {
+                break;
+            }
+            let to = (from + granted).min(events.len());
+            sending.push(self.publish_events(run, d, &indexes[from..to], &events[from..to]));
+            from = to;
+        }
+        while sending.next().await.is_some() {}
     }
 
     /// Publishes `events`, the items `indexes` of lane `d` as the lane sends them.

@@ -14,7 +14,9 @@ use crate::config::{DestinationConfig, OnDead, Ordering, SinkConfig};
 use crate::gate::Gate;
 use crate::model::event::OutboxEvent;
 use crate::model::retry::RetryPolicy;
+use crate::rate::Limiter;
 use crate::sinks::Sink;
+use crate::store::Store;
 
 /// A configured destination, ready to publish: what [`super::Relay::with_destinations`] takes
 /// from a caller that builds its own sinks (embedding, demos, tests).
@@ -42,6 +44,8 @@ pub(super) struct Lane {
     pub(super) config: DestinationConfig,
     /// Its gate: pause, breaker, requests in flight.
     pub(super) gate: Gate,
+    /// Its `rate_limit`, when it has one: tokens from the destination's shared bucket.
+    pub(super) rate: Option<Limiter>,
     /// Woken when a batch hands pairs over to this lane: its retry loop looks at once.
     pub(super) handed: Notify,
     /// The sink's last health check for readiness: when, and its error if it failed. Held while
@@ -51,13 +55,18 @@ pub(super) struct Lane {
 
 impl Lane {
     /// The lane of `destination`, configured by `config` (a caller-built sink may have none:
-    /// then every default applies).
-    pub(super) fn new(destination: Destination, config: Option<&DestinationConfig>) -> Self {
+    /// then every default applies); its rate limit takes tokens through `store`.
+    pub(super) fn new(
+        destination: Destination,
+        config: Option<&DestinationConfig>,
+        store: &Store,
+    ) -> Self {
         let config = config.cloned().unwrap_or_else(|| DestinationConfig {
             name: destination.name.clone(),
             topics: Vec::new(),
             filter: None,
             transform: None,
+            rate_limit: None,
             retry: destination.retry.clone(),
             ordering: Ordering::None,
             on_dead: OnDead::Block,
@@ -69,7 +78,11 @@ impl Lane {
             config.breaker.clone(),
             destination.sink.concurrency(),
         );
+        let rate = config
+            .rate_limit
+            .map(|limit| Limiter::new(&destination.name, limit, store.clone()));
         Self {
+            rate,
             name: destination.name,
             sink: destination.sink,
             retry: destination.retry,

@@ -119,14 +119,15 @@ impl Relay {
                 .absolute(0);
             metrics::counter!(metric::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
         }
+        let store = Store::new(pool, config.table.clone());
         let lanes: Vec<Lane> = destinations
             .into_iter()
             .enumerate()
-            .map(|(d, destination)| Lane::new(destination, config.destinations.get(d)))
+            .map(|(d, destination)| Lane::new(destination, config.destinations.get(d), &store))
             .collect();
         let settings = &config.relay;
         Self {
-            store: Store::new(pool, config.table.clone()),
+            store,
             router: Router::new(&config.destinations),
             settle_mode: SettleMode::of(config),
             claim: ClaimOptions {

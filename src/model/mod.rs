@@ -8,6 +8,7 @@ pub mod event;
 pub mod filter;
 pub mod metric;
 pub mod outcome;
+pub mod rate;
 pub mod retry;
 pub mod secrets;
 pub mod template;

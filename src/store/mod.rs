@@ -28,6 +28,7 @@ pub mod history;
 pub mod inspect;
 pub mod operators;
 pub mod outbox;
+pub mod rates;
 pub mod server;
 pub mod slot;
 pub mod status;
@@ -60,6 +61,7 @@ struct Statements {
     inspect: inspect::Sql,
     operators: operators::Sql,
     outbox: outbox::Sql,
+    rates: rates::Sql,
     status: status::Sql,
     waiting: waiting::Sql,
 }
@@ -78,6 +80,7 @@ impl Statements {
             inspect: inspect::Sql::render(table),
             operators: operators::Sql::render(table),
             outbox: outbox::Sql::render(table),
+            rates: rates::Sql::render(table),
             status: status::Sql::render(table),
             waiting: waiting::Sql::render(table),
         }

@@ -83,6 +83,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the operators' audit log and the console's shared samples",
         include_str!("migrations/0012_operators.sql"),
     ),
+    Migration::sql(
+        13,
+        "add the rate-limited destinations' shared token buckets",
+        include_str!("migrations/0013_rates.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.

@@ -1,0 +1,81 @@
+//! `rate_limit`: a destination's most events a second, held across relays by the token bucket
+//! they share in the database. Events over the limit wait in their lane: no attempt, never dead.
+//! The rate itself is measured by `pgoutbox bench rate-limit`; here, only what no machine's
+//! speed can change: a lower bound on the time the limit forces.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+
+/// Two relays serve a destination limited to 20 events/s (burst 5) beside one without a limit:
+/// the limited one gets every event, no sooner than the shared bucket allows (a limit per relay
+/// would let 40/s through), with no attempt counted and nothing dead; the other is not held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_across_relays_and_costs_the_others_nothing() {
+    let db = TestDb::migrated().await;
+    let limited = Receiver::start().await;
+    let free = Receiver::start().await;
+    db.insert_plain(60, "order.created").await;
+    let text = format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n\
+         [[destinations]]\nname = \"limited\"\ntype = \"webhook\"\nurl = \"{}\"\n\
+         rate_limit = {{ rate = \"20/s\", burst = 5 }}\n\
+         [[destinations]]\nname = \"free\"\ntype = \"webhook\"\nurl = \"{}\"\n",
+        db.url, limited.url, free.url
+    );
+    let relays = vec![Running::start(&db, &text), Running::start(&db, &text)];
+    let done = wait_for(Duration::from_secs(60), || async {
+        limited.delivered_ids().len() >= 60 && free.delivered_ids().len() >= 60
+    })
+    .await;
+    Running::stop_all(relays).await;
+    assert!(
+        done,
+        "limited got {}, free {}",
+        limited.delivered_ids().len(),
+        free.delivered_ids().len()
+    );
+    let ids: HashSet<String> = limited.delivered().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 60, "every event reached the limited destination");
+
+    let arrivals = |rx: &Receiver| {
+        let mut at: Vec<_> = rx.delivered().into_iter().map(|r| r.at).collect();
+        at.sort();
+        at
+    };
+    let limited_at = arrivals(&limited);
+    let span = *limited_at.last().expect("some") - limited_at[0];
+    // 60 events, 5 at once, then 20 a second: at least 55 / 20 = 2.75 s from first to last.
+    println!("limited destination: 60 events in {span:?} (the limit allows no less than 2.75 s)");
+    assert!(
+        span >= Duration::from_millis(2_700),
+        "60 events in {span:?}: faster than 20/s shared by both relays"
+    );
+    let free_last = *arrivals(&free).last().expect("some");
+    assert!(
+        free_last < *limited_at.last().expect("some"),
+        "the destination without a limit is not paced by the other's"
+    );
+
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_attempts WHERE destination = 'limited'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("attempts");
+    assert_eq!(failed, 0, "waiting for a token is not an attempt");
+    assert_eq!(db.count("dead_at IS NOT NULL").await, 0);
+    let dead_pairs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_deliveries WHERE dead_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .expect("pairs");
+    assert_eq!(dead_pairs, 0);
+    let buckets: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_rates")
+        .fetch_one(&db.pool)
+        .await
+        .expect("buckets");
+    assert_eq!(buckets, 1, "one bucket, shared");
+}
