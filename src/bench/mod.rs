@@ -24,6 +24,7 @@ mod memory;
 mod migrate;
 mod ordering;
 mod produce;
+mod rate_limit;
 mod soak;
 mod steady;
 
@@ -78,6 +79,9 @@ enum Scenario {
     Memory(memory::Args),
     /// Claim cost with 0 vs many already-published rows retained.
     History(history::Args),
+    /// The rate a receiver sees from a destination with `rate_limit` (200/s by default), served
+    /// by 1 and by 4 relays over a backlog: events/s per 10 s window and the error.
+    RateLimit(rate_limit::Args),
     /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
     Ordering(ordering::Args),
     /// `migrate` upgrading a large minimal table in place while producers insert: how long the
@@ -136,6 +140,7 @@ pub async fn run(
             Scenario::Catchup(a) => catchup::run(&scratch, &out, a).await,
             Scenario::Memory(a) => memory::run(&scratch, &out, a).await,
             Scenario::History(a) => history::run(&scratch, &out, a).await,
+            Scenario::RateLimit(a) => rate_limit::run(&scratch, &out, a).await,
             Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
             Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
             Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
