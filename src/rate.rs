@@ -48,7 +48,7 @@ impl Limiter {
         }
         let mut registered = false;
         loop {
-            if let Some(given) = self.from_kept(wanted) {
+            if let Some(given) = self.use_kept(wanted) {
                 return given;
             }
             let ask = self.limit.ask();
@@ -87,7 +87,7 @@ impl Limiter {
     }
 
     /// Up to `wanted` of the tokens kept, if there are any still usable.
-    fn from_kept(&self, wanted: usize) -> Option<usize> {
+    fn use_kept(&self, wanted: usize) -> Option<usize> {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         if kept.0 == 0 || Instant::now() >= kept.1 {
             kept.0 = 0;

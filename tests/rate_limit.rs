@@ -79,3 +79,41 @@ async fn a_rate_limit_holds_across_relays_and_costs_the_others_nothing() {
         .expect("buckets");
     assert_eq!(buckets, 1, "one bucket, shared");
 }
+
+/// A relay stopped while its rate-limited lane waits for tokens stops at once: what the lane had
+/// not sent goes back pending (no attempt counted), instead of the batch waiting for tokens
+/// until its deadline (about 20 s here) or the shutdown grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_rate_limit_tokens() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    db.insert_plain(200, "order.created").await;
+    let text = format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\nshutdown_grace = \"60s\"\n\
+         [[destinations]]\nname = \"slow\"\ntype = \"webhook\"\nurl = \"{}\"\n\
+         rate_limit = {{ rate = \"10/s\", burst = 2 }}\n",
+        db.url, rx.url
+    );
+    let relay = Running::start(&db, &text);
+    let sending = wait_for(Duration::from_secs(30), || async {
+        rx.delivered_ids().len() >= 5
+    })
+    .await;
+    assert!(sending, "the limited destination gets events");
+    let stopping = std::time::Instant::now();
+    relay.stop().await;
+    let took = stopping.elapsed();
+    println!("stopped in {took:?} (shutdown_grace 60 s)");
+    assert!(
+        took < Duration::from_secs(10),
+        "stop took {took:?}: the batch waited for tokens"
+    );
+    let pending = db
+        .count("published_at IS NULL AND dead_at IS NULL AND attempts = 0")
+        .await;
+    assert_eq!(
+        pending as usize + rx.delivered_ids().len(),
+        200,
+        "every event delivered or pending, none attempted"
+    );
+}

@@ -124,7 +124,8 @@ impl Relay {
     /// Publishes `events` (the items `indexes` of lane `d`) as fast as the lane's `rate_limit`
     /// lets them: each slice of tokens taken goes out at once, beside the slices still in flight
     /// (the limit paces starts; `concurrency` still bounds requests in flight). What has no token
-    /// by the budget's deadline is left without an outcome: handed on, not an attempt.
+    /// by the budget's deadline, or when shutdown begins, is left without an outcome: handed on,
+    /// not an attempt.
     async fn publish_paced(
         &self,
         run: &Run<'_>,
@@ -145,6 +146,7 @@ impl Relay {
                 tokio::select! {
                     granted = &mut take => break granted,
                     Some(()) = sending.next(), if !sending.is_empty() => {}
+                    _ = self.stopping.cancelled() => break 0,
                 }
             };
             if granted == 0 {

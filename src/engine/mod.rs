@@ -68,6 +68,9 @@ pub struct Relay {
     blocking: Vec<String>,
     /// Cancelled when the shutdown grace period is over: in-flight batches are released.
     abort: CancellationToken,
+    /// Cancelled when shutdown begins: lanes stop waiting for rate-limit tokens (what they had
+    /// not sent is handed on) so that in-flight batches end within the grace period.
+    stopping: CancellationToken,
     /// Set when a claim worker died: `/healthz` reports it.
     failure: std::sync::Mutex<Option<String>>,
     /// Held by the one quiet claim worker that polls for due rows; the other quiet workers wait
@@ -148,6 +151,7 @@ impl Relay {
             lanes,
             config: config.clone(),
             abort: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             failure: std::sync::Mutex::new(None),
             idle_poller: tokio::sync::Mutex::new(()),
             wake: Notify::new(),

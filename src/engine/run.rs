@@ -39,13 +39,15 @@ impl Relay {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<BatchReport> {
         self.prepare().await;
         let grace_timer = {
-            let (shutdown, abort, grace) = (
+            let (shutdown, stopping, abort, grace) = (
                 shutdown.clone(),
+                self.stopping.clone(),
                 self.abort.clone(),
                 self.config.relay.shutdown_grace,
             );
             tokio::spawn(async move {
                 shutdown.cancelled().await;
+                stopping.cancel();
                 tokio::time::sleep(grace).await;
                 abort.cancel();
             })
