@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::output::{Output, Row};
 use super::receiver::Receiver;
 use super::scratch::Scratch;
+use super::sql;
 
 /// Arguments of `bench rate-limit`.
 #[derive(Debug, Clone, clap::Args)]
@@ -46,7 +47,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         anyhow::bail!("--relays: give relay counts of 1 or more, e.g. 1,4");
     }
     for &relays in &args.relays {
-        let rates = measure(scratch, out, args, limit, relays).await?;
+        let (rates, dead, attempted) = measure(scratch, out, args, limit, relays).await?;
         let target = limit.per_second;
         let error = |r: f64| (r - target) / target * 100.0;
         for (i, r) in rates.iter().enumerate() {
@@ -75,7 +76,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
             value: worst,
             unit: "ev/s",
             detail: format!(
-                "{:+.1} % of {}; mean {mean:.1} ev/s ({:+.1} %), burst {}",
+                "{:+.1} % of {}; mean {mean:.1} ev/s ({:+.1} %), burst {}; {dead} dead, {attempted} attempted",
                 error(worst),
                 args.rate,
                 error(mean),
@@ -86,14 +87,15 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     Ok(())
 }
 
-/// Events per second the receiver saw in each window, with `relays` relays draining a backlog.
+/// Events per second the receiver saw in each window, with `relays` relays draining a backlog;
+/// then the events dead and attempted (both should be 0: waiting for a token is neither).
 async fn measure(
     scratch: &Scratch,
     out: &Output,
     args: &Args,
     limit: RateLimit,
     relays: usize,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<(Vec<f64>, i64, i64)> {
     let total = args.warmup + args.window * args.windows;
     // Half as much again as the run can send: the backlog never runs out.
     let events =
@@ -136,11 +138,11 @@ async fn measure(
     }
     bar.finish_and_clear();
     let arrivals = arrivals.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(windows(
-        &arrivals,
-        started + args.warmup,
-        args.window,
-        args.windows,
+    let (dead, attempted) = sql::watch::dead_and_attempted(&scratch.pool).await?;
+    Ok((
+        windows(&arrivals, started + args.warmup, args.window, args.windows),
+        dead,
+        attempted,
     ))
 }
 

@@ -127,6 +127,16 @@ pub async fn upgrade_check(pool: &PgPool) -> sqlx::Result<(i64, Option<i64>, Opt
     .await
 }
 
+/// Events dead and events attempted (failed at least once) in the outbox.
+pub async fn dead_and_attempted(pool: &PgPool) -> sqlx::Result<(i64, i64)> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE dead_at IS NOT NULL), count(*) FILTER (WHERE attempts > 0)
+         FROM outbox",
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// The id of some dead event, for the console's one-event call.
 pub async fn some_dead_event(pool: &PgPool) -> sqlx::Result<String> {
     sqlx::query_scalar("SELECT id::text FROM outbox WHERE dead_at IS NOT NULL LIMIT 1")
