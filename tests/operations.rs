@@ -278,6 +278,28 @@ async fn the_relay_runs_under_a_least_privilege_role() {
     .expect("pairs");
     assert_eq!(waiting, 25, "down's 25 pairs are recorded");
 
+    // A rate-limited destination under the same role: it takes tokens from its shared bucket.
+    db.insert_plain(5, "order.created").await;
+    let limited = write_config(
+        dir.path(),
+        &text.replace(
+            "type = \"webhook\"",
+            "type = \"webhook\"\nrate_limit = \"1000/s\"",
+        ),
+    );
+    assert!(std::fs::read_to_string(&limited)
+        .expect("config")
+        .contains("rate_limit"));
+    let (code, _, err) = run(&[
+        "relay",
+        "--once",
+        "--config",
+        limited.to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("permission denied"), "{err}");
+    assert_eq!(rx.delivered_ids().len(), 55);
+
     sqlx::raw_sql(&format!("REVOKE UPDATE ON outbox FROM {role}"))
         .execute(&db.pool)
         .await

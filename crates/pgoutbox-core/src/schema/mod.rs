@@ -354,7 +354,8 @@ pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
 #[cfg(feature = "sqlx08")]
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
-/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, SELECT, INSERT,
+/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table and its rate
+/// limits' buckets, SELECT, INSERT,
 /// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT,
 /// INSERT and DELETE on its history, SELECT on the migrations registry. Run as the table's owner.
 /// Partitions of the history are created and dropped by their owner only: with
@@ -368,6 +369,7 @@ pub async fn grant_relay(
         "GRANT USAGE ON SCHEMA {{schema}} TO {role};
          GRANT {privileges} ON {{outbox}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
+         GRANT SELECT, INSERT, UPDATE ON {{qname:rates}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:deliveries}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:held_batches}} TO {role};
          GRANT USAGE ON SEQUENCE {{qname:held_batches_id_seq}} TO {role};
