@@ -1,15 +1,13 @@
 //! `bench ordering`: what per-key ordering costs. The same keyed backlog is drained by several
 //! relays, once with `ordering = "none"` and once with `ordering = "key"`.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use pgoutbox::config::Config;
-use pgoutbox::engine::Relay;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 use super::output::{rate, Output, Row};
+use super::process::in_process_relays;
 use super::scratch::Scratch;
 use super::sql;
 
@@ -82,16 +80,8 @@ async fn drain(
     );
     let config = Config::parse(&text, |_| None)?;
     let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
     let started = Instant::now();
-    for _ in 0..args.relays {
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&scratch.url)
-            .await?;
-        let relay = Arc::new(Relay::new(pool, &config)?);
-        tasks.push(tokio::spawn(relay.run(stop.clone())));
-    }
+    let tasks = in_process_relays(scratch, &config, args.relays, &stop).await?;
     let bar = out.bar(args.events, &format!("ordering={ordering}"));
     scratch.wait_drained(&bar, args.events).await?;
     let elapsed = started.elapsed();

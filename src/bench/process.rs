@@ -237,3 +237,23 @@ fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// Starts `relays` relays of `config` in this process, each with a pool of its own (4
+/// connections), as separate processes would have; they run until `stop` is cancelled.
+pub async fn in_process_relays(
+    scratch: &Scratch,
+    config: &pgoutbox::config::Config,
+    relays: usize,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<pgoutbox::Result<pgoutbox::engine::BatchReport>>>> {
+    let mut tasks = Vec::with_capacity(relays);
+    for _ in 0..relays {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&scratch.url)
+            .await?;
+        let relay = std::sync::Arc::new(pgoutbox::engine::Relay::new(pool, config)?);
+        tasks.push(tokio::spawn(relay.run(stop.clone())));
+    }
+    Ok(tasks)
+}

@@ -7,12 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgoutbox::config::Config;
-use pgoutbox::engine::Relay;
 use pgoutbox::model::rate::RateLimit;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 use super::output::{Output, Row};
+use super::process::in_process_relays;
 use super::receiver::Receiver;
 use super::scratch::Scratch;
 use super::sql;
@@ -117,15 +116,7 @@ async fn measure(
     );
     let config = Config::parse(&text, |_| None)?;
     let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
-    for _ in 0..relays {
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&scratch.url)
-            .await?;
-        let relay = Arc::new(Relay::new(pool, &config)?);
-        tasks.push(tokio::spawn(relay.run(stop.clone())));
-    }
+    let tasks = in_process_relays(scratch, &config, relays, &stop).await?;
     let bar = out.bar(total.as_secs(), &format!("{relays} relays"));
     let started = Instant::now();
     while started.elapsed() < total {
