@@ -9,6 +9,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_held_batches TO pgoutbox_r
 GRANT USAGE ON SEQUENCE public.outbox_held_batches_id_seq TO pgoutbox_relay;
 GRANT SELECT, INSERT, DELETE ON public.outbox_attempts TO pgoutbox_relay;              -- failed attempts
 GRANT SELECT, INSERT, DELETE ON public.outbox_history TO pgoutbox_relay;  -- history = "partitions"
+GRANT SELECT, INSERT, DELETE ON public.outbox_samples TO pgoutbox_relay;  -- the console's chart
+GRANT SELECT, INSERT ON public.outbox_audit TO pgoutbox_relay;           -- operators' changes
 GRANT SELECT ON public.pgoutbox_migrations TO pgoutbox_relay;       -- schema version check at start
 -- With history = "partitions", partitions are created and dropped by the history's owner only:
 -- run `pgoutbox cleanup` as the owner every few minutes (cron, systemd timer).

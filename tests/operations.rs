@@ -300,6 +300,48 @@ async fn the_relay_runs_under_a_least_privilege_role() {
     assert!(!err.contains("permission denied"), "{err}");
     assert_eq!(rx.delivered_ids().len(), 55);
 
+    // The console in the relay's process: its shared chart samples and the audit log of an
+    // operator's change, written under the same role.
+    let as_relay = Store::new(
+        sqlx::PgPool::connect(&relay_url).await.expect("relay pool"),
+        pgoutbox::table::OutboxTable::default_table(),
+    );
+    let sample = pgoutbox::store::operators::NewSample {
+        relay: "test:1",
+        at: chrono::Utc::now(),
+        lag_seconds: 0.0,
+        pending: 0,
+        delivered: serde_json::json!({}),
+    };
+    pgoutbox::store::operators::write_sample(&as_relay, &sample, Duration::from_secs(3600))
+        .await
+        .expect("the relay role stores the chart's samples");
+    assert_eq!(
+        pgoutbox::store::operators::samples(&as_relay, Duration::from_secs(3600))
+            .await
+            .expect("the relay role reads them")
+            .len(),
+        1
+    );
+    let change = pgoutbox::store::operators::Change {
+        who: "alice",
+        via: "console",
+        action: "pause",
+        filter: serde_json::json!({"destination": "hooks"}),
+        matched: 1,
+    };
+    pgoutbox::store::operators::record(&as_relay, &change)
+        .await
+        .expect("the relay role records an operator's change");
+    assert_eq!(
+        pgoutbox::store::operators::audit(&as_relay, 10, None)
+            .await
+            .expect("the relay role reads the audit log")
+            .len(),
+        1
+    );
+    as_relay.pool().close().await;
+
     sqlx::raw_sql(&format!("REVOKE UPDATE ON outbox FROM {role}"))
         .execute(&db.pool)
         .await

@@ -357,7 +357,9 @@ pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 /// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table and its rate
 /// limits' buckets, SELECT, INSERT,
 /// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT,
-/// INSERT and DELETE on its history, SELECT on the migrations registry. Run as the table's owner.
+/// INSERT and DELETE on its history and the console's shared samples, SELECT and INSERT on the
+/// audit log (the console in the relay's process records operators' changes), SELECT on the
+/// migrations registry. Run as the table's owner.
 /// Partitions of the history are created and dropped by their owner only: with
 /// `history = "partitions"`, run `pgoutbox cleanup` as the owner (see docs/operations.md).
 pub async fn grant_relay(
@@ -370,6 +372,8 @@ pub async fn grant_relay(
          GRANT {privileges} ON {{outbox}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:rates}} TO {role};
+         GRANT SELECT, INSERT, DELETE ON {{qname:samples}} TO {role};
+         GRANT SELECT, INSERT ON {{qname:audit}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:deliveries}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:held_batches}} TO {role};
          GRANT USAGE ON SEQUENCE {{qname:held_batches_id_seq}} TO {role};
