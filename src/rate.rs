@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use tokio::time::Instant;
 
+use crate::model::metric;
 use crate::model::rate::{RateLimit, KEEP};
 use crate::store::{rates, Store};
 
@@ -78,6 +79,8 @@ impl Limiter {
                     std::time::Duration::from_secs(1)
                 }
             };
+            metrics::counter!(metric::RATE_LIMIT_WAITS_TOTAL, "destination" => self.destination.clone())
+                .increment(1);
             let until = (Instant::now() + wait).min(deadline);
             tokio::time::sleep_until(until).await;
             if until >= deadline {

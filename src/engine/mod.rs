@@ -121,6 +121,8 @@ impl Relay {
             metrics::counter!(metric::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
                 .absolute(0);
             metrics::counter!(metric::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
+            metrics::counter!(metric::RATE_LIMIT_WAITS_TOTAL, "destination" => d.name.clone())
+                .absolute(0);
         }
         let store = Store::new(pool, config.table.clone());
         let lanes: Vec<Lane> = destinations

@@ -40,6 +40,8 @@ pub const HELD_TOTAL: &str = "pgoutbox_events_held_total";
 pub const DESTINATION_STATE: &str = "pgoutbox_destination_state";
 /// Whether an operator paused the destination (1) or not (0).
 pub const DESTINATION_PAUSED: &str = "pgoutbox_destination_paused";
+/// Times a destination's lanes found its `rate_limit` bucket empty and waited for tokens.
+pub const RATE_LIMIT_WAITS_TOTAL: &str = "pgoutbox_rate_limit_waits_total";
 
 /// `source = "wal"`: WAL the relay's replication slot holds back (current position − confirmed).
 pub const WAL_SLOT_LAG_BYTES: &str = "pgoutbox_wal_slot_lag_bytes";
@@ -205,6 +207,12 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         "gauge",
         "destination",
         "1 while an operator has paused the destination",
+    ),
+    (
+        RATE_LIMIT_WAITS_TOTAL,
+        "counter",
+        "destination",
+        "times the destination's lanes found its rate_limit bucket empty and waited (events ready, the limit held them)",
     ),
     (
         RELAY_STALLED,
