@@ -117,3 +117,26 @@ async fn shutdown_does_not_wait_for_rate_limit_tokens() {
         "every event delivered or pending, none attempted"
     );
 }
+
+/// `pgoutbox status` names a destination's rate limit beside its state, so a backlog held by
+/// the limit is read as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_rate_limit() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    db.insert_plain(1, "order.created").await;
+    let text = webhook_config(&db, &rx.url, "rate_limit = { rate = \"600/m\", burst = 3 }");
+    let dir = scratch();
+    let config = write_config(dir.path(), &text);
+    let config = config.to_str().expect("utf8");
+    let (code, _, err) = run(&["relay", "--once", "--config", config]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&["status", "--config", config]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .skip_while(|l| *l != "DESTINATIONS")
+        .find(|l| l.trim_start().starts_with("hooks"))
+        .unwrap_or_else(|| panic!("no DESTINATIONS line for the destination: {out}"));
+    assert!(line.contains("rate limit 10/s (burst 3)"), "{line}");
+}

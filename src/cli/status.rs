@@ -29,14 +29,14 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let router = Router::new(&config.destinations);
     let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
     if args.watch {
-        return watch(&store, &router, &names, args.interval).await;
+        return watch(&store, &router, &names, &limits(&config), args.interval).await;
     }
     let status = pgoutbox::status::read(&store, Some((&router, &names))).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(ExitCode::SUCCESS);
     }
-    print_table(&status);
+    print_table(&status, &limits(&config));
     if config.source == pgoutbox::config::Source::Wal {
         // Events written with emit() and not yet read live only in the WAL: the slot's lag is
         // their backlog.
@@ -65,6 +65,7 @@ async fn watch(
     store: &Store,
     router: &Router,
     names: &[String],
+    limits: &std::collections::HashMap<String, pgoutbox::model::rate::RateLimit>,
     interval: std::time::Duration,
 ) -> anyhow::Result<ExitCode> {
     let mut previous: Option<(std::time::Instant, std::collections::HashMap<String, i64>)> = None;
@@ -79,7 +80,7 @@ async fn watch(
         }
         // Clear the screen and go home, like top.
         print!("\x1b[2J\x1b[H");
-        print_table(&status);
+        print_table(&status, limits);
         println!();
         println!("THROUGHPUT (published per second since the last refresh; needs retention > 0)");
         for (destination, count) in &published {
@@ -121,7 +122,21 @@ async fn watch(
     }
 }
 
-fn print_table(status: &pgoutbox::status::Status) {
+/// Each destination's `rate_limit`, by name, for the DESTINATIONS lines.
+fn limits(
+    config: &pgoutbox::config::Config,
+) -> std::collections::HashMap<String, pgoutbox::model::rate::RateLimit> {
+    config
+        .destinations
+        .iter()
+        .filter_map(|d| Some((d.name.clone(), d.rate_limit?)))
+        .collect()
+}
+
+fn print_table(
+    status: &pgoutbox::status::Status,
+    limits: &std::collections::HashMap<String, pgoutbox::model::rate::RateLimit>,
+) {
     println!(
         "{}  (at {})",
         status.table,
@@ -211,6 +226,9 @@ fn print_table(status: &pgoutbox::status::Status) {
             if d.failed_probes > 0 {
                 line.push_str(&format!(" ({} failed probes)", d.failed_probes));
             }
+        }
+        if let Some(limit) = limits.get(&d.name) {
+            line.push_str(&format!(", rate limit {limit}"));
         }
         println!("{line}");
     }

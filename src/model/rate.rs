@@ -73,6 +73,17 @@ impl RateLimit {
     }
 }
 
+impl std::fmt::Display for RateLimit {
+    /// `200/s (burst 200)`; a rate under one a second keeps its decimals (`0.025/s`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.per_second.fract() == 0.0 {
+            write!(f, "{:.0}/s (burst {})", self.per_second, self.burst)
+        } else {
+            write!(f, "{}/s (burst {})", self.per_second, self.burst)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +102,9 @@ mod tests {
             assert!((r.per_second - per_second).abs() < 1e-9, "{text}: {r:?}");
             assert_eq!(r.burst, *want_burst, "{text}");
         }
+        let shown = |text: &str, burst| RateLimit::parse(text, burst).expect("valid").to_string();
+        assert_eq!(shown("200/s", None), "200/s (burst 200)");
+        assert_eq!(shown("90/h", Some(3)), "0.025/s (burst 3)");
         for (bad, burst, says) in [
             ("200", None, "not a rate"),
             ("x/s", None, "not a rate"),
