@@ -35,11 +35,6 @@ impl Limiter {
         }
     }
 
-    /// The limit.
-    pub fn limit(&self) -> RateLimit {
-        self.limit
-    }
-
     /// Up to `wanted` tokens: what this relay kept, else a take from the shared bucket, waiting
     /// for tokens until `deadline`. 0 when the deadline came first (or the database did not
     /// answer: events then wait, as for an empty bucket).

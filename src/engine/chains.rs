@@ -102,6 +102,7 @@ impl Relay {
             return self.publish_paced(run, d, indexes, &events).await;
         };
         let root = Transform::root();
+        let refused = Share::new(&lane.gate, &run.budgets[d], &run.slots, indexes);
         let mut sent = Vec::with_capacity(indexes.len());
         let mut events = Vec::with_capacity(indexes.len());
         for (n, &i) in indexes.iter().enumerate() {
@@ -110,9 +111,7 @@ impl Relay {
                     sent.push(i);
                     events.push(event);
                 }
-                Err(reason) => {
-                    Share::new(&lane.gate, &run.budgets[d], &run.slots, indexes).refuse(n, reason)
-                }
+                Err(reason) => refused.refuse(n, reason),
             }
         }
         let events: Vec<&OutboxEvent> = events.iter().collect();

@@ -35,11 +35,6 @@ impl Transform {
         })
     }
 
-    /// The expression as written.
-    pub fn as_str(&self) -> &str {
-        &self.source
-    }
-
     /// The context transforms evaluate in: CEL's functions, `without` and `with`. Built once per publish
     /// call (building one registers every function), shared by its events.
     pub fn root() -> cel::Context<'static> {

@@ -14,7 +14,8 @@
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use super::Envelope;
@@ -96,23 +97,23 @@ pub struct Message<'a> {
     pub attributes: Vec<(String, String)>,
 }
 
-/// The CloudEvents JSON format of one event (structured mode).
-#[derive(Serialize)]
+/// The CloudEvents JSON format of one event (structured mode): its context attributes, the same
+/// ones binary mode sends, then `datacontenttype` and the payload as `data`.
 struct Structured<'a> {
-    specversion: &'static str,
-    id: String,
-    source: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    subject: Option<&'a str>,
-    time: String,
-    datacontenttype: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    traceparent: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tracestate: Option<&'a str>,
+    attributes: Vec<(&'static str, String)>,
     data: &'a RawValue,
+}
+
+impl Serialize for Structured<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.attributes.len() + 2))?;
+        for (name, value) in &self.attributes {
+            map.serialize_entry(name, value)?;
+        }
+        map.serialize_entry("datacontenttype", JSON)?;
+        map.serialize_entry("data", self.data)?;
+        map.end()
+    }
 }
 
 /// The media type of a JSON body.
@@ -138,11 +139,6 @@ impl Shape {
         }
     }
 
-    /// The body setting.
-    pub fn body(&self) -> Body {
-        self.body
-    }
-
     /// Whether a broker message states its content type: the raw payload goes as it always
     /// did, any other body says what it is.
     pub fn states_content_type(&self) -> bool {
@@ -165,36 +161,31 @@ impl Shape {
                 attributes: Vec::new(),
             },
             Body::CloudEvents => Message {
-                body: Cow::Owned(serde_json::to_vec(&self.structured(event)).unwrap_or_default()),
+                body: Cow::Owned(
+                    serde_json::to_vec(&Structured {
+                        attributes: self.attributes(event),
+                        data: &event.payload,
+                    })
+                    .unwrap_or_default(),
+                ),
                 content_type: CLOUDEVENTS_JSON,
                 attributes: Vec::new(),
             },
             Body::CloudEventsBinary => Message {
                 body: payload(),
                 content_type: JSON,
-                attributes: self.attributes(event, binding),
+                attributes: self
+                    .attributes(event)
+                    .into_iter()
+                    .map(|(name, value)| (format!("{}{name}", binding.prefix()), value))
+                    .collect(),
             },
         }
     }
 
-    fn structured<'a>(&'a self, event: &'a OutboxEvent) -> Structured<'a> {
-        Structured {
-            specversion: "1.0",
-            id: event.id.to_string(),
-            source: &self.source,
-            kind: &event.topic,
-            subject: event.key.as_deref(),
-            time: time(event),
-            datacontenttype: JSON,
-            traceparent: event.header("traceparent"),
-            tracestate: event.header("tracestate"),
-            data: &event.payload,
-        }
-    }
-
-    /// The context attributes of `event`, named for `binding` (`datacontenttype` travels as the
-    /// protocol's content type).
-    fn attributes(&self, event: &OutboxEvent, binding: Binding) -> Vec<(String, String)> {
+    /// The context attributes of `event`, both modes' (`datacontenttype` aside: binary mode sends
+    /// it as the protocol's content type).
+    fn attributes(&self, event: &OutboxEvent) -> Vec<(&'static str, String)> {
         let mut attributes = vec![
             ("specversion", "1.0".to_owned()),
             ("id", event.id.to_string()),
@@ -211,9 +202,6 @@ impl Shape {
             }
         }
         attributes
-            .into_iter()
-            .map(|(name, value)| (format!("{}{name}", binding.prefix()), value))
-            .collect()
     }
 }
 
