@@ -92,6 +92,28 @@ impl Pair {
         let primary = LogicalPg::start(&[]);
         let standby = primary.standby();
         let db = TestDb::migrated_on(&primary.server_url()).await;
+        // A synchronous commit waits for the standby to flush, not to apply: wait until the
+        // standby shows the migrated database, or a test that connects to it first races replay.
+        let on_standby = format!("postgres://postgres@127.0.0.1:{}/{}", standby.port, db.name);
+        let applied = wait_for(Duration::from_secs(30), || async {
+            match sqlx::PgPool::connect(&on_standby).await {
+                Ok(pool) => {
+                    let version: Option<i32> =
+                        sqlx::query_scalar("SELECT max(version) FROM pgoutbox_migrations")
+                            .fetch_one(&pool)
+                            .await
+                            .unwrap_or(None);
+                    pool.close().await;
+                    version == Some(pgoutbox::schema::CURRENT_VERSION)
+                }
+                Err(_) => false,
+            }
+        })
+        .await;
+        assert!(
+            applied,
+            "the standby replays the migrated database within 30 s"
+        );
         let both = format!(
             "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{}?target_session_attrs=read-write",
             primary.port, standby.port, db.name
