@@ -4,6 +4,7 @@ GRANT USAGE ON SCHEMA public TO pgoutbox_relay;
 GRANT SELECT, UPDATE, DELETE ON public.outbox TO pgoutbox_relay;   -- DELETE: retention 0 and cleanup
 GRANT SELECT, INSERT, UPDATE ON public.outbox_destinations TO pgoutbox_relay;          -- pause, breaker
 GRANT SELECT, INSERT, UPDATE ON public.outbox_rates TO pgoutbox_relay;                 -- rate_limit buckets
+GRANT SELECT, INSERT, UPDATE ON public.outbox_replays TO pgoutbox_relay;               -- replays and backfills
 GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_deliveries TO pgoutbox_relay;    -- fan-out pairs
 GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_held_batches TO pgoutbox_relay;
 GRANT USAGE ON SEQUENCE public.outbox_held_batches_id_seq TO pgoutbox_relay;

@@ -44,6 +44,14 @@ impl Router {
             .collect()
     }
 
+    /// Whether destination `d` takes `event` (its topics and filter).
+    pub fn takes(&self, d: usize, event: &OutboxEvent) -> bool {
+        let Some((globs, filter)) = self.routes.get(d) else {
+            return false;
+        };
+        topic_matches(globs, &event.topic) && filter.as_ref().is_none_or(|f| f.eval(event))
+    }
+
     /// The destinations each event goes to, in configuration order; empty when none takes it.
     pub fn route_all(&self, events: &[OutboxEvent]) -> Vec<Vec<usize>> {
         if !self.filters() {

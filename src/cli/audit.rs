@@ -48,7 +48,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Who runs this command, as the audit log names them: `user@host`.
-fn operator() -> String {
+pub(super) fn operator() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into());

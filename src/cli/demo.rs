@@ -71,6 +71,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         filter: None,
         transform: None,
         rate_limit: None,
+        backfill: None,
         retry: RetryPolicy::default(),
         ordering: Default::default(),
         on_dead: Default::default(),

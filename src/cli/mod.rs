@@ -7,6 +7,7 @@ mod demo;
 mod destination;
 mod migrate;
 mod relay;
+mod replay;
 mod slot;
 mod status;
 
@@ -77,6 +78,9 @@ enum Command {
     /// Pause or resume a destination for every relay; list breaker states.
     #[command(subcommand)]
     Destination(destination::Command),
+    /// Send retained events again to one destination; list, watch, pause, resume, cancel replays.
+    #[command(subcommand)]
+    Replay(replay::Command),
     /// The changes operators made through the console and the CLI, newest first.
     Audit(audit::Args),
     /// The logical replication slot of `source = "wal"`: create, drop, status.
@@ -132,6 +136,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::run(&cli, args).await,
         Command::Dead(cmd) => dead::run(&cli, cmd).await,
         Command::Destination(cmd) => destination::run(&cli, cmd).await,
+        Command::Replay(cmd) => replay::run(&cli, cmd).await,
         Command::Slot(cmd) => slot::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,

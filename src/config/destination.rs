@@ -26,6 +26,9 @@ pub struct DestinationConfig {
     pub transform: Option<crate::model::transform::Transform>,
     /// Most events a second this destination is sent, across every relay.
     pub rate_limit: Option<RateLimit>,
+    /// How far back the retained events reach that this destination is sent when it first
+    /// appears (a replay created at its first start).
+    pub backfill: Option<std::time::Duration>,
     /// Retry schedule and limits.
     pub retry: RetryPolicy,
     /// Per-key ordering of this destination's events.
@@ -172,6 +175,7 @@ struct CommonDestination {
     filter: Option<String>,
     transform: Option<String>,
     rate_limit: Option<toml::Value>,
+    backfill: Option<String>,
     retry_schedule: Option<Vec<String>>,
     max_attempts: Option<u32>,
     max_age: Option<String>,
@@ -190,6 +194,7 @@ const COMMON_KEYS: &[&str] = &[
     "filter",
     "transform",
     "rate_limit",
+    "backfill",
     "retry_schedule",
     "max_attempts",
     "max_age",
@@ -246,6 +251,11 @@ pub(crate) fn parse_destination(
         .transpose()
         .map_err(|m| ConfigError::at(at("rate_limit"), m))?;
 
+    let backfill = common
+        .backfill
+        .map(|b| parse_duration_key(&at("backfill"), &b))
+        .transpose()?;
+
     let mut retry = RetryPolicy::default();
     if let Some(schedule) = common.retry_schedule {
         if schedule.is_empty() {
@@ -284,6 +294,7 @@ pub(crate) fn parse_destination(
         filter,
         transform,
         rate_limit,
+        backfill,
         retry,
         ordering: common.ordering,
         on_dead: common.on_dead,

@@ -67,6 +67,7 @@ impl Lane {
             filter: None,
             transform: None,
             rate_limit: None,
+            backfill: None,
             retry: destination.retry.clone(),
             ordering: Ordering::None,
             on_dead: OnDead::Block,

@@ -25,6 +25,7 @@ mod lane;
 mod pacing;
 mod probe;
 mod readiness;
+mod replays;
 mod report;
 mod retries;
 mod run;
@@ -123,6 +124,7 @@ impl Relay {
             metrics::counter!(metric::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
             metrics::counter!(metric::RATE_LIMIT_WAITS_TOTAL, "destination" => d.name.clone())
                 .absolute(0);
+            metrics::counter!(metric::REPLAYED_TOTAL, "destination" => d.name.clone()).absolute(0);
         }
         let store = Store::new(pool, config.table.clone());
         let lanes: Vec<Lane> = destinations

@@ -85,6 +85,7 @@ impl Relay {
             tokio::spawn(async move {
                 tokio::join!(
                     relay.cleanup_loop(shutdown.clone()),
+                    relay.replays_loop(shutdown.clone()),
                     relay.destinations_loop(shutdown)
                 )
             })
@@ -118,6 +119,7 @@ impl Relay {
     /// operator's pause, an open breaker), and releases rows whose wait is over.
     pub(super) async fn prepare(&self) {
         let steps = async {
+            self.create_backfills().await?;
             self.register().await?;
             self.sync().await?;
             waiting::unpark_followers(&self.store).await

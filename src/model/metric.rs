@@ -42,6 +42,8 @@ pub const DESTINATION_STATE: &str = "pgoutbox_destination_state";
 pub const DESTINATION_PAUSED: &str = "pgoutbox_destination_paused";
 /// Times a destination's lanes found its `rate_limit` bucket empty and waited for tokens.
 pub const RATE_LIMIT_WAITS_TOTAL: &str = "pgoutbox_rate_limit_waits_total";
+/// Retained events a replay (or backfill) queued for the destination again.
+pub const REPLAYED_TOTAL: &str = "pgoutbox_replayed_total";
 
 /// `source = "wal"`: WAL the relay's replication slot holds back (current position − confirmed).
 pub const WAL_SLOT_LAG_BYTES: &str = "pgoutbox_wal_slot_lag_bytes";
@@ -213,6 +215,12 @@ pub const METRICS: &[(&str, &str, &str, &str)] = &[
         "counter",
         "destination",
         "times the destination's lanes found its rate_limit bucket empty and waited (events ready, the limit held them)",
+    ),
+    (
+        REPLAYED_TOTAL,
+        "counter",
+        "destination",
+        "retained events replays and backfills queued for the destination again (sent by its lane like any pair)",
     ),
     (
         RELAY_STALLED,

@@ -9,6 +9,7 @@ pub mod filter;
 pub mod metric;
 pub mod outcome;
 pub mod rate;
+pub mod replay;
 pub mod retry;
 pub mod secrets;
 pub mod template;

@@ -29,6 +29,7 @@ pub mod inspect;
 pub mod operators;
 pub mod outbox;
 pub mod rates;
+pub mod replays;
 pub mod server;
 pub mod slot;
 pub mod status;
@@ -62,6 +63,7 @@ struct Statements {
     operators: operators::Sql,
     outbox: outbox::Sql,
     rates: rates::Sql,
+    replays: replays::Sql,
     status: status::Sql,
     waiting: waiting::Sql,
 }
@@ -81,6 +83,7 @@ impl Statements {
             operators: operators::Sql::render(table),
             outbox: outbox::Sql::render(table),
             rates: rates::Sql::render(table),
+            replays: replays::Sql::render(table),
             status: status::Sql::render(table),
             waiting: waiting::Sql::render(table),
         }

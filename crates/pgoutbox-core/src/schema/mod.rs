@@ -88,6 +88,11 @@ const MIGRATIONS: &[Migration] = &[
         "add the rate-limited destinations' shared token buckets",
         include_str!("migrations/0013_rates.sql"),
     ),
+    Migration::sql(
+        14,
+        "add replays (retained events sent again to one destination)",
+        include_str!("migrations/0014_replays.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -354,8 +359,8 @@ pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
 #[cfg(feature = "sqlx08")]
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
-/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table and its rate
-/// limits' buckets, SELECT, INSERT,
+/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, its rate
+/// limits' buckets and its replays, SELECT, INSERT,
 /// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT,
 /// INSERT and DELETE on its history and the console's shared samples, SELECT and INSERT on the
 /// audit log (the console in the relay's process records operators' changes), SELECT on the
@@ -372,6 +377,7 @@ pub async fn grant_relay(
          GRANT {privileges} ON {{outbox}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:rates}} TO {role};
+         GRANT SELECT, INSERT, UPDATE ON {{qname:replays}} TO {role};
          GRANT SELECT, INSERT, DELETE ON {{qname:samples}} TO {role};
          GRANT SELECT, INSERT ON {{qname:audit}} TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:deliveries}} TO {role};

@@ -1,0 +1,443 @@
+//! Replays and backfills: retained events sent again to one destination, with their own id and a
+//! header naming the replay, run by whichever relay serves the destination, surviving a relay
+//! killed mid-way; pause, resume and cancel; `--dry-run` counts; an ordered destination keeps
+//! each key's order.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::*;
+use pgoutbox::store::replays::{self, Change, NewReplay, Selection};
+use pgoutbox::store::Store;
+
+const HEADER: &str = "pgoutbox-replay";
+
+fn store(db: &TestDb) -> Store {
+    Store::new(
+        db.pool.clone(),
+        pgoutbox::table::OutboxTable::default_table(),
+    )
+}
+
+/// The replayed requests `rx` got (those carrying the replay header), by event id.
+fn replayed(rx: &Receiver) -> Vec<Received> {
+    rx.delivered()
+        .into_iter()
+        .filter(|r| r.headers.contains_key(HEADER))
+        .collect()
+}
+
+async fn replay_state(db: &TestDb, id: uuid::Uuid) -> replays::Replay {
+    replays::get(&store(db), id)
+        .await
+        .expect("get")
+        .expect("replay")
+}
+
+/// Events delivered once are sent again by a replay of one topic: the same ids, each with the
+/// replay's header, nothing of the other topic; the replay ends done with its counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_sends_retained_events_again_with_their_ids_and_its_header() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let orders: HashSet<String> = db
+        .insert_plain(40, "order.created")
+        .await
+        .into_iter()
+        .collect();
+    db.insert_plain(10, "user.created").await;
+    let relay = Running::start(&db, &webhook_config(&db, &rx.url, ""));
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            rx.delivered_ids().len() >= 50
+        })
+        .await
+    );
+
+    let id = replays::create(
+        &store(&db),
+        &NewReplay {
+            destination: "hooks".into(),
+            selection: Selection {
+                topics: vec!["order.created".into()],
+                ..Selection::default()
+            },
+            ..NewReplay::default()
+        },
+    )
+    .await
+    .expect("create")
+    .expect("created");
+    assert_eq!(
+        replay_state(&db, id).await.total,
+        40,
+        "the selection's total"
+    );
+    let done = wait_for(Duration::from_secs(30), || async {
+        replay_state(&db, id).await.state == "done"
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "replay: {:?}", replay_state(&db, id).await);
+    let again = replayed(&rx);
+    let ids: HashSet<String> = again.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(
+        ids, orders,
+        "every order sent again under its own id, nothing else"
+    );
+    assert!(again.iter().all(|r| r.headers[HEADER] == id.to_string()));
+    let r = replay_state(&db, id).await;
+    assert_eq!((r.read, r.queued, r.pending, r.dead), (40, 40, 0, 0));
+    assert_eq!(r.delivered(), 40);
+}
+
+/// A replay paused queues nothing more (what it queued still goes); resumed, it goes on from its
+/// cursor; cancelled, it stops for good. Each change is refused from a state that does not
+/// allow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_paused_resumed_and_cancelled() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    db.insert_plain(300, "order.created").await;
+    let relay = Running::start(&db, &webhook_config(&db, &rx.url, ""));
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            rx.delivered_ids().len() >= 300
+        })
+        .await
+    );
+    let s = store(&db);
+    let new = NewReplay {
+        destination: "hooks".into(),
+        rate: Some("50/s".into()),
+        ..NewReplay::default()
+    };
+    let id = replays::create(&s, &new)
+        .await
+        .expect("create")
+        .expect("created");
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            replayed(&rx).len() >= 20
+        })
+        .await
+    );
+    assert!(replays::change(&s, id, Change::Pause).await.expect("pause"));
+    assert!(!replays::change(&s, id, Change::Pause)
+        .await
+        .expect("pause twice"));
+    let paused = replay_state(&db, id).await;
+    assert_eq!(paused.state, "paused");
+    // What was queued when it paused drains; then nothing more is read.
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            replay_state(&db, id).await.pending == 0
+        })
+        .await
+    );
+    let read = replay_state(&db, id).await.read;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        replay_state(&db, id).await.read,
+        read,
+        "a paused replay reads nothing"
+    );
+    assert!(
+        read < 300,
+        "the rate kept it from finishing before the pause ({read} read)"
+    );
+
+    assert!(replays::change(&s, id, Change::Resume)
+        .await
+        .expect("resume"));
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            replay_state(&db, id).await.read > read
+        })
+        .await
+    );
+    assert!(replays::change(&s, id, Change::Cancel)
+        .await
+        .expect("cancel"));
+    assert!(!replays::change(&s, id, Change::Resume)
+        .await
+        .expect("resume cancelled"));
+    let cancelled = replay_state(&db, id).await;
+    assert_eq!(cancelled.state, "cancelled");
+    assert_eq!(cancelled.pending, 0, "its queued pairs are dropped");
+    let read = cancelled.read;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(replay_state(&db, id).await.read, read);
+    relay.stop().await;
+}
+
+/// A relay killed (SIGKILL) in the middle of a replay: another relay finishes it (the pairs the
+/// killed one had out come back when their lease ends), and every selected event reached the
+/// destination at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_survives_its_relay_killed_mid_way() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let ids: HashSet<String> = db
+        .insert_plain(1_500, "order.created")
+        .await
+        .into_iter()
+        .collect();
+    let dir = scratch();
+    // A short lease: the pairs the killed relay had out come back within seconds.
+    let text = webhook_config(&db, &rx.url, "").replace(
+        "poll_interval = \"50ms\"",
+        "poll_interval = \"50ms\"\npublish_timeout = \"2s\"\nlease = \"3s\"",
+    );
+    let config = write_config(dir.path(), &text);
+    let mut first = spawn_relay(dir.path(), &config, "first");
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            rx.delivered_ids().len() >= 1_500
+        })
+        .await
+    );
+
+    let (code, out, err) = run(&[
+        "replay",
+        "start",
+        "hooks",
+        "--config",
+        config.to_str().expect("path"),
+        "--rate",
+        "500/s",
+        "--detach",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let id: uuid::Uuid = out.trim().parse().expect("the replay's id");
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            replayed(&rx).len() >= 300
+        })
+        .await
+    );
+    signal(&first, libc::SIGKILL);
+    let _ = first.wait();
+    let midway = replay_state(&db, id).await;
+    assert_eq!(midway.state, "running");
+    assert!(midway.read < 1_500, "killed mid-way ({} read)", midway.read);
+
+    let mut second = spawn_relay(dir.path(), &config, "second");
+    let done = wait_for(Duration::from_secs(60), || async {
+        replay_state(&db, id).await.state == "done"
+    })
+    .await;
+    signal(&second, libc::SIGTERM);
+    let _ = exit_status(&mut second, Duration::from_secs(30)).await;
+    let log = std::fs::read_to_string(dir.path().join("relay-second.log")).unwrap_or_default();
+    assert!(done, "replay: {:?}\n{log}", replay_state(&db, id).await);
+    let again: HashSet<String> = replayed(&rx).into_iter().map(|r| r.id).collect();
+    assert_eq!(again, ids, "every event replayed at least once");
+
+    let (code, out, err) = run(&["replay", "list", "--config", config.to_str().expect("path")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&id.to_string()) && out.contains("done"),
+        "{out}"
+    );
+}
+
+/// `--dry-run` counts what the destination would be sent (its topics and the replay's filter)
+/// and creates nothing; bad input is refused naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_counts_and_bad_input_is_refused() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload, published_at)
+         SELECT 'order.created', jsonb_build_object('total', g), now() FROM generate_series(1, 30) g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("retained rows");
+    db.insert_plain(5, "order.created").await; // pending: not retained, not replayed
+    let dir = scratch();
+    let config = write_config(dir.path(), &webhook_config(&db, &rx.url, ""));
+    let config = config.to_str().expect("path");
+    let (code, out, err) = run(&[
+        "replay",
+        "start",
+        "hooks",
+        "--config",
+        config,
+        "--dry-run",
+        "--filter",
+        "payload.total > 20",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("10 of 30 retained events"), "{out}");
+    assert_eq!(
+        replays::list(&store(&db), None, 10)
+            .await
+            .expect("list")
+            .len(),
+        0
+    );
+
+    for (args, says) in [
+        (vec!["--filter", "payload.("], "invalid --filter"),
+        (vec!["--rate", "fast"], "invalid --rate"),
+        (vec!["--since", "yesterday"], "--since"),
+    ] {
+        let mut all = vec!["replay", "start", "hooks", "--config", config];
+        all.extend(args);
+        let (code, _, err) = run(&all);
+        assert_ne!(code, 0);
+        assert!(err.contains(says), "{err}");
+    }
+    let (code, _, err) = run(&["replay", "start", "nowhere", "--config", config]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no destination named \"nowhere\""), "{err}");
+    let (code, _, err) = run(&[
+        "replay",
+        "pause",
+        &uuid::Uuid::nil().to_string(),
+        "--config",
+        config,
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no replay"), "{err}");
+}
+
+/// `backfill = "1h"` on a destination added later: its first start sends it the retained
+/// events as a replay; a restart does not send them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_destination_with_backfill_gets_the_history_once() {
+    let db = TestDb::migrated().await;
+    let old = Receiver::start().await;
+    let new = Receiver::start().await;
+    let ids: HashSet<String> = db
+        .insert_plain(30, "order.created")
+        .await
+        .into_iter()
+        .collect();
+    let relay = Running::start(&db, &webhook_config(&db, &old.url, ""));
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            old.delivered_ids().len() >= 30
+        })
+        .await
+    );
+    relay.stop().await;
+
+    let both = format!(
+        "{}\n[[destinations]]\nname = \"late\"\ntype = \"webhook\"\nurl = \"{}\"\nbackfill = \"1h\"\n",
+        webhook_config(&db, &old.url, ""),
+        new.url
+    );
+    let relay = Running::start(&db, &both);
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            new.delivered_ids() == ids
+        })
+        .await
+    );
+    relay.stop().await;
+    let relay = Running::start(&db, &both);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relay.stop().await;
+    assert_eq!(new.delivered().len(), 30, "backfilled once");
+    let list = replays::list(&store(&db), Some("late"), 10)
+        .await
+        .expect("list");
+    assert_eq!(list.len(), 1);
+    assert!(list[0].backfill);
+    assert!(
+        replayed(&old).is_empty(),
+        "the other destination is not sent the backfill"
+    );
+}
+
+/// On an ordered destination, a replay runs while live events of the same keys flow: each key's
+/// replayed events arrive in order and its live events arrive in order (a live event of a key
+/// waits behind the key's replayed events queued before it, as behind any earlier pair).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_destination_keeps_each_keys_order_through_a_replay() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let insert = |from: i32| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO outbox (topic, key, payload)
+                 SELECT 'order.updated', 'k' || (g % 10), jsonb_build_object('n', g)
+                 FROM generate_series($1, $1 + 199) g",
+            )
+            .bind(from)
+            .execute(&pool)
+            .await
+            .expect("insert");
+        }
+    };
+    insert(0).await;
+    let relay = Running::start(&db, &webhook_config(&db, &rx.url, "ordering = \"key\""));
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            rx.delivered_ids().len() >= 200
+        })
+        .await
+    );
+    let id = replays::create(
+        &store(&db),
+        &NewReplay {
+            destination: "hooks".into(),
+            rate: Some("200/s".into()),
+            ..NewReplay::default()
+        },
+    )
+    .await
+    .expect("create")
+    .expect("created");
+    for round in 1..=3 {
+        insert(round * 1_000).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let done = wait_for(Duration::from_secs(60), || async {
+        replay_state(&db, id).await.state == "done" && rx.delivered_ids().len() >= 800
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "replay: {:?}", replay_state(&db, id).await);
+
+    // Per key, in arrival order: (n, replayed).
+    let mut by_key: HashMap<String, Vec<(i64, bool)>> = HashMap::new();
+    let mut first_live: HashSet<String> = HashSet::new();
+    for r in rx.delivered() {
+        let n = r.json()["data"]["n"].as_i64().expect("n");
+        let replay = r.headers.contains_key(HEADER);
+        if !replay && !first_live.insert(r.id.clone()) {
+            continue; // a live event's second delivery: not the order under test
+        }
+        by_key
+            .entry(format!("k{}", n % 10))
+            .or_default()
+            .push((n, replay));
+    }
+    let mut violations = 0;
+    for arrivals in by_key.values() {
+        for stream in [true, false] {
+            let ns: Vec<i64> = arrivals
+                .iter()
+                .filter(|a| a.1 == stream)
+                .map(|a| a.0)
+                .collect();
+            violations += ns.windows(2).filter(|w| w[0] > w[1]).count();
+        }
+    }
+    assert_eq!(
+        violations, 0,
+        "per-key order across replayed and live events"
+    );
+    let replayed_n: usize = by_key
+        .values()
+        .map(|a| a.iter().filter(|x| x.1).count())
+        .sum();
+    assert_eq!(replayed_n, 200, "the 200 retained events replayed");
+}
