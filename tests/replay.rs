@@ -441,3 +441,56 @@ async fn an_ordered_destination_keeps_each_keys_order_through_a_replay() {
         .sum();
     assert_eq!(replayed_n, 200, "the 200 retained events replayed");
 }
+
+/// A replayed event the destination refuses at first is not lost: it is left as a pair of the
+/// destination, retried by its lane, and the replay is done once it is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_event_that_fails_is_retried_as_a_pair() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let ids: HashSet<String> = db
+        .insert_plain(20, "order.created")
+        .await
+        .into_iter()
+        .collect();
+    let relay = Running::start(
+        &db,
+        &webhook_config(&db, &rx.url, "retry_schedule = [\"100ms\"]"),
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            rx.delivered_ids().len() >= 20
+        })
+        .await
+    );
+    // Each event's first replayed request fails (its live one was its first request).
+    rx.set(|r| {
+        if r.headers.contains_key(HEADER) && r.nth == 1 {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    });
+    let id = replays::create(
+        &store(&db),
+        &NewReplay {
+            destination: "hooks".into(),
+            ..NewReplay::default()
+        },
+    )
+    .await
+    .expect("create")
+    .expect("created");
+    let done = wait_for(Duration::from_secs(30), || async {
+        replay_state(&db, id).await.state == "done"
+    })
+    .await;
+    relay.stop().await;
+    assert!(done, "replay: {:?}", replay_state(&db, id).await);
+    let again: HashSet<String> = replayed(&rx).into_iter().map(|r| r.id).collect();
+    assert_eq!(again, ids, "every refused event delivered on its retry");
+    let refused = rx.log().iter().filter(|r| r.status == 503).count();
+    assert_eq!(refused, 20, "each replayed event refused once");
+    let r = replay_state(&db, id).await;
+    assert_eq!((r.queued, r.pending, r.dead), (20, 0, 0));
+}

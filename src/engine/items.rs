@@ -102,7 +102,16 @@ impl Relay {
     /// an event none takes). With ordered destinations, an item whose key still has an
     /// undelivered pair for its destination waits behind it (DeliveriesKeysWaiting).
     pub(super) async fn items(&self, events: &[OutboxEvent]) -> Result<Items> {
-        let targets = self.router.route_all(events);
+        self.items_to(events, self.router.route_all(events)).await
+    }
+
+    /// The items of `events` routed to `targets` (per event, its lanes), kept behind their key
+    /// as [`Relay::items`] does.
+    pub(super) async fn items_to(
+        &self,
+        events: &[OutboxEvent],
+        targets: Vec<Vec<usize>>,
+    ) -> Result<Items> {
         let mut items = Items::route(targets, |lane| self.lanes[lane].gate.is_open());
         let key_of = |item: &Item| -> Option<(usize, &str)> {
             let lane = item.lane?;

@@ -1,15 +1,17 @@
 //! The replay loop: feeds the running replays of this relay's destinations into their lanes.
 //!
 //! A replay ([`crate::store::replays`]) is fed a step at a time: the events after its cursor that
-//! the destination takes (its topics and filter) and the replay's own filter keeps become pairs of
-//! the destination in the deliveries table, marked with the replay's header, and the lane's retry
-//! loop sends them like any pair. At most [`WINDOW`] of a replay's pairs wait there at a time, and
-//! a replay with a `rate` takes a token per event from a bucket of its own first: so a replay of a
-//! million events never stands in front of the destination's live events (which never go through
-//! the deliveries table unless they fail or fall behind) for more than a window's worth.
+//! the destination takes (its topics and filter) and the replay's own filter keeps are sent
+//! through the destination's lane, marked with the replay's header, as a batch of that lane alone
+//! (its gate, breaker, transform, key order and rate limit apply). What the destination did not
+//! take at once — a failure, a held or paused destination, an event behind a waiting pair of its
+//! key — becomes a pair of the destination in the deliveries table, which its retry loop takes on
+//! like any; while more than [`WINDOW`] of a replay's pairs wait there, it reads nothing more. A
+//! replay with a `rate` takes a token per event from a bucket of its own first.
 //!
-//! Any relay serving the destination feeds it, one at a time (the step locks the replay's row);
-//! a relay killed mid-step leaves the step undone, and the next step starts from the same cursor.
+//! Any relay serving the destination feeds it, one at a time (a step holds the replay's row
+//! lock); a relay killed mid-step drops the lock with its connection, and the next step sends the
+//! same events again from the same cursor.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -19,12 +21,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use super::batch::Run;
 use super::Relay;
+use crate::model::event::OutboxEvent;
 use crate::model::filter::Filter;
 use crate::model::metric;
+use crate::model::outcome::Outcome;
 use crate::model::rate::RateLimit;
 use crate::rate::Limiter;
-use crate::store::replays::{self, NewReplay, Replay, Selection};
+use crate::store::replays::{self, NewReplay, Replay, Retained, Selection, REPLAY_HEADER};
 
 /// Most pairs of one replay waiting in the deliveries table at a time.
 pub(super) const WINDOW: i64 = 2_000;
@@ -151,7 +156,9 @@ impl Relay {
         Ok(moved)
     }
 
-    /// One step of `replay`: whether it queued anything.
+    /// One step of `replay`: reads its next events, sends those its destination takes (with the
+    /// replay's header) through the lane, leaves those not delivered at once as pairs for the
+    /// lane's retry loop, and moves its cursor. Whether it read anything.
     async fn feed(&self, replay: &Replay, f: &Fed) -> crate::error::Result<bool> {
         let room = (WINDOW - replay.pending).min(STEP);
         if room <= 0 {
@@ -167,22 +174,74 @@ impl Relay {
         if tokens == 0 {
             return Ok(false);
         }
+        let Some(mut step) = replays::begin(&self.store, replay.id).await? else {
+            return Ok(false);
+        };
+        let limit = (WINDOW - step.replay.pending).min(tokens);
+        if limit <= 0 {
+            return Ok(false);
+        }
+        let read = step.read(limit).await?;
+        let header = (REPLAY_HEADER.to_owned(), replay.id.to_string());
+        let (chosen, events): (Vec<&Retained>, Vec<OutboxEvent>) = read
+            .iter()
+            .filter_map(|r| {
+                let event = r.event.as_ref().ok()?;
+                let takes = self.router.takes(f.lane, event)
+                    && f.filter.as_ref().is_none_or(|flt| flt.eval(event));
+                takes.then(|| {
+                    let mut event = event.clone();
+                    event
+                        .headers
+                        .retain(|(k, _)| !k.eq_ignore_ascii_case(REPLAY_HEADER));
+                    event.headers.push(header.clone());
+                    (r, event)
+                })
+            })
+            .unzip();
+        let delivered = self.send_replayed(f.lane, &events).await?;
+        let left: Vec<&Retained> = chosen
+            .iter()
+            .zip(&delivered)
+            .filter(|(_, ok)| !**ok)
+            .map(|(r, _)| *r)
+            .collect();
+        let queued = step.queue(&left).await?;
+        let walked = (read.len() as i64) < limit;
+        step.advance(&read, chosen.len() as u64, walked).await?;
         let lane = &self.lanes[f.lane];
-        let step = replays::feed(
-            &self.store,
-            replay.id,
-            |now| (WINDOW - now.pending).min(tokens),
-            |event| {
-                self.router.takes(f.lane, event)
-                    && f.filter.as_ref().is_none_or(|flt| flt.eval(event))
-            },
-        )
-        .await?;
-        if step.queued > 0 {
-            metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name.clone())
-                .increment(step.queued);
+        metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name.clone())
+            .increment(chosen.len() as u64);
+        if queued > 0 {
             lane.handed.notify_one();
         }
-        Ok(step.read > 0)
+        Ok(!read.is_empty())
+    }
+
+    /// Publishes replayed `events` to lane `d` as a batch of that lane alone (gate, breaker,
+    /// transform, key order, rate limit); per event, whether it was delivered.
+    async fn send_replayed(
+        &self,
+        d: usize,
+        events: &[OutboxEvent],
+    ) -> crate::error::Result<Vec<bool>> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let targets = events.iter().map(|_| vec![d]).collect();
+        let items = self.items_to(events, targets).await?;
+        let timeout = self.config.relay.publish_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let run = Run::new(events, &items, self.lanes.len(), deadline);
+        let aborted = tokio::select! {
+            _ = tokio::time::timeout_at(deadline, self.publish_run(&run)) => false,
+            _ = self.abort.cancelled() => true,
+        };
+        let (answers, _) = run.finish(aborted, &self.lanes, timeout);
+        self.store_tripped().await;
+        Ok(answers
+            .iter()
+            .map(|a| matches!(a, Some((Outcome::Delivered, _))))
+            .collect())
     }
 }

@@ -3,11 +3,12 @@
 //!
 //! A replay walks the retained events — published rows of the outbox (`retention`) and the
 //! partitioned history — in `(published_at, seq, id)` order from its cursor. Each step is one
-//! short transaction ([`feed`]): the replay's row is locked (`SKIP LOCKED`: one relay feeds it at a
-//! time, any relay may), the next events are copied into the deliveries table as pairs of its
-//! destination naming the replay, and the cursor moves on. So an event is queued once per replay
-//! whatever relays die meanwhile, and the destination's lane delivers the pairs like any other:
-//! retried, dead-lettered, held while it is paused, in key order when it is ordered.
+//! transaction ([`Step`]): the replay's row is locked (`SKIP LOCKED`: one relay feeds it at a
+//! time, any relay may), the next events are read and sent by the relay, those the destination
+//! did not take at once are left as pairs of its destination naming the replay in the deliveries
+//! table (its retry loop takes them on: retried, dead-lettered, held while it is paused), and the
+//! cursor moves on. A relay killed mid-step loses the lock with its connection; the step is then
+//! sent again by the next relay (at least once, as always).
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
@@ -316,8 +317,8 @@ fn retained(row: &PgRow) -> Result<Retained> {
     })
 }
 
-/// ReplayRead: up to `limit` retained events of `selection` published up to `upto` after
-/// `cursor` (from the start when `None`), in walk order (`--dry-run`).
+/// ReplayRead outside a step: up to `limit` retained events of `selection` published up to
+/// `upto` after `cursor` (from the start when `None`), in walk order (`--dry-run`).
 pub async fn read(
     store: &Store,
     (selection, upto): (&Selection, Option<DateTime<Utc>>),
@@ -362,69 +363,64 @@ pub async fn running(store: &Store, destinations: &[String]) -> Result<Vec<Repla
     rows.iter().map(Replay::from_row).collect()
 }
 
-/// What one step of a replay did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Fed {
-    /// Whether this relay had the replay (running, not walked, not fed by another relay now).
-    pub locked: bool,
-    /// Events read.
-    pub read: u64,
-    /// Events queued.
-    pub queued: u64,
-    /// Whether the walk reached its end.
-    pub walked: bool,
+/// One step of a replay, in one transaction that holds the replay's row lock (ReplayLock) until
+/// [`Step::advance`] commits it: while the relay sends the step's events, no other relay feeds
+/// the replay; a relay killed meanwhile drops the lock with its connection, and the step is
+/// done again from the same cursor by whichever relay locks the replay next.
+pub struct Step {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    store: Store,
+    /// The replay, as locked.
+    pub replay: Replay,
 }
 
-/// One step of the replay `id`, in one transaction (ReplayLock, ReplayRead, ReplayQueue,
-/// ReplayAdvance): reads up to `room(replay)` events after its cursor (none when the replay's
-/// queued pairs are enough for now), queues those `choose` takes and moves the cursor past all
-/// of them.
-pub async fn feed(
-    store: &Store,
-    id: Uuid,
-    room: impl FnOnce(&Replay) -> i64,
-    mut choose: impl FnMut(&OutboxEvent) -> bool,
-) -> Result<Fed> {
-    let sql = &store.sql.replays;
+/// ReplayLock: the next step of the replay `id`; `None` when it is not running, walked to its
+/// end, or being fed by another relay.
+pub async fn begin(store: &Store, id: Uuid) -> Result<Option<Step>> {
     let mut tx = store.pool().begin().await?;
-    let Some(row) = sqlx::query(&sql.lock)
+    let row = sqlx::query(&store.sql.replays.lock)
         .bind(id)
         .fetch_optional(&mut *tx)
-        .await?
-    else {
-        return Ok(Fed::default());
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
     };
-    let replay = Replay::from_row(&row)?;
-    let limit = room(&replay);
-    if limit <= 0 {
-        return Ok(Fed {
-            locked: true,
-            ..Fed::default()
-        });
+    Ok(Some(Step {
+        replay: Replay::from_row(&row)?,
+        tx,
+        store: store.clone(),
+    }))
+}
+
+impl Step {
+    /// ReplayRead: up to `limit` events after the cursor.
+    pub async fn read(&mut self, limit: i64) -> Result<Vec<Retained>> {
+        let selection = self.replay.selection();
+        let query = bind_selection(
+            sqlx::query(&self.store.sql.replays.read),
+            &selection,
+            Some(self.replay.cursor),
+            Some(self.replay.upto),
+        );
+        let rows = query.bind(limit).fetch_all(&mut *self.tx).await?;
+        rows.iter().map(retained).collect()
     }
-    let selection = replay.selection();
-    let query = bind_selection(
-        sqlx::query(&sql.read),
-        &selection,
-        Some(replay.cursor),
-        Some(replay.upto),
-    );
-    let rows = query.bind(limit).fetch_all(&mut *tx).await?;
-    let read: Vec<Retained> = rows.iter().map(retained).collect::<Result<_>>()?;
-    let mut pairs = Pairs::default();
-    for r in &read {
-        if let Ok(event) = &r.event {
-            if choose(event) {
+
+    /// ReplayQueue: `events` (with their headers as stored) as pairs of the replay's
+    /// destination, due now, for its retry loop; how many were queued.
+    pub async fn queue(&mut self, events: &[&Retained]) -> Result<u64> {
+        let mut pairs = Pairs::default();
+        for r in events {
+            if let Ok(event) = &r.event {
                 pairs.push(event, r.headers.as_deref());
             }
         }
-    }
-    let queued: i64 = if pairs.id.is_empty() {
-        0
-    } else {
-        sqlx::query_scalar(&sql.queue)
-            .bind(id)
-            .bind(&replay.destination)
+        if pairs.id.is_empty() {
+            return Ok(0);
+        }
+        let queued: i64 = sqlx::query_scalar(&self.store.sql.replays.queue)
+            .bind(self.replay.id)
+            .bind(&self.replay.destination)
             .bind(&pairs.id)
             .bind(&pairs.seq)
             .bind(&pairs.topic)
@@ -432,28 +428,28 @@ pub async fn feed(
             .bind(&pairs.payload)
             .bind(&pairs.headers)
             .bind(&pairs.created_at)
-            .fetch_one(&mut *tx)
-            .await?
-    };
-    let walked = (read.len() as i64) < limit;
-    let cursor = read.last().map_or(replay.cursor, |r| r.cursor);
-    sqlx::query(&sql.advance)
-        .bind(id)
-        .bind(cursor.at)
-        .bind(cursor.seq)
-        .bind(cursor.id)
-        .bind(read.len() as i64)
-        .bind(queued)
-        .bind(walked)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(Fed {
-        locked: true,
-        read: read.len() as u64,
-        queued: queued.max(0) as u64,
-        walked,
-    })
+            .fetch_one(&mut *self.tx)
+            .await?;
+        Ok(queued.max(0) as u64)
+    }
+
+    /// ReplayAdvance, then commit: the cursor moves past `read` (the last event read), `chosen`
+    /// more were sent or queued, and the walk ended when `walked`.
+    pub async fn advance(mut self, read: &[Retained], chosen: u64, walked: bool) -> Result<()> {
+        let cursor = read.last().map_or(self.replay.cursor, |r| r.cursor);
+        sqlx::query(&self.store.sql.replays.advance)
+            .bind(self.replay.id)
+            .bind(cursor.at)
+            .bind(cursor.seq)
+            .bind(cursor.id)
+            .bind(read.len() as i64)
+            .bind(chosen as i64)
+            .bind(walked)
+            .execute(&mut *self.tx)
+            .await?;
+        self.tx.commit().await?;
+        Ok(())
+    }
 }
 
 /// A step's chosen events, as the columns ReplayQueue unnests.
