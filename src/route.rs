@@ -1,12 +1,16 @@
 //! Routing: which destinations an event goes to (every one whose topic globs match and whose
 //! [`Filter`] is true), and the [`Template`]s broker sinks use to name the subject, routing key,
-//! topic or stream of each event.
+//! topic or stream of each event; and a replay's dry run ([`dry_run`]): which retained events one
+//! destination would take.
 
 use glob::Pattern;
 
 use crate::config::DestinationConfig;
+use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::filter::{event_scope, Filter};
+use crate::store::replays::{self, Selection};
+use crate::store::Store;
 
 /// Topic globs and filter of every destination, in configuration order.
 #[derive(Debug, Clone)]
@@ -80,6 +84,55 @@ impl Router {
 
 fn topic_matches(globs: &[Pattern], topic: &str) -> bool {
     globs.is_empty() || globs.iter().any(|g| g.matches(topic))
+}
+
+/// What a replay's dry run counted: the retained events in its range, those the destination
+/// would be sent, and rows that cannot be read as events (a replay skips them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DryRun {
+    /// Retained events in the range (the selection's topics, keys and times).
+    pub read: u64,
+    /// Of those, the events the destination takes (its topics and filter) and `filter` keeps.
+    pub would_send: u64,
+    /// Rows that cannot be read as events.
+    pub unreadable: u64,
+}
+
+/// Retained events a dry run reads at a time.
+const DRY_RUN_PAGE: i64 = 5_000;
+
+/// Walks `selection` as a replay to `dest` would (published up to now), counting what the
+/// destination would be sent with the replay's own `filter`; `progress` is told the events read
+/// so far after each page. Nothing is written.
+pub async fn dry_run(
+    store: &Store,
+    dest: &DestinationConfig,
+    selection: &Selection,
+    filter: Option<&Filter>,
+    mut progress: impl FnMut(u64),
+) -> Result<DryRun> {
+    let router = Router::new(std::slice::from_ref(dest));
+    let upto = chrono::Utc::now();
+    let mut counted = DryRun::default();
+    let mut cursor = None;
+    loop {
+        let page = replays::read(store, (selection, Some(upto)), cursor, DRY_RUN_PAGE).await?;
+        for r in &page {
+            match &r.event {
+                Ok(e) if router.takes(0, e) && filter.is_none_or(|f| f.eval(e)) => {
+                    counted.would_send += 1;
+                }
+                Ok(_) => {}
+                Err(_) => counted.unreadable += 1,
+            }
+        }
+        counted.read += page.len() as u64;
+        progress(counted.read);
+        match page.last() {
+            Some(last) if page.len() as i64 == DRY_RUN_PAGE => cursor = Some(last.cursor),
+            _ => return Ok(counted),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pgoutbox::config::{Config, DestinationConfig};
 use pgoutbox::model::filter::Filter;
 use pgoutbox::model::rate::RateLimit;
-use pgoutbox::route::Router;
+use pgoutbox::route;
 use pgoutbox::store::replays::{self, Change, NewReplay, Replay, Selection};
 use pgoutbox::store::Store;
 use uuid::Uuid;
@@ -192,7 +192,8 @@ async fn start(store: &Store, config: &Config, args: &StartArgs) -> anyhow::Resu
     follow(store, id).await
 }
 
-/// Walks the selection as a replay would, counting what the destination would be sent.
+/// Walks the selection as a replay would ([`pgoutbox::route::dry_run`]), counting what the
+/// destination would be sent.
 async fn dry_run(
     store: &Store,
     dest: &DestinationConfig,
@@ -200,33 +201,22 @@ async fn dry_run(
     filter: Option<&Filter>,
 ) -> anyhow::Result<ExitCode> {
     let total = replays::count(store, selection).await?;
-    let router = Router::new(std::slice::from_ref(dest));
     let bar = bar(total);
-    let upto = Utc::now();
-    let (mut read, mut chosen, mut unreadable) = (0u64, 0u64, 0u64);
-    let mut cursor = None;
-    loop {
-        let page = replays::read(store, (selection, Some(upto)), cursor, 5_000).await?;
-        for r in &page {
-            match &r.event {
-                Ok(e) if router.takes(0, e) && filter.is_none_or(|f| f.eval(e)) => chosen += 1,
-                Ok(_) => {}
-                Err(_) => unreadable += 1,
-            }
-        }
-        read += page.len() as u64;
-        bar.set_position(read);
-        match page.last() {
-            Some(last) if page.len() == 5_000 => cursor = Some(last.cursor),
-            _ => break,
-        }
-    }
+    let counted = route::dry_run(store, dest, selection, filter, |read| {
+        bar.set_position(read)
+    })
+    .await?;
     bar.finish_and_clear();
     println!(
-        "dry run: {chosen} of {read} retained events in range would be sent to {}{}",
+        "dry run: {} of {} retained events in range would be sent to {}{}",
+        counted.would_send,
+        counted.read,
         dest.name,
-        if unreadable > 0 {
-            format!(" ({unreadable} rows cannot be read as events and would be skipped)")
+        if counted.unreadable > 0 {
+            format!(
+                " ({} rows cannot be read as events and would be skipped)",
+                counted.unreadable
+            )
         } else {
             String::new()
         }
@@ -339,6 +329,11 @@ async fn steer(store: &Store, id: Uuid, change: Change) -> anyhow::Result<ExitCo
         before.pending.max(0) as u64,
     )
     .await?;
-    eprintln!("replay {id} to {}: {action}d", before.destination);
+    let done = match change {
+        Change::Pause => "paused",
+        Change::Resume => "resumed",
+        Change::Cancel => "cancelled",
+    };
+    eprintln!("replay {id} to {}: {done}", before.destination);
     Ok(ExitCode::SUCCESS)
 }

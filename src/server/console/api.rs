@@ -387,7 +387,7 @@ fn known(c: &Console, name: &str) -> Result<(), ApiError> {
 }
 
 /// Records a change made through the console in the audit log.
-async fn audit(
+pub(super) async fn audit(
     c: &Console,
     who: &str,
     action: &str,

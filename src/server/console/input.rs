@@ -151,6 +151,33 @@ pub(super) fn event_id(name: &str, value: &str) -> Result<Uuid, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{name}: {value:?} is not an event id")))
 }
 
+/// A replay id, or a 400 naming `name`.
+pub(super) fn replay_id(name: &str, value: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(value.trim())
+        .map_err(|_| ApiError::bad_request(format!("{name}: {value:?} is not a replay id")))
+}
+
+/// The most values a list parameter (topics, keys) takes.
+const MAX_LIST: usize = 1000;
+
+/// A list of names (topics, keys): each checked as [`text`] (blank ones dropped), at most
+/// [`MAX_LIST`], or a 400 naming `name`.
+pub(super) fn texts(name: &str, values: Option<Vec<String>>) -> Result<Vec<String>, ApiError> {
+    let values = values.unwrap_or_default();
+    if values.len() > MAX_LIST {
+        return Err(ApiError::bad_request(format!(
+            "{name}: more than {MAX_LIST} values"
+        )));
+    }
+    let mut out = Vec::with_capacity(values.len());
+    for v in values {
+        if let Some(v) = text(name, Some(v))? {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
 /// `since_seconds` of a dead-letter call: a duration from zero to a hundred years.
 pub(super) fn since_seconds(value: Option<f64>) -> Result<Option<std::time::Duration>, ApiError> {
     value
@@ -182,6 +209,14 @@ mod tests {
                 .starts_with("since:")
         );
         assert!(message(event_id("id", "nope").unwrap_err()).starts_with("id:"));
+        assert!(message(replay_id("id", "nope").unwrap_err()).starts_with("id:"));
+        assert!(
+            message(texts("topics", Some(vec!["a\0".into()])).unwrap_err()).starts_with("topics:")
+        );
+        assert_eq!(
+            texts("keys", Some(vec![" ".into(), "k".into()])).ok(),
+            Some(vec!["k".to_owned()])
+        );
         for bad in [-1.0, f64::NAN, f64::INFINITY, 1e15] {
             assert!(since_seconds(Some(bad)).is_err(), "{bad}");
         }

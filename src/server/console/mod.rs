@@ -4,9 +4,11 @@
 //! The API is a thin layer over the library the CLI uses: [`crate::server::gauges`] and
 //! [`crate::store::destinations`] for the overview and pause/resume, [`crate::store::dead`] for
 //! retry and discard, [`crate::store::inspect`] for finding events, [`crate::store::operators`]
-//! for the audit log and the shared chart. Every parameter is checked by name in `input.rs`, so
-//! bad input is a 4xx naming it and never reaches a statement. The page (`page/`: HTML, CSS and
-//! plain JavaScript) is compiled into the binary, so nothing is fetched from a network at run time.
+//! for the audit log and the shared chart, [`crate::store::replays`] and [`crate::route::dry_run`]
+//! for replays (`replays.rs`). Every parameter is checked by name in `input.rs`, so bad input is
+//! a 4xx naming it and never reaches a statement. The page (`page/`: HTML, CSS and plain
+//! JavaScript, `replays.js` for the Replays view) is compiled into the binary, so nothing is
+//! fetched from a network at run time.
 //!
 //! Security: the listener is wherever `observability.listen` says (the examples bind 127.0.0.1;
 //! beyond loopback the relay needs a read token or `admin.open_reads`). Every mutating call needs
@@ -21,6 +23,7 @@
 
 mod api;
 mod input;
+mod replays;
 
 use std::sync::Arc;
 
@@ -104,7 +107,7 @@ impl Console {
         hosts.iter().any(|h| h == name)
     }
 
-    /// Whether retry, discard, pause and resume are on (a token may operate).
+    /// Whether retry, discard, pause, resume and replays are on (a token may operate).
     pub fn mutations_enabled(&self) -> bool {
         self.tokens
             .iter()
@@ -257,6 +260,7 @@ fn no_store(headers: &mut HeaderMap) {
 /// The page, its assets and the OpenAPI document, as compiled in.
 const INDEX_HTML: &str = include_str!("page/index.html");
 const APP_JS: &str = include_str!("page/app.js");
+const REPLAYS_JS: &str = include_str!("page/replays.js");
 const APP_CSS: &str = include_str!("page/app.css");
 const OPENAPI: &str = include_str!("openapi.json");
 
@@ -294,6 +298,10 @@ pub fn router(console: Console) -> axum::Router {
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
         )
         .route(
+            "/console/replays.js",
+            get(|| async { asset("text/javascript; charset=utf-8", REPLAYS_JS) }),
+        )
+        .route(
             "/console/app.css",
             get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
         )
@@ -310,6 +318,11 @@ pub fn router(console: Console) -> axum::Router {
         .route("/api/v1/destinations/:name/pause", post(api::pause))
         .route("/api/v1/destinations/:name/resume", post(api::resume))
         .route("/api/v1/audit", get(api::audit_log))
+        .route("/api/v1/replays", get(replays::list).post(replays::start))
+        .route("/api/v1/replays/:id", get(replays::one))
+        .route("/api/v1/replays/:id/pause", post(replays::pause))
+        .route("/api/v1/replays/:id/resume", post(replays::resume))
+        .route("/api/v1/replays/:id/cancel", post(replays::cancel))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(console.clone(), guard))

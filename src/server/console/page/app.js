@@ -548,27 +548,30 @@ function bulk(button, action) {
 
 // ---------------------------------------------------------------- routing
 
+const VIEWS = ['overview', 'dead', 'replays', 'audit'];
+
 function currentView() {
   const view = location.hash.slice(1).split('?')[0];
-  return view === 'dead' || view === 'audit' ? view : 'overview';
+  return VIEWS.includes(view) ? view : 'overview';
 }
 
 function route() {
   clearError();
   const view = currentView();
-  $('#view-overview').hidden = view !== 'overview';
-  $('#view-dead').hidden = view !== 'dead';
-  $('#view-audit').hidden = view !== 'audit';
-  for (const [id, v] of [['#nav-overview', 'overview'], ['#nav-dead', 'dead'], ['#nav-audit', 'audit']]) {
-    $(id).classList.toggle('active', view === v);
-    if (view === v) $(id).setAttribute('aria-current', 'page');
-    else $(id).removeAttribute('aria-current');
+  for (const v of VIEWS) {
+    $(`#view-${v}`).hidden = view !== v;
+    const nav = $(`#nav-${v}`);
+    nav.classList.toggle('active', view === v);
+    if (view === v) nav.setAttribute('aria-current', 'page');
+    else nav.removeAttribute('aria-current');
   }
   if (view === 'dead') {
     const q = location.hash.indexOf('?');
     if (q >= 0) applyParams(new URLSearchParams(location.hash.slice(q + 1)));
     refreshOverview(false).catch(report); // destination names + mutations flag
     search().catch(report);
+  } else if (view === 'replays') {
+    showReplays(); // replays.js
   } else if (view === 'audit') {
     loadAudit(null).catch(report);
   } else {
