@@ -100,7 +100,9 @@ async fn round(
     // The backlog: the same events as `bench drain`'s prefill, as rows or as emit() messages.
     let written = Instant::now();
     let (insert, what) = match args.producer {
-        Statement::Insert => (sql::load::backlog_rows(&table), "outbox rows"),
+        Statement::Insert | Statement::InsertKeyed => {
+            (sql::load::backlog_rows(&table), "outbox rows")
+        }
         Statement::Emit => (sql::load::backlog_emits(&table), "emit() messages"),
     };
     scratch

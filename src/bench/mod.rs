@@ -25,6 +25,7 @@ mod migrate;
 mod ordering;
 mod produce;
 mod rate_limit;
+mod replay;
 mod soak;
 mod steady;
 
@@ -82,6 +83,9 @@ enum Scenario {
     /// The rate a receiver sees from a destination with `rate_limit` (200/s by default), served
     /// by 1 and by 4 relays over a backlog: events/s per 10 s window and the error.
     RateLimit(rate_limit::Args),
+    /// A replay of 1,000,000 retained events beside 3,000 live events/s: the live p99 with and
+    /// without it, the replay's rate, per-key order (`--ordered`), a relay killed half-way.
+    Replay(replay::Args),
     /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
     Ordering(ordering::Args),
     /// `migrate` upgrading a large minimal table in place while producers insert: how long the
@@ -141,6 +145,7 @@ pub async fn run(
             Scenario::Memory(a) => memory::run(&scratch, &out, a).await,
             Scenario::History(a) => history::run(&scratch, &out, a).await,
             Scenario::RateLimit(a) => rate_limit::run(&scratch, &out, a).await,
+            Scenario::Replay(a) => replay::run(&scratch, &out, a).await,
             Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
             Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
             Scenario::Soak(a) => soak::run(&scratch, &out, a).await,

@@ -37,6 +37,8 @@ pub struct RelaySpec<'a> {
     pub null_sink: bool,
     /// The destination's name.
     pub destination_name: &'a str,
+    /// More keys of the destination, as TOML lines (empty: none).
+    pub destination_keys: &'a str,
     /// More `[[destinations]]` tables, as TOML (empty: none).
     pub extra_destinations: &'a str,
 }
@@ -59,6 +61,7 @@ impl<'a> RelaySpec<'a> {
             wal_batch_wait: None,
             null_sink: false,
             destination_name: "bench",
+            destination_keys: "",
             extra_destinations: "",
         }
     }
@@ -95,7 +98,8 @@ impl RelayProcess {
                  [relay]\nmin_poll_interval = \"{min_poll}\"\nsynchronous_commit = \"{sync}\"\n{poll}{batch}{fill}\
                  [wal]\nslot = \"{slot}\"\n{status}{batch_wait}\
                  [observability]\nlisten = \"127.0.0.1:{port}\"\n\
-                 [[destinations]]\nname = \"{name}\"\n{destination}\n{extra}",
+                 [[destinations]]\nname = \"{name}\"\n{destination}{keys}\n{extra}",
+                keys = spec.destination_keys,
                 name = spec.destination_name,
                 extra = spec.extra_destinations,
                 url = scratch.url,

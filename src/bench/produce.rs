@@ -55,6 +55,7 @@ fn statement(table: &str, statement: Statement) -> anyhow::Result<String> {
     match statement {
         Statement::Insert => sql::load::producer_insert(table),
         Statement::Emit => sql::load::producer_emit(table),
+        Statement::InsertKeyed => sql::load::producer_insert_keyed(table),
     }
 }
 

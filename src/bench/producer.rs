@@ -15,6 +15,8 @@ pub enum Statement {
     /// `SELECT <table>_emit(topic, payload)`: the event as a logical decoding message, no row
     /// (read only by a `source = "wal"` relay).
     Emit,
+    /// A single-row INSERT with one of 1,000 keys (`bench replay --ordered`).
+    InsertKeyed,
 }
 
 impl Statement {
@@ -23,6 +25,7 @@ impl Statement {
         match self {
             Self::Insert => "insert",
             Self::Emit => "emit",
+            Self::InsertKeyed => "insert-keyed",
         }
     }
 }

@@ -192,6 +192,21 @@ pub fn producer_insert(table: &str) -> anyhow::Result<String> {
     ))
 }
 
+/// BenchProducerInsertKeyed. The producer's INSERT with one of 1,000 keys (`bench replay
+/// --ordered`), the keys of [`RETAINED`].
+pub fn producer_insert_keyed(table: &str) -> anyhow::Result<String> {
+    let table = pgoutbox::table::Ident::parse(table)?.quoted();
+    Ok(format!(
+        "INSERT INTO {table} (topic, key, payload) VALUES ('bench.steady', 'k' || floor(random() * 1000)::int, '{{\"order_id\": 1}}') RETURNING id"
+    ))
+}
+
+/// BenchRetained. Published events kept in the outbox (`retention`), 1,000 keys: what `bench
+/// replay` sends again.
+pub const RETAINED: &str = "INSERT INTO outbox (topic, key, payload, published_at)
+             SELECT 'bench.event', 'k' || (g % 1000), jsonb_build_object('n', g, 'order_id', g % 1000, 'note', 'benchmark event payload'), now()
+             FROM generate_series(1, $1) g";
+
 /// The same event as a transactional logical decoding message (migration 0009), through `table`'s
 /// emit function; it returns the event's id too.
 pub fn producer_emit(table: &str) -> anyhow::Result<String> {

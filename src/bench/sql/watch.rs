@@ -137,6 +137,13 @@ pub async fn dead_and_attempted(pool: &PgPool) -> sqlx::Result<(i64, i64)> {
     .await
 }
 
+/// Every event's id, key and seq, for a per-key order check of what a receiver saw.
+pub async fn keys_and_seqs(pool: &PgPool) -> sqlx::Result<Vec<(String, Option<String>, i64)>> {
+    sqlx::query_as("SELECT id::text, key, seq FROM outbox")
+        .fetch_all(pool)
+        .await
+}
+
 /// The id of some dead event, for the console's one-event call.
 pub async fn some_dead_event(pool: &PgPool) -> sqlx::Result<String> {
     sqlx::query_scalar("SELECT id::text FROM outbox WHERE dead_at IS NOT NULL LIMIT 1")

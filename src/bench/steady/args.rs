@@ -102,6 +102,7 @@ impl Args {
             (Source::Poll, Statement::Insert) => String::new(),
             (source, Statement::Insert) => format!("{}, ", source.as_str()),
             (source, Statement::Emit) => format!("{}, emit(), ", source.as_str()),
+            (source, Statement::InsertKeyed) => format!("{}, keyed, ", source.as_str()),
         }
     }
 }

@@ -289,7 +289,7 @@ async fn wal_producer_cost(
     };
     // (setting, its row, its ratio's row); the first is the reference.
     let mut settings: Vec<(Setup, &str, &str)> = match args.producer {
-        Statement::Insert => vec![
+        Statement::Insert | Statement::InsertKeyed => vec![
             (
                 Setup::Alone(Statement::Insert),
                 "INSERT, no relay, no slot (reference)",
@@ -367,7 +367,7 @@ async fn wal_producer_cost(
             variant: format!("{n} conns, {}", settings[i].2),
             value: median(ratios.clone()),
             unit: match args.producer {
-                Statement::Insert => "× no relay",
+                Statement::Insert | Statement::InsertKeyed => "× no relay",
                 Statement::Emit => "× minimal INSERT",
             },
             detail: format!(
