@@ -494,3 +494,74 @@ async fn a_replayed_event_that_fails_is_retried_as_a_pair() {
     let r = replay_state(&db, id).await;
     assert_eq!((r.queued, r.pending, r.dead), (20, 0, 0));
 }
+
+/// On an ordered destination a replayed event the destination keeps refusing holds back only the
+/// later replayed events of its key: the key's live events are not kept behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_events_of_a_key_do_not_wait_behind_a_refused_replayed_event() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let insert = |n: i32| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "INSERT INTO outbox (topic, key, payload)
+                 SELECT 'order.updated', 'k1', jsonb_build_object('n', g)
+                 FROM generate_series(1, $1) g RETURNING id::text",
+            )
+            .bind(n)
+            .fetch_all(&pool)
+            .await
+            .expect("insert")
+        }
+    };
+    insert(10).await;
+    let relay = Running::start(
+        &db,
+        &webhook_config(
+            &db,
+            &rx.url,
+            "ordering = \"key\"\nretry_schedule = [\"100ms\"]",
+        ),
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            rx.delivered_ids().len() >= 10
+        })
+        .await
+    );
+    rx.set(|r| {
+        if r.headers.contains_key(HEADER) {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    });
+    let id = replays::create(
+        &store(&db),
+        &NewReplay {
+            destination: "hooks".into(),
+            ..NewReplay::default()
+        },
+    )
+    .await
+    .expect("create")
+    .expect("created");
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            replay_state(&db, id).await.pending > 0
+        })
+        .await,
+        "the refused replayed events wait as pairs"
+    );
+    let live: HashSet<String> = insert(5).await.into_iter().collect();
+    let through = wait_for(Duration::from_secs(30), || async {
+        live.is_subset(&rx.delivered_ids())
+    })
+    .await;
+    let r = replay_state(&db, id).await;
+    relay.stop().await;
+    assert!(through, "the key's live events went on");
+    assert_eq!(r.state, "running");
+    assert!(r.pending > 0, "the replay still waits: {r:?}");
+}

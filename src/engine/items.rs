@@ -102,15 +102,18 @@ impl Relay {
     /// an event none takes). With ordered destinations, an item whose key still has an
     /// undelivered pair for its destination waits behind it (DeliveriesKeysWaiting).
     pub(super) async fn items(&self, events: &[OutboxEvent]) -> Result<Items> {
-        self.items_to(events, self.router.route_all(events)).await
+        self.items_to(events, self.router.route_all(events), None)
+            .await
     }
 
     /// The items of `events` routed to `targets` (per event, its lanes), kept behind their key
-    /// as [`Relay::items`] does.
+    /// as [`Relay::items`] does — behind the pairs of their own stream: live ones, or those of
+    /// the replay `replay` (a replay's events and live ones never wait for each other).
     pub(super) async fn items_to(
         &self,
         events: &[OutboxEvent],
         targets: Vec<Vec<usize>>,
+        replay: Option<uuid::Uuid>,
     ) -> Result<Items> {
         let mut items = Items::route(targets, |lane| self.lanes[lane].gate.is_open());
         let key_of = |item: &Item| -> Option<(usize, &str)> {
@@ -135,7 +138,7 @@ impl Relay {
             .collect();
         let keys: Vec<&str> = keyed.iter().map(|(_, key)| *key).collect();
         let waiting =
-            deliveries::keys_waiting(&self.store, (&names, &keys), &self.blocking).await?;
+            deliveries::keys_waiting(&self.store, (&names, &keys), &self.blocking, replay).await?;
         if waiting.is_empty() {
             return Ok(items);
         }

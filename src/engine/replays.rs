@@ -199,7 +199,7 @@ impl Relay {
                 })
             })
             .unzip();
-        let delivered = self.send_replayed(f.lane, &events).await?;
+        let delivered = self.send_replayed(f.lane, replay.id, &events).await?;
         let left: Vec<&Retained> = chosen
             .iter()
             .zip(&delivered)
@@ -218,18 +218,20 @@ impl Relay {
         Ok(!read.is_empty())
     }
 
-    /// Publishes replayed `events` to lane `d` as a batch of that lane alone (gate, breaker,
-    /// transform, key order, rate limit); per event, whether it was delivered.
+    /// Publishes `events` of `replay` to lane `d` as a batch of that lane alone (gate, breaker,
+    /// transform, rate limit; an event of an ordered key waits behind a pair of the same replay);
+    /// per event, whether it was delivered.
     async fn send_replayed(
         &self,
         d: usize,
+        replay: Uuid,
         events: &[OutboxEvent],
     ) -> crate::error::Result<Vec<bool>> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
         let targets = events.iter().map(|_| vec![d]).collect();
-        let items = self.items_to(events, targets).await?;
+        let items = self.items_to(events, targets, Some(replay)).await?;
         let timeout = self.config.relay.publish_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let run = Run::new(events, &items, self.lanes.len(), deadline);

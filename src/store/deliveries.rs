@@ -91,7 +91,9 @@ history AS (
 /// destination is ordered (`$5`) a keyed pair is taken only when it is its key's first
 /// undelivered pair for it (`{name:deliveries_key_idx}`; dead pairs count where its dead pairs
 /// block, `$6`) and no earlier event row of the key is unsettled (`{name:key_idx}`): the pair
-/// never overtakes an earlier event.
+/// never overtakes an earlier event. A replay's pairs are a stream of their own
+/// (`replay_id`): they wait only for earlier pairs of the same replay, live pairs only for
+/// earlier live pairs and rows, so neither stream holds the other back.
 const DELIVERIES_CLAIM: &str = "
 WITH picked AS (
     SELECT d.event_id, d.destination FROM {qname:deliveries} d
@@ -100,11 +102,12 @@ WITH picked AS (
             NOT EXISTS (
                 SELECT 1 FROM {qname:deliveries} p
                 WHERE p.destination = d.destination AND p.key = d.key AND p.seq < d.seq
+                  AND p.replay_id IS NOT DISTINCT FROM d.replay_id
                   AND (p.dead_at IS NULL OR $6))
-            AND NOT EXISTS (
+            AND (d.replay_id IS NOT NULL OR NOT EXISTS (
                 SELECT 1 FROM {outbox} o
                 WHERE o.key = d.key AND o.seq < d.seq AND o.published_at IS NULL
-                  AND (o.dead_at IS NULL OR (o.destination = d.destination AND $6)))))
+                  AND (o.dead_at IS NULL OR (o.destination = d.destination AND $6))))))
     ORDER BY d.next_attempt_at, d.seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -148,7 +151,8 @@ WHERE d.event_id = p.event_id AND d.destination = p.destination
 
 /// DeliveriesKeysWaiting. Before a batch is published to ordered destinations: which of the
 /// batch's (destination, key) pairs (`$1`, `$2`) still have an undelivered pair in
-/// `{qname:deliveries}` (dead ones only for destinations whose dead pairs block, `$3`). One
+/// `{qname:deliveries}` (dead ones only for destinations whose dead pairs block, `$3`) of the
+/// batch's stream: live pairs (`$4` NULL) or those of the replay `$4`. One
 /// `{name:deliveries_key_idx}` probe per pair; an empty table answers at once.
 const DELIVERIES_KEYS_WAITING: &str = "
 SELECT DISTINCT q.destination, q.key
@@ -156,6 +160,7 @@ FROM unnest($1::text[], $2::text[]) AS q(destination, key)
 WHERE EXISTS (
     SELECT 1 FROM {qname:deliveries} d
     WHERE d.destination = q.destination AND d.key = q.key
+      AND d.replay_id IS NOT DISTINCT FROM $4
       AND (d.dead_at IS NULL OR d.destination = ANY($3::text[])))";
 
 /// DeliveriesUnpark. Held pairs (at 'infinity') of the destinations that are back (neither paused
@@ -464,16 +469,19 @@ pub async fn settle(
     Ok(done.rows_affected())
 }
 
-/// DeliveriesKeysWaiting: which of the (destination, key) pairs still have an undelivered pair.
+/// DeliveriesKeysWaiting: which of the (destination, key) pairs still have an undelivered pair
+/// of the same stream: live pairs (`replay` `None`) or the replay's.
 pub async fn keys_waiting(
     store: &Store,
     (destinations, keys): (&[&str], &[&str]),
     blocking: &[String],
+    replay: Option<Uuid>,
 ) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as(&store.sql.deliveries.keys_waiting)
         .bind(destinations)
         .bind(keys)
         .bind(blocking)
+        .bind(replay)
         .fetch_all(store.pool())
         .await?)
 }
