@@ -243,6 +243,7 @@ async fn follow(store: &Store, id: Uuid) -> anyhow::Result<ExitCode> {
     let bar = bar(replay.total);
     let started = std::time::Instant::now();
     let first = replay.delivered();
+    let (mut last_moved, mut told) = (std::time::Instant::now(), false);
     loop {
         bar.set_length(replay.total.max(replay.read) as u64);
         bar.set_position(replay.read as u64);
@@ -251,9 +252,19 @@ async fn follow(store: &Store, id: Uuid) -> anyhow::Result<ExitCode> {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        replay = replays::get(store, id)
+        let now = replays::get(store, id)
             .await?
             .context("the replay vanished")?;
+        if now.updated_at != replay.updated_at || now.pending != replay.pending {
+            last_moved = std::time::Instant::now();
+        } else if !told && last_moved.elapsed() > Duration::from_secs(15) {
+            told = true;
+            bar.println(format!(
+                "replay {id} has not moved for 15 s: is a relay serving {} running? (Ctrl-C leaves the replay running; `pgoutbox replay watch {id}` follows it again)",
+                now.destination
+            ));
+        }
+        replay = now;
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
