@@ -2,10 +2,10 @@
 //! flow to it and to another, against the same live load without the replay.
 //!
 //! One relay process, two webhook destinations (`replayed`, `other`), `--events` published
-//! events retained in the outbox (1,000 keys). First the live load alone (`--live-rate` events/s
-//! for `--duration`: commit→publish p99 at each destination); then the same load while a replay
-//! of the whole history runs to `replayed` (the live p99s again, and the replay's rate and total
-//! time); with `--ordered` the destination keeps per-key order and every key's replayed and live
+//! events retained in the outbox (1,000 keys). A replay of the whole history to `replayed` is
+//! created paused; then, `--rounds` times, the live load alone (`--live-rate` events/s for
+//! `--duration`: commit→publish p99 at each destination) and the same load with the replay
+//! resumed. The replay then runs to its end alone (its rate and total time running); with `--ordered` the destination keeps per-key order and every key's replayed and live
 //! events are checked for order. Last (unless `--no-kill`), the history is replayed again with no
 //! live load and no rate of its own, the relay is killed (SIGKILL) half-way and a new one
 //! started: the replay must end with every event of its range sent at least once.
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use pgoutbox::store::replays::{self, NewReplay};
+use pgoutbox::store::replays::{self, Change, NewReplay};
 use pgoutbox::store::Store;
 use uuid::Uuid;
 
@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     duration: Duration,
     /// Producer connections.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     producers: usize,
     /// The replayed destination keeps per-key order (`ordering = "key"`); order is checked.
     #[arg(long)]
@@ -48,6 +48,9 @@ pub struct Args {
     /// The replay's own rate (e.g. `5000/s`; default: as fast as the lane takes it).
     #[arg(long)]
     rate: Option<String>,
+    /// Rounds of the live load alone then beside the replay (interleaved A/B).
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
     /// Skip the replay with a relay killed half-way.
     #[arg(long)]
     no_kill: bool,
@@ -84,10 +87,17 @@ fn mark(log: &Log) -> usize {
     log.lock().unwrap_or_else(|p| p.into_inner()).len()
 }
 
+/// The median of `values` (NaN when empty).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Runs `bench replay`.
 pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.events > 0, "--events: give at least 1");
     anyhow::ensure!(args.live_rate > 0, "--live-rate: give at least 1 event/s");
+    anyhow::ensure!(args.rounds > 0, "--rounds: give at least 1");
     scratch.fresh_outbox().await?;
     scratch
         .generate(sql::load::RETAINED, args.events, 100_000, "retained", out)
@@ -115,33 +125,69 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let store = Store::new(scratch.pool.clone(), pgoutbox::OutboxTable::default_table());
     let variant = if args.ordered { "ordered" } else { "unordered" };
 
-    let alone = live(scratch, args, (&a_log, &b_log)).await?;
+    // Interleaved: the live load alone (the replay paused), then beside the replay, per round,
+    // so that both halves of a round meet the same machine.
     let from = mark(&a_log);
     let id = start(&store, args).await?;
-    let started = Instant::now();
-    let with = live(scratch, args, (&a_log, &b_log)).await?;
-    let took = wait_done(&store, id, out, &mut relay, started).await?;
-    for (dest, (before, after)) in [
-        ("replayed", (alone.0, with.0)),
-        ("other", (alone.1, with.1)),
-    ] {
+    replays::change(&store, id, Change::Pause).await?;
+    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut live_ids = HashSet::new();
+    let mut beside = Duration::ZERO;
+    for round in 1..=args.rounds {
+        let alone = live(scratch, args, (&a_log, &b_log)).await?;
+        replays::change(&store, id, Change::Resume).await?;
+        let started = Instant::now();
+        let with = live(scratch, args, (&a_log, &b_log)).await?;
+        replays::change(&store, id, Change::Pause).await?;
+        beside += started.elapsed();
+        live_ids.extend(alone.2);
+        live_ids.extend(with.2);
+        for (d, (dest, before, after)) in
+            [("replayed", alone.0, with.0), ("other", alone.1, with.1)]
+                .into_iter()
+                .enumerate()
+        {
+            ratios[d].push(after.p99 / before.p99);
+            out.row(Row {
+                scenario: "replay".into(),
+                variant: format!("{variant}, round {round}, live p99 at {dest}"),
+                value: after.p99,
+                unit: "ms",
+                detail: format!(
+                    "{:.2}x the live load alone ({:.1} ms → {:.1} ms; p50 {:.1} → {:.1}; live {:.0} → {:.0} events/s)",
+                    after.p99 / before.p99,
+                    before.p99,
+                    after.p99,
+                    before.p50,
+                    after.p50,
+                    before.count as f64 / args.duration.as_secs_f64(),
+                    after.count as f64 / args.duration.as_secs_f64()
+                ),
+            });
+        }
+    }
+    for (d, dest) in ["replayed", "other"].into_iter().enumerate() {
         out.row(Row {
             scenario: "replay".into(),
-            variant: format!("{variant}, live p99 at {dest}"),
-            value: after.p99,
-            unit: "ms",
+            variant: format!("{variant}, live p99 at {dest}, median ratio"),
+            value: median(&mut ratios[d]),
+            unit: "x",
             detail: format!(
-                "{:.2}x the live load alone ({:.1} ms → {:.1} ms; p50 {:.1} → {:.1}; {} live events/s, {} events each run)",
-                after.p99 / before.p99,
-                before.p99,
-                after.p99,
-                before.p50,
-                after.p50,
-                args.live_rate,
-                after.count
+                "with the replay / without, over {} interleaved rounds of {:?}",
+                args.rounds, args.duration
             ),
         });
     }
+    // With a rate of its own, the rest would take as long as the rate says: the replay's own
+    // figures are those beside the live load (the kill run below times a whole one).
+    let took = if args.rate.is_some() {
+        replays::change(&store, id, Change::Cancel).await?;
+        beside
+    } else {
+        replays::change(&store, id, Change::Resume).await?;
+        let started = Instant::now();
+        beside + wait_done(&store, id, out, &mut relay, started).await?
+    };
     let r = replays::get(&store, id)
         .await?
         .context("the replay vanished")?;
@@ -151,14 +197,15 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         value: r.queued as f64 / took.as_secs_f64(),
         unit: "ev/s",
         detail: format!(
-            "in {:.1} s beside the live load; {} dead, own rate {}",
+            "in {:.1} s running ({:.1} s of it beside the live load; cancelled then when it has a rate); {} dead, own rate {}",
             took.as_secs_f64(),
+            beside.as_secs_f64(),
             r.dead,
             args.rate.as_deref().unwrap_or("none")
         ),
     });
     if args.ordered {
-        let violations = order_violations(scratch, &a_log, from, &with.2).await?;
+        let violations = order_violations(scratch, &a_log, from, &live_ids).await?;
         out.row(Row {
             scenario: "replay".into(),
             variant: "ordered, per-key order violations".into(),
