@@ -29,6 +29,16 @@ fn replayed(rx: &Receiver) -> Vec<Received> {
         .collect()
 }
 
+/// Waits until every event is settled: a replay sends retained (published) events, and an event
+/// the receiver got may not be settled yet.
+async fn all_published(db: &TestDb) {
+    let settled = wait_for(Duration::from_secs(30), || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    assert!(settled, "the live deliveries settle");
+}
+
 async fn replay_state(db: &TestDb, id: uuid::Uuid) -> replays::Replay {
     replays::get(&store(db), id)
         .await
@@ -56,6 +66,7 @@ async fn a_replay_sends_retained_events_again_with_their_ids_and_its_header() {
         .await
     );
 
+    all_published(&db).await;
     let id = replays::create(
         &store(&db),
         &NewReplay {
@@ -114,6 +125,7 @@ async fn a_replay_is_paused_resumed_and_cancelled() {
         rate: Some("50/s".into()),
         ..NewReplay::default()
     };
+    all_published(&db).await;
     let id = replays::create(&s, &new)
         .await
         .expect("create")
@@ -200,6 +212,7 @@ async fn a_replay_survives_its_relay_killed_mid_way() {
         .await
     );
 
+    all_published(&db).await;
     let (code, out, err) = run(&[
         "replay",
         "start",
@@ -384,6 +397,7 @@ async fn an_ordered_destination_keeps_each_keys_order_through_a_replay() {
         })
         .await
     );
+    all_published(&db).await;
     let id = replays::create(
         &store(&db),
         &NewReplay {
@@ -471,6 +485,7 @@ async fn a_replayed_event_that_fails_is_retried_as_a_pair() {
             Reply::ok()
         }
     });
+    all_published(&db).await;
     let id = replays::create(
         &store(&db),
         &NewReplay {
@@ -537,6 +552,7 @@ async fn live_events_of_a_key_do_not_wait_behind_a_refused_replayed_event() {
             Reply::ok()
         }
     });
+    all_published(&db).await;
     let id = replays::create(
         &store(&db),
         &NewReplay {
