@@ -3,8 +3,6 @@
 
 use std::process::ExitCode;
 
-use anyhow::bail;
-
 use super::{human_age, Cli};
 
 /// `destination` subcommands.
@@ -32,15 +30,7 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
     let check = |name: &str| -> anyhow::Result<()> {
         // Without a config file the names cannot be checked: the state row is kept as given.
         if !config.destinations.is_empty() && !config.destinations.iter().any(|d| d.name == name) {
-            let known: Vec<&str> = config
-                .destinations
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect();
-            bail!(
-                "no destination named {name:?} in the configuration; configured: {}",
-                known.join(", ")
-            );
+            return Err(super::no_such_destination(&config, name));
         }
         Ok(())
     };

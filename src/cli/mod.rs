@@ -212,6 +212,23 @@ pub async fn check_relay_privileges(pool: &PgPool, config: &Config) -> anyhow::R
     Ok(())
 }
 
+/// The error for a destination name the configuration does not have, listing those it has.
+pub fn no_such_destination(config: &Config, name: &str) -> anyhow::Error {
+    let known: Vec<&str> = config
+        .destinations
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    anyhow::anyhow!(
+        "no destination named {name:?} in the configuration; configured: {}",
+        if known.is_empty() {
+            "none (pass --config)".to_owned()
+        } else {
+            known.join(", ")
+        }
+    )
+}
+
 /// Formats an age in seconds as `3d 4h`, `12m 5s`, `850ms`.
 pub fn human_age(seconds: Option<f64>) -> String {
     let Some(s) = seconds else { return "-".into() };

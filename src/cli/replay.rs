@@ -120,24 +120,11 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
 
 /// The configured destination `name`, or an error listing those there are.
 fn destination<'c>(config: &'c Config, name: &str) -> anyhow::Result<&'c DestinationConfig> {
-    match config.destinations.iter().find(|d| d.name == name) {
-        Some(d) => Ok(d),
-        None => {
-            let known: Vec<&str> = config
-                .destinations
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect();
-            bail!(
-                "no destination named {name:?} in the configuration; configured: {}",
-                if known.is_empty() {
-                    "none (pass --config)".into()
-                } else {
-                    known.join(", ")
-                }
-            )
-        }
-    }
+    config
+        .destinations
+        .iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| super::no_such_destination(config, name))
 }
 
 async fn start(store: &Store, config: &Config, args: &StartArgs) -> anyhow::Result<ExitCode> {
