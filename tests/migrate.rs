@@ -459,14 +459,14 @@ async fn a_table_migrated_by_an_earlier_pgoutbox_is_left_as_it_is() {
         .await
         .expect("migrate");
     // Only what came after the old code's last migration (4) is applied. The table is not
-    // rewritten and its indexes are not rebuilt; migration 7 only swaps the seq index for the
-    // published-rows index.
+    // rewritten and its indexes are not rebuilt; migrations 7 and 15 only swap the seq index for
+    // the published-rows index.
     assert!(report.applied.iter().all(|(v, _)| *v > 4), "{report:?}");
     let after = catalog_identity(&db.pool).await;
     let kept = |v: &[String]| -> Vec<String> {
         v.iter()
             .filter(|l| {
-                !l.starts_with("outbox_seq_idx ") && !l.starts_with("outbox_published_idx ")
+                !l.starts_with("outbox_seq_idx ") && !l.starts_with("outbox_published_seq_idx ")
             })
             .cloned()
             .collect()
@@ -474,7 +474,9 @@ async fn a_table_migrated_by_an_earlier_pgoutbox_is_left_as_it_is() {
     assert_eq!(kept(&before), kept(&after));
     assert!(before.iter().any(|l| l.starts_with("outbox_seq_idx ")));
     assert!(!after.iter().any(|l| l.starts_with("outbox_seq_idx ")));
-    assert!(after.iter().any(|l| l.starts_with("outbox_published_idx ")));
+    assert!(after
+        .iter()
+        .any(|l| l.starts_with("outbox_published_seq_idx ")));
     assert_eq!(
         shape(&db.pool, "public").await,
         fresh_shape(&db).await,
@@ -494,4 +496,74 @@ async fn a_table_migrated_by_an_earlier_pgoutbox_is_left_as_it_is() {
         options.contains(&"autovacuum_vacuum_cost_delay=0".to_owned()),
         "{options:?}"
     );
+}
+
+/// Migration 15 as a deployment at version 14 meets it: a history with partitions holding rows,
+/// the outbox and the history indexed on `published_at` alone.
+const AT_VERSION_14: &str = "
+DROP INDEX outbox_history_published_seq_idx;
+CREATE INDEX outbox_history_published_idx ON outbox_history (published_at);
+DROP INDEX outbox_published_seq_idx;
+CREATE INDEX outbox_published_idx ON outbox (published_at) WHERE published_at IS NOT NULL;
+DELETE FROM pgoutbox_migrations WHERE table_name = 'outbox' AND version = 15;
+CREATE TABLE outbox_h202612040000_60 PARTITION OF outbox_history
+    FOR VALUES FROM ('2026-12-04 00:00+00') TO ('2026-12-04 01:00+00');
+CREATE TABLE outbox_h202612040100_60 PARTITION OF outbox_history
+    FOR VALUES FROM ('2026-12-04 01:00+00') TO ('2026-12-04 02:00+00');
+INSERT INTO outbox_history (id, seq, topic, payload, created_at, published_at)
+SELECT gen_random_uuid(), g, 't', '{}', '2026-12-04 00:00+00',
+       '2026-12-04 00:00+00'::timestamptz + (g % 120) * interval '1 minute'
+FROM generate_series(1, 5000) g;
+UPDATE outbox SET published_at = now() WHERE true;";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_indexes_are_built_online_on_a_history_holding_rows() {
+    let db = TestDb::empty().await;
+    minimal_table(&db, 1_000).await;
+    let table = OutboxTable::default_table();
+    migrate(&db.pool, &table).await.expect("first");
+    sqlx::raw_sql(AT_VERSION_14)
+        .execute(&db.pool)
+        .await
+        .expect("back to version 14");
+    let report = migrate(&db.pool, &table).await.expect("migration 15");
+    assert_eq!(
+        report.applied.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        [15]
+    );
+    // The parent's index is valid (every partition's attached), each partition has its own,
+    // the indexes on published_at alone are gone.
+    let indexes: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT i.indrelid::regclass::text, i.indexrelid::regclass::text, i.indisvalid
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+         WHERE c.relname LIKE 'outbox%' AND pg_get_indexdef(i.indexrelid) LIKE '%USING btree (published_at%'
+         ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("indexes");
+    let tables: Vec<&str> = indexes.iter().map(|(t, _, _)| t.as_str()).collect();
+    assert_eq!(
+        tables,
+        [
+            "outbox",
+            "outbox_h202612040000_60",
+            "outbox_h202612040100_60",
+            "outbox_history",
+            "outbox_history_default"
+        ],
+        "{indexes:?}"
+    );
+    assert!(indexes.iter().all(|(_, _, valid)| *valid), "{indexes:?}");
+    for (_, index, _) in &indexes {
+        let def: String = sqlx::query_scalar("SELECT pg_get_indexdef($1::regclass)")
+            .bind(index)
+            .fetch_one(&db.pool)
+            .await
+            .expect("definition");
+        assert!(def.contains("(published_at, seq)"), "{def}");
+    }
+    assert_eq!(shape(&db.pool, "public").await, fresh_shape(&db).await);
+    let again = migrate(&db.pool, &table).await.expect("again");
+    assert!(again.applied.is_empty(), "{again:?}");
 }

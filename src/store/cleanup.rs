@@ -79,7 +79,7 @@ impl CleanupReport {
 }
 
 /// OutboxDeleteExpired, for one `{stamp}` column: `published_at` (published rows past
-/// retention, `{name:published_idx}`) or `dead_at` (dead rows past dead retention,
+/// retention, `{name:published_seq_idx}`) or `dead_at` (dead rows past dead retention,
 /// `{name:dead_idx}`). The oldest such rows, at most `$1`: a range scan of that partial index from
 /// the cursor `$3`, the newest stamp the previous chunk deleted, so no chunk walks again over what
 /// an earlier one removed (those index entries stay until vacuum). Deleted by their row addresses

@@ -104,7 +104,7 @@ SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = '{qname:history}'::regclass";
 
 /// HistoryDefaultNewest. The newest row that fell into the default partition (no partition
-/// covered its time): no partition may be created over it. `{name:history_published_idx}`.
+/// covered its time): no partition may be created over it. `{name:history_published_seq_idx}`.
 const DEFAULT_NEWEST: &str = "SELECT max(published_at) FROM {qname:history_default}";
 
 /// This module's statements, rendered (partition DDL names a partition: it is built per call).

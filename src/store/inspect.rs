@@ -237,7 +237,7 @@ impl std::fmt::Display for Cursor {
 
 /// The order of a state's results, chosen so that an index serves each page without a sort of
 /// the table: dead newest first by `dead_at` (`{name:dead_idx}`), published newest first by
-/// `published_at` (`{name:published_idx}`), pending in the order they are due (`{name:pending_idx}`,
+/// `published_at` (`{name:published_seq_idx}`), pending in the order they are due (`{name:pending_idx}`,
 /// `{name:deliveries_due_idx}`). There is no index on `seq` or `created_at` (each would cost every
 /// insert): "all states" is only for a lookup by id.
 fn order(state: EventState) -> Order {

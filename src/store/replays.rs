@@ -31,23 +31,26 @@ const IN_RANGE: &str = "published_at IS NOT NULL AND published_at >= $1
       AND ($7::text[] IS NULL OR topic = ANY($7)) AND ($8::text[] IS NULL OR key = ANY($8))";
 
 /// ReplayRead. The next `$9` retained events after the cursor `($1, $2, $3)` in the selection
-/// (IN_RANGE), from the outbox's published rows (`{name:published_idx}`) and the history
-/// (`{name:history_published_idx}`, each partition's range), merged in cursor order. No locks.
+/// (IN_RANGE), from the outbox's published rows (`{name:published_seq_idx}`) and the history
+/// (`{name:history_published_seq_idx}`, each partition's range), merged in cursor order: two
+/// index range scans from the cursor, whatever the number of rows published at its instant. The
+/// ORDER BY names the table's columns (`o.seq`, not the output's `seq`) for the index to give the
+/// order; `seq` is never NULL in either table (an identity, copied). No locks.
 const REPLAY_READ: &str = "
 SELECT * FROM (
     (SELECT id, coalesce(seq, 0) AS seq, topic, key, payload::text AS payload,
             headers::text AS headers, coalesce(created_at, published_at) AS created_at,
             published_at, 0 AS attempts
-     FROM {outbox}
-     WHERE {in_range} AND (published_at, coalesce(seq, 0), id) > ($1, $2, $3)
-     ORDER BY published_at, coalesce(seq, 0), id LIMIT $9)
+     FROM {outbox} o
+     WHERE {in_range} AND (o.published_at, o.seq, o.id) > ($1, $2, $3)
+     ORDER BY o.published_at, o.seq, o.id LIMIT $9)
     UNION ALL
     (SELECT id, coalesce(seq, 0) AS seq, topic, key, payload::text AS payload,
             headers::text AS headers, coalesce(created_at, published_at) AS created_at,
             published_at, 0 AS attempts
-     FROM {qname:history}
-     WHERE {in_range} AND (published_at, coalesce(seq, 0), id) > ($1, $2, $3)
-     ORDER BY published_at, coalesce(seq, 0), id LIMIT $9)
+     FROM {qname:history} h
+     WHERE {in_range} AND (h.published_at, h.seq, h.id) > ($1, $2, $3)
+     ORDER BY h.published_at, h.seq, h.id LIMIT $9)
 ) e
 ORDER BY published_at, seq, id LIMIT $9";
 
@@ -59,7 +62,7 @@ ORDER BY published_at, seq, id LIMIT $9";
 const REPLAY_CREATE: &str = "
 INSERT INTO {qname:replays} AS r (id, destination, since, until, topics, keys, filter, upto, rate,
                                   backfill, cursor_at, cursor_seq, cursor_id, total, created_by)
-SELECT $10, $11, $5, $6, $7, $8, $12, coalesce($4, statement_timestamp()), $13, $9, $1, -1,
+SELECT $10, $11, $5, $6, $7, $8, $12, coalesce($4, statement_timestamp()), $13, $9, $1, $2,
        '00000000-0000-0000-0000-000000000000',
        (SELECT count(*) FROM {outbox} WHERE {in_range})
        + (SELECT count(*) FROM {qname:history} WHERE {in_range}),
@@ -257,7 +260,8 @@ fn bind_selection<'q>(
     let none = |v: &'q Vec<String>| (!v.is_empty()).then_some(v);
     query
         .bind(start.unwrap_or_else(beginning))
-        .bind(cursor.map_or(-1, |c| c.seq))
+        // Before any seq: rows numbered by migration 2 have negative ones.
+        .bind(cursor.map_or(i64::MIN, |c| c.seq))
         .bind(cursor.map_or(Uuid::nil(), |c| c.id))
         .bind(upto)
         .bind(selection.since)

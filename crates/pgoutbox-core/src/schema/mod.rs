@@ -93,6 +93,11 @@ const MIGRATIONS: &[Migration] = &[
         "add replays (retained events sent again to one destination)",
         include_str!("migrations/0014_replays.sql"),
     ),
+    Migration::steps(
+        15,
+        "replays read in index order: (published_at, seq) indexes on the published rows and the history",
+        REPLAY_INDEX,
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -260,6 +265,41 @@ const LANES: &[Step] = &[
         what: "drop the deliveries' old due index",
         unless: None,
         action: Action::Statement(include_str!("migrations/0011_lanes/drop_due_idx.sql")),
+    },
+];
+
+/// Migration 15: the published rows and the history indexed in replay order, `(published_at,
+/// seq)`, each replacing the index on `published_at` alone (built first: cleanup and EventSearch
+/// always have one of them).
+const REPLAY_INDEX: &[Step] = &[
+    Step {
+        what: "build the published-rows index in replay order",
+        unless: None,
+        action: Action::Index {
+            name: "{qname:published_seq_idx}",
+            table: "{outbox}",
+            sql: include_str!("migrations/0015_replay_index/published_seq_idx.sql"),
+        },
+    },
+    Step {
+        what: "drop the published-rows index on published_at alone",
+        unless: None,
+        action: Action::Statement("DROP INDEX CONCURRENTLY IF EXISTS {qname:published_idx}"),
+    },
+    Step {
+        what: "build the history's index in replay order, partition by partition",
+        unless: None,
+        action: Action::PartitionedIndex {
+            name: "{qname:history_published_seq_idx}",
+            table: "{qname:history}",
+            sql: include_str!("migrations/0015_replay_index/history_published_seq_idx.sql"),
+            columns: "(published_at, seq)",
+        },
+    },
+    Step {
+        what: "drop the history's index on published_at alone",
+        unless: None,
+        action: Action::Transaction(include_str!("migrations/0015_replay_index/drop_old.sql")),
     },
 ];
 

@@ -200,6 +200,17 @@ async fn run_step(
                 return Ok(());
             }
         }
+        Action::PartitionedIndex {
+            name,
+            table: on,
+            sql,
+            columns,
+        } => {
+            let (name, on) = (render(name), render(on));
+            if !partitioned_index(conn, &name, &on, &render(sql), columns, table).await? {
+                return Ok(());
+            }
+        }
         Action::Backfill { total, batch } => {
             let total = match total {
                 Some(q) => Some(
@@ -342,6 +353,54 @@ async fn build_index(
     } else {
         info!(index = name, "building an index concurrently");
         simple(conn, sql).await?;
+    }
+    Ok(true)
+}
+
+/// The partitions of `$1` without an index attached to the partitioned index `$2`: each one's
+/// name, and the name for its index (its own name and `_pubseq`, cut to fit 63 bytes), qualified
+/// and bare, quoted.
+const UNINDEXED_PARTITIONS: &str = "
+SELECT c.oid::regclass::text,
+       format('%I.%I', n.nspname, left(c.relname, 50) || '_pubseq'),
+       quote_ident(left(c.relname, 50) || '_pubseq')
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE i.inhparent = to_regclass($1)
+  AND NOT EXISTS (SELECT FROM pg_inherits ii JOIN pg_index x ON x.indexrelid = ii.inhrelid
+                  WHERE ii.inhparent = to_regclass($2) AND x.indrelid = c.oid)
+ORDER BY 1";
+
+/// Builds the partitioned index `name` on `on` (see [`Action::PartitionedIndex`]) unless a
+/// valid one exists (then returns false). A run killed half-way resumes with the partitions not
+/// attached yet; a partition's index left INVALID is built again ([`build_index`]).
+async fn partitioned_index(
+    conn: &mut PgConnection,
+    name: &str,
+    on: &str,
+    sql: &str,
+    columns: &str,
+    table: &str,
+) -> Result<bool, sqlx::Error> {
+    let valid: Option<bool> =
+        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if valid == Some(true) {
+        return Ok(false);
+    }
+    ddl_transaction(conn, sql, None, table).await?;
+    let partitions: Vec<(String, String, String)> = sqlx::query_as(UNINDEXED_PARTITIONS)
+        .bind(on)
+        .bind(name)
+        .fetch_all(&mut *conn)
+        .await?;
+    for (partition, index, bare) in partitions {
+        let create =
+            format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {bare} ON {partition} {columns}");
+        build_index(conn, &index, &partition, &create, table).await?;
+        let attach = format!("ALTER INDEX {name} ATTACH PARTITION {index}");
+        ddl_transaction(conn, &attach, None, table).await?;
     }
     Ok(true)
 }

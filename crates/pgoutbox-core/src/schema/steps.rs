@@ -67,6 +67,15 @@ pub(crate) enum Action {
         table: &'static str,
         sql: &'static str,
     },
+    /// An index on a partitioned `table` without blocking its writes: `sql` creates the index
+    /// `name` on the parent alone (`ON ONLY`, INVALID), then each partition's index of `columns`
+    /// is built concurrently and attached, the last attach making the parent's valid.
+    PartitionedIndex {
+        name: &'static str,
+        table: &'static str,
+        sql: &'static str,
+        columns: &'static str,
+    },
     /// Batches: `batch` takes `$1` (rows per batch) and `$2` (the cursor: `i64::MIN` at first,
     /// then what the previous batch returned) and returns `(rows touched, next cursor)`; a NULL
     /// cursor ends the backfill. `total`, when given, counts the rows to do (for progress).
