@@ -98,6 +98,37 @@ impl Pacing {
     }
 }
 
+/// Most events one replay step reads: a replay's events go out in steps, and a live event
+/// arriving during one competes with it for the machine; short steps keep that wait short.
+const REPLAY_STEP: i64 = 250;
+
+/// Fewest events per replay step, however low its rate.
+const REPLAY_STEP_MIN: i64 = 10;
+
+/// How much of a second one step of a replay with a rate holds: its rate's worth of 50 ms, so
+/// that it goes out smoothly, twenty small steps a second, rather than in bursts.
+const REPLAY_STEP_SECONDS: f64 = 0.05;
+
+/// The size of a replay's steps, from its own rate (events/s; `None`: none).
+pub(super) fn replay_step(per_second: Option<f64>) -> i64 {
+    match per_second {
+        Some(rate) => ((rate * REPLAY_STEP_SECONDS) as i64).clamp(REPLAY_STEP_MIN, REPLAY_STEP),
+        None => REPLAY_STEP,
+    }
+}
+
+/// The replay loop's rest after steps that took `took`. With no rate of its own a replay would
+/// take all the time the machine gives it, out of the live events': the loop rests as long as
+/// its steps took, so that replays work at most half the time. Replays that all have a rate
+/// (`limited`) are paced by it and do not rest.
+pub(super) fn replay_rest(took: Duration, limited: bool) -> Duration {
+    if limited {
+        Duration::ZERO
+    } else {
+        took
+    }
+}
+
 /// A loop's statement succeeded: if the database was down, say it is back (`what`: which loop).
 pub(super) fn db_reachable(what: &str, db_down: &mut bool) {
     if std::mem::take(db_down) {
@@ -308,6 +339,24 @@ mod tests {
             next_window(WINDOW_UNBOUNDED_FROM, 2000, false),
             WINDOW_UNBOUNDED_FROM
         );
+    }
+
+    /// A replay's rate (events/s) → its steps' size.
+    #[test]
+    fn replay_step_table() {
+        let cases = [
+            (None, 250),
+            (Some(1_000_000.0), 250),
+            (Some(1000.0), 50),
+            (Some(200.0), 10),
+            (Some(1.0), 10),
+        ];
+        for (rate, step) in cases {
+            assert_eq!(replay_step(rate), step, "{rate:?}");
+        }
+        let ms = Duration::from_millis;
+        assert_eq!(replay_rest(ms(40), false), ms(40));
+        assert_eq!(replay_rest(ms(40), true), ms(0));
     }
 
     /// (batch, concurrency, in flight) → pairs claimed.

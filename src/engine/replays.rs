@@ -7,7 +7,10 @@
 //! take at once — a failure, a held or paused destination, an event behind a waiting pair of its
 //! key — becomes a pair of the destination in the deliveries table, which its retry loop takes on
 //! like any; while more than [`WINDOW`] of a replay's pairs wait there, it reads nothing more. A
-//! replay with a `rate` takes a token per event from a bucket of its own first.
+//! replay with a `rate` takes a token per event from a bucket of its own first, in steps of 50 ms
+//! of its rate; one without rests as long as its steps took (it works at most half the time,
+//! in steps of a few hundred events: [`pacing::replay_step`], [`pacing::replay_rest`]), so that
+//! live events keep most of the machine.
 //!
 //! Any relay serving the destination feeds it, one at a time (a step holds the replay's row
 //! lock); a relay killed mid-step drops the lock with its connection, and the next step sends the
@@ -22,6 +25,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use super::batch::Run;
+use super::pacing;
 use super::Relay;
 use crate::model::event::OutboxEvent;
 use crate::model::filter::Filter;
@@ -34,17 +38,20 @@ use crate::store::replays::{self, NewReplay, Replay, Retained, Selection, REPLAY
 /// Most pairs of one replay waiting in the deliveries table at a time.
 pub(super) const WINDOW: i64 = 2_000;
 
-/// Most events one step reads.
-const STEP: i64 = 1_000;
-
-/// How often the loop looks for running replays while none is moving.
+/// How often the loop looks again while a replay it feeds is not moving (paused, throttled, its
+/// window full).
 const IDLE: Duration = Duration::from_millis(250);
 
-/// What this relay keeps of a replay it feeds: its lane, its filter, its rate.
+/// How often the loop looks for running replays while it feeds none: a new replay starts within
+/// this, and a relay with no replays pays one query a second for them.
+const NONE: Duration = Duration::from_secs(1);
+
+/// What this relay keeps of a replay it feeds: its lane, its filter, its rate, its step's size.
 struct Fed {
     lane: usize,
     filter: Option<Filter>,
     rate: Option<Limiter>,
+    step: i64,
 }
 
 impl Fed {
@@ -56,14 +63,20 @@ impl Fed {
             .map(Filter::compile)
             .transpose()
             .map_err(|e| format!("filter: {e}"))?;
-        let rate = replay
+        let limit = replay
             .rate
             .as_deref()
             .map(|r| RateLimit::parse(r, None))
             .transpose()
-            .map_err(|e| format!("rate: {e}"))?
-            .map(|limit| Limiter::new(&bucket(replay.id), limit, relay.store.clone()));
-        Ok(Self { lane, filter, rate })
+            .map_err(|e| format!("rate: {e}"))?;
+        let step = pacing::replay_step(limit.as_ref().map(|l| l.per_second));
+        let rate = limit.map(|limit| Limiter::new(&bucket(replay.id), limit, relay.store.clone()));
+        Ok(Self {
+            lane,
+            filter,
+            rate,
+            step,
+        })
     }
 }
 
@@ -104,6 +117,7 @@ impl Relay {
         let names: Vec<String> = self.lanes.iter().map(|l| l.name.clone()).collect();
         let mut fed: HashMap<Uuid, Fed> = HashMap::new();
         while !shutdown.is_cancelled() {
+            let began = std::time::Instant::now();
             let moved = match self.replays_step(&names, &mut fed).await {
                 Ok(moved) => moved,
                 Err(e) => {
@@ -112,9 +126,17 @@ impl Relay {
                     false
                 }
             };
-            if !moved {
+            let wait = if moved {
+                let limited = fed.values().all(|f| f.rate.is_some());
+                pacing::replay_rest(began.elapsed(), limited)
+            } else if fed.is_empty() {
+                NONE
+            } else {
+                IDLE
+            };
+            if !wait.is_zero() {
                 tokio::select! {
-                    _ = tokio::time::sleep(IDLE) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.cancelled() => {}
                 }
             }
@@ -160,7 +182,7 @@ impl Relay {
     /// replay's header) through the lane, leaves those not delivered at once as pairs for the
     /// lane's retry loop, and moves its cursor. Whether it read anything.
     async fn feed(&self, replay: &Replay, f: &Fed) -> crate::error::Result<bool> {
-        let room = (WINDOW - replay.pending).min(STEP);
+        let room = (WINDOW - replay.pending).min(f.step);
         if room <= 0 {
             return Ok(false);
         }
