@@ -193,11 +193,18 @@ pub fn producer_insert(table: &str) -> anyhow::Result<String> {
 }
 
 /// BenchProducerInsertKeyed. The producer's INSERT with one of 1,000 keys (`bench replay
-/// --ordered`), the keys of [`RETAINED`].
+/// --ordered`), the keys of [`RETAINED`]. A key's inserts take turns (a transaction advisory lock
+/// on the key, taken before the row gets its `seq`), as an application that orders a key's events
+/// does: a key's `seq` order is then its commit order, and the bench can count any event
+/// delivered out of it as a violation.
 pub fn producer_insert_keyed(table: &str) -> anyhow::Result<String> {
     let table = pgoutbox::table::Ident::parse(table)?.quoted();
     Ok(format!(
-        "INSERT INTO {table} (topic, key, payload) VALUES ('bench.steady', 'k' || floor(random() * 1000)::int, '{{\"order_id\": 1}}') RETURNING id"
+        "INSERT INTO {table} (topic, key, payload)
+         SELECT 'bench.steady', k.key, '{{\"order_id\": 1}}'
+         FROM (SELECT 'k' || floor(random() * 1000)::int AS key) k,
+              LATERAL (SELECT pg_advisory_xact_lock(hashtext(k.key))) l
+         RETURNING id"
     ))
 }
 
