@@ -328,11 +328,7 @@ async fn build_index(
     sql: &str,
     table: &str,
 ) -> Result<bool, sqlx::Error> {
-    let valid: Option<bool> =
-        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let valid = index_valid(conn, name).await?;
     match valid {
         Some(true) => return Ok(false),
         Some(false) => {
@@ -355,6 +351,14 @@ async fn build_index(
         simple(conn, sql).await?;
     }
     Ok(true)
+}
+
+/// Whether the index `name` is valid; `None` when there is none.
+async fn index_valid(conn: &mut PgConnection, name: &str) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await
 }
 
 /// The partitions of `$1` without an index attached to the partitioned index `$2`: each one's
@@ -381,11 +385,7 @@ async fn partitioned_index(
     columns: &str,
     table: &str,
 ) -> Result<bool, sqlx::Error> {
-    let valid: Option<bool> =
-        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let valid = index_valid(conn, name).await?;
     if valid == Some(true) {
         return Ok(false);
     }
