@@ -5,85 +5,20 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fantoccini::{ClientBuilder, Locator};
+use fantoccini::Locator;
 use pgoutbox::engine::Relay;
 use pgoutbox::server::Samples;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use common::browser::{shows, Driver};
 use common::*;
 
 const ADMIN: &str = "br0wser-t0ken";
-
-/// chromedriver on a free port, killed when dropped.
-struct Driver {
-    url: String,
-    child: Child,
-}
-
-impl Driver {
-    fn start() -> Self {
-        let port = common::private::free_port();
-        let child = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver (apt-get install chromium chromium-driver; .ci/run does)");
-        assert!(
-            common::sinks::wait_port(port, true, Duration::from_secs(30)),
-            "chromedriver did not listen on {port}"
-        );
-        Self {
-            url: format!("http://127.0.0.1:{port}"),
-            child,
-        }
-    }
-}
-
-impl Driver {
-    /// A WebDriver session with headless Chromium at 1280×860.
-    async fn session(&self) -> fantoccini::Client {
-        let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": "/usr/bin/chromium",
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1280,860"]
-            }),
-        );
-        ClientBuilder::rustls()
-            .expect("rustls")
-            .capabilities(caps)
-            .connect(&self.url)
-            .await
-            .expect("a WebDriver session with headless Chromium")
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Whether the element at `css` comes to show `text` (the page updates it asynchronously).
-async fn shows(browser: &fantoccini::Client, css: &str, text: &str) -> bool {
-    wait_for(Duration::from_secs(20), || async {
-        match browser.find(Locator::Css(css)).await {
-            Ok(e) => e.text().await.unwrap_or_default().contains(text),
-            Err(_) => false,
-        }
-    })
-    .await
-}
 
 fn screenshot(name: &str, png: &[u8]) {
     let dir = match std::env::var_os("PGOUTBOX_SCREENSHOTS") {

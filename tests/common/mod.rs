@@ -4,6 +4,7 @@
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
+pub mod browser;
 pub mod cloudevents;
 pub mod logical;
 #[cfg(feature = "nats")]
