@@ -39,6 +39,25 @@ async fn all_published(db: &TestDb) {
     assert!(settled, "the live deliveries settle");
 }
 
+/// Waits until `rx` got `n` live deliveries (within `secs`) and every event is settled
+/// ([`all_published`]): the retained events a replay then sends.
+async fn live_delivered(db: &TestDb, rx: &Receiver, n: usize, secs: u64) {
+    let got = wait_for(Duration::from_secs(secs), || async {
+        rx.delivered_ids().len() >= n
+    })
+    .await;
+    assert!(got, "{n} live deliveries");
+    all_published(db).await;
+}
+
+/// Creates the replay `new`; its id.
+async fn start(db: &TestDb, new: NewReplay) -> uuid::Uuid {
+    replays::create(&store(db), &new)
+        .await
+        .expect("create")
+        .expect("created")
+}
+
 async fn replay_state(db: &TestDb, id: uuid::Uuid) -> replays::Replay {
     replays::get(&store(db), id)
         .await
@@ -59,17 +78,11 @@ async fn a_replay_sends_retained_events_again_with_their_ids_and_its_header() {
         .collect();
     db.insert_plain(10, "user.created").await;
     let relay = Running::start(&db, &webhook_config(&db, &rx.url, ""));
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            rx.delivered_ids().len() >= 50
-        })
-        .await
-    );
+    live_delivered(&db, &rx, 50, 30).await;
 
-    all_published(&db).await;
-    let id = replays::create(
-        &store(&db),
-        &NewReplay {
+    let id = start(
+        &db,
+        NewReplay {
             destination: "hooks".into(),
             selection: Selection {
                 topics: vec!["order.created".into()],
@@ -78,9 +91,7 @@ async fn a_replay_sends_retained_events_again_with_their_ids_and_its_header() {
             ..NewReplay::default()
         },
     )
-    .await
-    .expect("create")
-    .expect("created");
+    .await;
     assert_eq!(
         replay_state(&db, id).await.total,
         40,
@@ -205,14 +216,8 @@ async fn a_replay_survives_its_relay_killed_mid_way() {
     );
     let config = write_config(dir.path(), &text);
     let mut first = spawn_relay(dir.path(), &config, "first");
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            rx.delivered_ids().len() >= 1_500
-        })
-        .await
-    );
+    live_delivered(&db, &rx, 1_500, 60).await;
 
-    all_published(&db).await;
     let (code, out, err) = run(&[
         "replay",
         "start",
@@ -391,24 +396,16 @@ async fn an_ordered_destination_keeps_each_keys_order_through_a_replay() {
     };
     insert(0).await;
     let relay = Running::start(&db, &webhook_config(&db, &rx.url, "ordering = \"key\""));
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            rx.delivered_ids().len() >= 200
-        })
-        .await
-    );
-    all_published(&db).await;
-    let id = replays::create(
-        &store(&db),
-        &NewReplay {
+    live_delivered(&db, &rx, 200, 30).await;
+    let id = start(
+        &db,
+        NewReplay {
             destination: "hooks".into(),
             rate: Some("200/s".into()),
             ..NewReplay::default()
         },
     )
-    .await
-    .expect("create")
-    .expect("created");
+    .await;
     for round in 1..=3 {
         insert(round * 1_000).await;
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -471,12 +468,7 @@ async fn a_replayed_event_that_fails_is_retried_as_a_pair() {
         &db,
         &webhook_config(&db, &rx.url, "retry_schedule = [\"100ms\"]"),
     );
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            rx.delivered_ids().len() >= 20
-        })
-        .await
-    );
+    live_delivered(&db, &rx, 20, 30).await;
     // Each event's first replayed request fails (its live one was its first request).
     rx.set(|r| {
         if r.headers.contains_key(HEADER) && r.nth == 1 {
@@ -485,17 +477,14 @@ async fn a_replayed_event_that_fails_is_retried_as_a_pair() {
             Reply::ok()
         }
     });
-    all_published(&db).await;
-    let id = replays::create(
-        &store(&db),
-        &NewReplay {
+    let id = start(
+        &db,
+        NewReplay {
             destination: "hooks".into(),
             ..NewReplay::default()
         },
     )
-    .await
-    .expect("create")
-    .expect("created");
+    .await;
     let done = wait_for(Duration::from_secs(30), || async {
         replay_state(&db, id).await.state == "done"
     })
@@ -539,12 +528,7 @@ async fn live_events_of_a_key_do_not_wait_behind_a_refused_replayed_event() {
             "ordering = \"key\"\nretry_schedule = [\"100ms\"]",
         ),
     );
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            rx.delivered_ids().len() >= 10
-        })
-        .await
-    );
+    live_delivered(&db, &rx, 10, 30).await;
     rx.set(|r| {
         if r.headers.contains_key(HEADER) {
             Reply::status(503)
@@ -552,17 +536,14 @@ async fn live_events_of_a_key_do_not_wait_behind_a_refused_replayed_event() {
             Reply::ok()
         }
     });
-    all_published(&db).await;
-    let id = replays::create(
-        &store(&db),
-        &NewReplay {
+    let id = start(
+        &db,
+        NewReplay {
             destination: "hooks".into(),
             ..NewReplay::default()
         },
     )
-    .await
-    .expect("create")
-    .expect("created");
+    .await;
     assert!(
         wait_for(Duration::from_secs(30), || async {
             replay_state(&db, id).await.pending > 0
