@@ -56,6 +56,12 @@ impl Router {
         topic_matches(globs, &event.topic) && filter.as_ref().is_none_or(|f| f.eval(event))
     }
 
+    /// Whether a replay to destination `d` sends `event`: the destination takes it and the
+    /// replay's own `filter` keeps it. A replay and its dry run decide by this alike.
+    pub fn replay_takes(&self, d: usize, filter: Option<&Filter>, event: &OutboxEvent) -> bool {
+        self.takes(d, event) && filter.is_none_or(|f| f.eval(event))
+    }
+
     /// The destinations each event goes to, in configuration order; empty when none takes it.
     pub fn route_all(&self, events: &[OutboxEvent]) -> Vec<Vec<usize>> {
         if !self.filters() {
@@ -119,7 +125,7 @@ pub async fn dry_run(
         let page = replays::read(store, (selection, Some(upto)), cursor, DRY_RUN_PAGE).await?;
         for r in &page {
             match &r.event {
-                Ok(e) if router.takes(0, e) && filter.is_none_or(|f| f.eval(e)) => {
+                Ok(e) if router.replay_takes(0, filter, e) => {
                     counted.would_send += 1;
                 }
                 Ok(_) => {}

@@ -11,8 +11,10 @@ use futures::FutureExt;
 use tracing::warn;
 
 use super::batch::Run;
+use super::items::Items;
 use super::report::panic_message;
 use super::Relay;
+use crate::gate::Counted;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::outcome::Outcome;
@@ -20,6 +22,24 @@ use crate::model::transform::Transform;
 use crate::sinks::Share;
 
 impl Relay {
+    /// Publishes the `items` of `events` whole, within `publish_timeout` (released at once when
+    /// shutdown aborts): a batch of one lane's pairs or of a replay's step, which hands nothing
+    /// on. Each item's answer (`None` when it got none), and whether shutdown aborted it.
+    pub(super) async fn publish_whole(
+        &self,
+        events: &[OutboxEvent],
+        items: &Items,
+    ) -> (Vec<Option<(Outcome, Counted)>>, bool) {
+        let timeout = self.config.relay.publish_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let run = Run::new(events, items, self.lanes.len(), deadline);
+        let aborted = tokio::select! {
+            _ = tokio::time::timeout_at(deadline, self.publish_run(&run)) => false,
+            _ = self.abort.cancelled() => true,
+        };
+        (run.finish(aborted, &self.lanes, timeout).0, aborted)
+    }
+
     /// Publishes a batch, each item's outcome going into `run` as it comes.
     ///
     /// Items of an ordered lane that share a key form a chain, published one after the other; a

@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use super::batch::Run;
 use super::pacing;
 use super::Relay;
 use crate::model::event::OutboxEvent;
@@ -209,8 +208,7 @@ impl Relay {
             .iter()
             .filter_map(|r| {
                 let event = r.event.as_ref().ok()?;
-                let takes = self.router.takes(f.lane, event)
-                    && f.filter.as_ref().is_none_or(|flt| flt.eval(event));
+                let takes = self.router.replay_takes(f.lane, f.filter.as_ref(), event);
                 takes.then(|| {
                     let mut event = event.clone();
                     event
@@ -254,14 +252,7 @@ impl Relay {
         }
         let targets = events.iter().map(|_| vec![d]).collect();
         let items = self.items_to(events, targets, Some(replay)).await?;
-        let timeout = self.config.relay.publish_timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let run = Run::new(events, &items, self.lanes.len(), deadline);
-        let aborted = tokio::select! {
-            _ = tokio::time::timeout_at(deadline, self.publish_run(&run)) => false,
-            _ = self.abort.cancelled() => true,
-        };
-        let (answers, _) = run.finish(aborted, &self.lanes, timeout);
+        let (answers, _) = self.publish_whole(events, &items).await;
         self.store_tripped().await;
         Ok(answers
             .iter()

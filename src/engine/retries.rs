@@ -12,7 +12,6 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::batch::Run;
 use super::items::Items;
 use super::pacing::{db_reachable, retry_claim, Pacing};
 use super::report::{log_failed, record_outcomes, BatchReport};
@@ -64,13 +63,7 @@ impl Relay {
         let events: Vec<OutboxEvent> = claimed.deliveries.into_iter().map(|c| c.event).collect();
         let targets = events.iter().map(|_| vec![d]).collect();
         let items = Items::route(targets, |lane| self.lanes[lane].gate.is_open());
-        let deadline = tokio::time::Instant::now() + settings.publish_timeout;
-        let run = Run::new(&events, &items, self.lanes.len(), deadline);
-        let aborted = tokio::select! {
-            _ = tokio::time::timeout_at(deadline, self.publish_run(&run)) => false,
-            _ = self.abort.cancelled() => true,
-        };
-        let (answers, _) = run.finish(aborted, &self.lanes, settings.publish_timeout);
+        let (answers, aborted) = self.publish_whole(&events, &items).await;
         let now = Utc::now();
         // Send, unlike ThreadRng: the batch future crosses threads.
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
