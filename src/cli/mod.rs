@@ -214,18 +214,11 @@ pub async fn check_relay_privileges(pool: &PgPool, config: &Config) -> anyhow::R
 
 /// The error for a destination name the configuration does not have, listing those it has.
 pub fn no_such_destination(config: &Config, name: &str) -> anyhow::Error {
-    let known: Vec<&str> = config
-        .destinations
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
     anyhow::anyhow!(
         "no destination named {name:?} in the configuration; configured: {}",
-        if known.is_empty() {
-            "none (pass --config)".to_owned()
-        } else {
-            known.join(", ")
-        }
+        config
+            .destination_names()
+            .unwrap_or_else(|| "none (pass --config)".to_owned())
     )
 }
 

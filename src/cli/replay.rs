@@ -327,11 +327,6 @@ async fn steer(store: &Store, id: Uuid, change: Change) -> anyhow::Result<ExitCo
         before.pending.max(0) as u64,
     )
     .await?;
-    let done = match change {
-        Change::Pause => "paused",
-        Change::Resume => "resumed",
-        Change::Cancel => "cancelled",
-    };
-    eprintln!("replay {id} to {}: {done}", before.destination);
+    eprintln!("replay {id} to {}: {}", before.destination, change.done());
     Ok(ExitCode::SUCCESS)
 }

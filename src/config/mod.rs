@@ -103,6 +103,13 @@ struct RawConfig {
 }
 
 impl Config {
+    /// The configured destinations' names, comma-separated, for an error naming those there
+    /// are; `None` when there are none.
+    pub fn destination_names(&self) -> Option<String> {
+        let names: Vec<&str> = self.destinations.iter().map(|d| d.name.as_str()).collect();
+        (!names.is_empty()).then(|| names.join(", "))
+    }
+
     /// Reads and validates a config file, then applies the process environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {

@@ -142,6 +142,15 @@ impl Change {
         }
     }
 
+    /// What it did, for messages: `paused`, `resumed` or `cancelled`.
+    pub fn done(self) -> &'static str {
+        match self {
+            Self::Pause => "paused",
+            Self::Resume => "resumed",
+            Self::Cancel => "cancelled",
+        }
+    }
+
     /// The state it leads to, and the states it leads from.
     pub fn states(self) -> (&'static str, &'static [&'static str]) {
         match self {

@@ -112,23 +112,24 @@ struct Start<'c> {
 
 /// The configured destination `name`, or a 400 naming `destination` (with those there are).
 fn destination(c: &Console, name: Option<String>) -> Result<&DestinationConfig, ApiError> {
-    let destinations = &c.relay.config().destinations;
+    let config = c.relay.config();
     let name = input::text("destination", name)?;
-    if let Some(d) = destinations.iter().find(|d| Some(&d.name) == name.as_ref()) {
+    if let Some(d) = config
+        .destinations
+        .iter()
+        .find(|d| Some(&d.name) == name.as_ref())
+    {
         return Ok(d);
     }
-    let known: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
     let problem = match name {
         Some(name) => format!("no destination named {name:?} is configured"),
         None => "required: the name of a configured destination".into(),
     };
     Err(ApiError::bad_request(format!(
         "destination: {problem} (configured: {})",
-        if known.is_empty() {
-            "none".into()
-        } else {
-            known.join(", ")
-        }
+        config
+            .destination_names()
+            .unwrap_or_else(|| "none".to_owned())
     )))
 }
 
@@ -221,15 +222,6 @@ pub(super) async fn start(
     Ok((StatusCode::CREATED, Json(ReplayView::from(replay))).into_response())
 }
 
-/// What a change did: `paused`, `resumed`, `cancelled`.
-fn done(change: Change) -> &'static str {
-    match change {
-        Change::Pause => "paused",
-        Change::Resume => "resumed",
-        Change::Cancel => "cancelled",
-    }
-}
-
 /// Applies `change` to the replay `id`: the replay after it, a 409 naming its state when that
 /// does not allow the change, a 404 when there is no such replay.
 async fn steer(
@@ -254,7 +246,7 @@ async fn steer(
             format!(
                 "state: replay {id} is {state}; only a {} replay can be {}",
                 change.states().1.join(" or "),
-                done(change)
+                change.done()
             ),
         ));
     }
