@@ -77,24 +77,11 @@ async fn retry_a_dead_event_from_the_page() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let driver = Driver::start();
-    let browser = driver.session().await;
+    let browser = driver.signed_in(&base, ADMIN).await;
     fn wait(b: &fantoccini::Client) -> fantoccini::wait::Wait<'_> {
         b.wait().at_most(Duration::from_secs(20))
     }
 
-    // The token lives in the tab's sessionStorage, as the page's token box keeps it.
-    browser.goto(&format!("{base}/")).await.expect("page");
-    browser
-        .execute(
-            "sessionStorage.setItem('pgoutbox-token', arguments[0])",
-            vec![json!(ADMIN)],
-        )
-        .await
-        .expect("token");
-    browser
-        .goto(&format!("{base}/#overview"))
-        .await
-        .expect("page");
     let row = wait(&browser)
         .for_element(Locator::Css("#destinations tr[data-destination='hooks']"))
         .await

@@ -13,22 +13,7 @@ use serde_json::json;
 
 use common::*;
 
-const OPS: &str = "0ps-t0ken";
-const VIEWER: &str = "v1ewer-t0ken";
-
 use common::api_call as call;
-
-const TOKENS: &str = r#"
-[[tokens]]
-name = "alice"
-role = "operate"
-token = "0ps-t0ken"
-
-[[tokens]]
-name = "victor"
-role = "read"
-token = "v1ewer-t0ken"
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_tokens_roles_and_the_audit_log_of_console_and_cli() {

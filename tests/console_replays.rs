@@ -16,21 +16,6 @@ use serde_json::{json, Value};
 use common::api_call as call;
 use common::*;
 
-const OPS: &str = "0ps-t0ken";
-const VIEWER: &str = "v1ewer-t0ken";
-
-const TOKENS: &str = r#"
-[[tokens]]
-name = "alice"
-role = "operate"
-token = "0ps-t0ken"
-
-[[tokens]]
-name = "victor"
-role = "read"
-token = "v1ewer-t0ken"
-"#;
-
 /// Retained events: `n` rows of `topic` published now, payload `{"n": 1..n}`, key `k-<n>`.
 async fn retained(db: &TestDb, n: i32, topic: &str) {
     sqlx::query(

@@ -10,7 +10,6 @@ use std::time::Duration;
 use fantoccini::Locator;
 use pgoutbox::engine::Relay;
 use pgoutbox::server::Samples;
-use serde_json::json;
 
 use common::browser::{shows, Driver};
 use common::*;
@@ -61,19 +60,7 @@ async fn start_pause_and_cancel_a_replay_from_the_page() {
     .await;
 
     let driver = Driver::start();
-    let browser = driver.session().await;
-    browser.goto(&format!("{base}/")).await.expect("page");
-    browser
-        .execute(
-            "sessionStorage.setItem('pgoutbox-token', arguments[0])",
-            vec![json!(ADMIN)],
-        )
-        .await
-        .expect("token");
-    browser
-        .goto(&format!("{base}/#overview"))
-        .await
-        .expect("page");
+    let browser = driver.signed_in(&base, ADMIN).await;
     click(&browser, "#nav-replays").await;
     let empty = shows(&browser, "#replay-list", "no replays yet").await;
     assert!(empty, "the view says there are none yet");

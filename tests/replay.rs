@@ -50,6 +50,14 @@ async fn live_delivered(db: &TestDb, rx: &Receiver, n: usize, secs: u64) {
     all_published(db).await;
 }
 
+/// A replay of everything retained to the tests' destination, `hooks`.
+fn to_hooks() -> NewReplay {
+    NewReplay {
+        destination: "hooks".into(),
+        ..NewReplay::default()
+    }
+}
+
 /// Creates the replay `new`; its id.
 async fn start(db: &TestDb, new: NewReplay) -> uuid::Uuid {
     replays::create(&store(db), &new)
@@ -83,12 +91,11 @@ async fn a_replay_sends_retained_events_again_with_their_ids_and_its_header() {
     let id = start(
         &db,
         NewReplay {
-            destination: "hooks".into(),
             selection: Selection {
                 topics: vec!["order.created".into()],
                 ..Selection::default()
             },
-            ..NewReplay::default()
+            ..to_hooks()
         },
     )
     .await;
@@ -132,9 +139,8 @@ async fn a_replay_is_paused_resumed_and_cancelled() {
     );
     let s = store(&db);
     let new = NewReplay {
-        destination: "hooks".into(),
         rate: Some("50/s".into()),
-        ..NewReplay::default()
+        ..to_hooks()
     };
     all_published(&db).await;
     let id = replays::create(&s, &new)
@@ -400,9 +406,8 @@ async fn an_ordered_destination_keeps_each_keys_order_through_a_replay() {
     let id = start(
         &db,
         NewReplay {
-            destination: "hooks".into(),
             rate: Some("200/s".into()),
-            ..NewReplay::default()
+            ..to_hooks()
         },
     )
     .await;
@@ -477,14 +482,7 @@ async fn a_replayed_event_that_fails_is_retried_as_a_pair() {
             Reply::ok()
         }
     });
-    let id = start(
-        &db,
-        NewReplay {
-            destination: "hooks".into(),
-            ..NewReplay::default()
-        },
-    )
-    .await;
+    let id = start(&db, to_hooks()).await;
     let done = wait_for(Duration::from_secs(30), || async {
         replay_state(&db, id).await.state == "done"
     })
@@ -536,14 +534,7 @@ async fn live_events_of_a_key_do_not_wait_behind_a_refused_replayed_event() {
             Reply::ok()
         }
     });
-    let id = start(
-        &db,
-        NewReplay {
-            destination: "hooks".into(),
-            ..NewReplay::default()
-        },
-    )
-    .await;
+    let id = start(&db, to_hooks()).await;
     assert!(
         wait_for(Duration::from_secs(30), || async {
             replay_state(&db, id).await.pending > 0

@@ -55,6 +55,27 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// A session on the console at `base`, signed in with `token` and showing its overview. The
+    /// token lives in the tab's sessionStorage, as the page's token box keeps it.
+    pub async fn signed_in(&self, base: &str, token: &str) -> fantoccini::Client {
+        let browser = self.session().await;
+        browser.goto(&format!("{base}/")).await.expect("page");
+        browser
+            .execute(
+                "sessionStorage.setItem('pgoutbox-token', arguments[0])",
+                vec![json!(token)],
+            )
+            .await
+            .expect("token");
+        browser
+            .goto(&format!("{base}/#overview"))
+            .await
+            .expect("page");
+        browser
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();

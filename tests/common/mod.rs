@@ -31,6 +31,23 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
 use tokio_util::sync::CancellationToken;
 
+/// The console token of an operator (`alice`, role `operate`), in [`TOKENS`].
+pub const OPS: &str = "0ps-t0ken";
+/// The console token of a reader (`victor`, role `read`), in [`TOKENS`].
+pub const VIEWER: &str = "v1ewer-t0ken";
+/// Configuration of the two console tokens above.
+pub const TOKENS: &str = r#"
+[[tokens]]
+name = "alice"
+role = "operate"
+token = "0ps-t0ken"
+
+[[tokens]]
+name = "victor"
+role = "read"
+token = "v1ewer-t0ken"
+"#;
+
 /// Server URL of the local test PostgreSQL (trust auth), without a database name.
 pub fn server_url() -> String {
     std::env::var("PGOUTBOX_TEST_SERVER")
