@@ -147,14 +147,18 @@ pub(super) fn json_filter(
 
 /// An event id, or a 400 naming `name`.
 pub(super) fn event_id(name: &str, value: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(value.trim())
-        .map_err(|_| ApiError::bad_request(format!("{name}: {value:?} is not an event id")))
+    id(name, value, "an event id")
 }
 
 /// A replay id, or a 400 naming `name`.
 pub(super) fn replay_id(name: &str, value: &str) -> Result<Uuid, ApiError> {
+    id(name, value, "a replay id")
+}
+
+/// A UUID, or a 400 naming `name` and saying it is not `what`.
+fn id(name: &str, value: &str, what: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(value.trim())
-        .map_err(|_| ApiError::bad_request(format!("{name}: {value:?} is not a replay id")))
+        .map_err(|_| ApiError::bad_request(format!("{name}: {value:?} is not {what}")))
 }
 
 /// The most values a list parameter (topics, keys) takes.
