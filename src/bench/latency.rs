@@ -52,6 +52,13 @@ pub struct Latencies {
 }
 
 /// Percentiles of a set of latencies, in ms.
+/// The median of `values` (ratios of interleaved runs, mostly); NaN when empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Summary {
     /// Samples.

@@ -19,7 +19,7 @@ use pgoutbox::store::replays::{self, Change, NewReplay};
 use pgoutbox::store::Store;
 use uuid::Uuid;
 
-use super::latency::{follow_producer, Latencies, Summary};
+use super::latency::{follow_producer, median, Latencies, Summary};
 use super::output::{Output, Row};
 use super::process::{RelayProcess, RelaySpec};
 use super::producer::{unix_micros, Spec, Statement};
@@ -85,12 +85,6 @@ fn since(log: &Log, from: usize) -> HashMap<String, u64> {
 
 fn mark(log: &Log) -> usize {
     log.lock().unwrap_or_else(|p| p.into_inner()).len()
-}
-
-/// The median of `values` (NaN when empty).
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Runs `bench replay`.
@@ -170,7 +164,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         out.row(Row {
             scenario: "replay".into(),
             variant: format!("{variant}, live p99 at {dest}, median ratio"),
-            value: median(&mut ratios[d]),
+            value: median(&ratios[d]),
             unit: "x",
             detail: format!(
                 "with the replay / without, over {} interleaved rounds of {:?}",

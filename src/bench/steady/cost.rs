@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::args::Args;
+use crate::bench::latency::median;
 use crate::bench::output::{rate, Output, Row};
 use crate::bench::process::{RelayProcess, RelaySpec};
 use crate::bench::producer::{Producer, Spec, Statement};
@@ -148,12 +149,6 @@ async fn rounds(
     Ok(rates)
 }
 
-/// The median of some ratios.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Commit rate of unthrottled single-event producers: the pgoutbox table against the minimal one
 /// (the schema's cost), alone, beside a relay, and with a NOTIFY trigger; for the WAL source,
 /// with the WAL relay against no relay (see [`wal_producer_cost`]).
@@ -190,7 +185,7 @@ pub(super) async fn producer_cost(
         pairs.push(format!("{ours:.0}/{minimal:.0}"));
     }
     sql::setup::drop_minimal_copy(&scratch.pool).await?;
-    let schema_ratio = median(ratios);
+    let schema_ratio = median(&ratios);
     out.row(Row {
         scenario: "producers".into(),
         variant: format!("{n} conns, schema cost vs minimal table"),
@@ -333,8 +328,8 @@ async fn wal_producer_cost(
     let setups: Vec<Setup> = settings.iter().map(|s| s.0).collect();
     let rates = rounds(scratch, args, receiver, &setups).await?;
     for (i, runs) in rates.iter().enumerate() {
-        let value = median(runs.clone());
-        let reference = median(rates[0].clone());
+        let value = median(runs);
+        let reference = median(&rates[0]);
         out.row(Row {
             scenario: "producers".into(),
             variant: format!("{n} conns, {}", settings[i].1),
@@ -365,7 +360,7 @@ async fn wal_producer_cost(
         out.row(Row {
             scenario: "producers".into(),
             variant: format!("{n} conns, {}", settings[i].2),
-            value: median(ratios.clone()),
+            value: median(&ratios),
             unit: match args.producer {
                 Statement::Insert | Statement::InsertKeyed => "× no relay",
                 Statement::Emit => "× minimal INSERT",
