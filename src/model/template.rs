@@ -102,6 +102,14 @@ impl Template {
         }
     }
 
+    /// A template with no placeholder: `text`, verbatim, for every event.
+    pub fn literal(text: &str) -> Self {
+        Self {
+            source: text.replace('{', "{{").replace('}', "}}"),
+            parts: vec![Part::Literal(text.to_owned())],
+        }
+    }
+
     /// The text the template was parsed from.
     pub fn as_str(&self) -> &str {
         &self.source

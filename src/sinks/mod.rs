@@ -4,7 +4,11 @@
 //! failures (retriable or not, with the receiver's `Retry-After`); when to retry is the retry
 //! policy's business ([`crate::model::retry`]). Adding a sink is one file plus one line in [`build`].
 
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod body;
+#[cfg(feature = "eventbridge")]
+pub mod eventbridge;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(any(
@@ -15,6 +19,8 @@ pub mod kafka;
     feature = "redis"
 ))]
 mod kept;
+#[cfg(feature = "kinesis")]
+pub mod kinesis;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
@@ -25,7 +31,13 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod reserved;
+#[cfg(feature = "s3")]
+pub mod s3;
 mod share;
+#[cfg(feature = "sns")]
+pub mod sns;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 mod stdout;
 pub mod tls;
 mod webhook;
@@ -133,6 +145,16 @@ pub fn registry() -> Vec<SinkKind> {
     kinds.push(redis::KIND);
     #[cfg(feature = "mqtt")]
     kinds.push(mqtt::KIND);
+    #[cfg(feature = "sqs")]
+    kinds.push(sqs::KIND);
+    #[cfg(feature = "sns")]
+    kinds.push(sns::KIND);
+    #[cfg(feature = "kinesis")]
+    kinds.push(kinesis::KIND);
+    #[cfg(feature = "eventbridge")]
+    kinds.push(eventbridge::KIND);
+    #[cfg(feature = "s3")]
+    kinds.push(s3::KIND);
     kinds
 }
 

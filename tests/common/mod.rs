@@ -4,6 +4,14 @@
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
+#[cfg(all(
+    feature = "sqs",
+    feature = "sns",
+    feature = "kinesis",
+    feature = "eventbridge",
+    feature = "s3"
+))]
+pub mod aws;
 pub mod browser;
 pub mod cloudevents;
 pub mod logical;

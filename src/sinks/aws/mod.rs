@@ -1,0 +1,347 @@
+//! What the AWS sinks (`sqs`, `sns`, `kinesis`, `eventbridge`, `s3`) share: the account settings
+//! every one of them takes, the SDK configuration made from them, how an AWS error is classified,
+//! and how a batch is cut into the calls a batch API takes.
+//!
+//! Credentials come from the SDK's standard provider chain (environment, shared profile, web
+//! identity / IRSA, ECS and instance metadata), never from the relay's file. `region` falls back
+//! to the chain's (`AWS_REGION`, the profile); `endpoint_url` points a sink at a local emulator or
+//! a VPC endpoint. TLS goes through rustls on ring like every other sink: `tls.ca_file` replaces the
+//! system's roots (a client certificate means nothing to AWS and is refused). The SDK's own retries
+//! are off: when an event is tried again is the relay's retry policy's business.
+//!
+//! Classification ([`verdict`]): throttling codes are retried with the answer's `Retry-After`
+//! when it has one; codes that say this event can never be accepted (too large, malformed) are
+//! rejected; everything else — network failures, timeouts, 5xx, missing queues, refused or expired
+//! credentials (credentials and policies change) and any code not known here — is retried.
+
+mod answers;
+mod calls;
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_smithy_http_client::tls;
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
+use tokio::sync::OnceCell;
+
+pub(crate) use answers::{call_failed, entry_outcomes, positional};
+pub(crate) use calls::{by_target, group, publish_built, Limits};
+
+use super::body::{Body, Shape};
+use super::reserved::Reserved;
+use super::tls::TlsConfig;
+use super::{Share, Sink};
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+
+/// Where a sink records each event's outcome as soon as its call is answered (by position).
+pub(crate) type Record<'a> = &'a (dyn Fn(usize, Outcome) + Sync);
+
+/// What an AWS sink does: send a batch, recording each event's outcome as its call is answered,
+/// and check readiness. [`Batched`] makes one a [`Sink`].
+#[async_trait]
+pub(crate) trait Batches: Send + Sync + 'static {
+    /// Sends `events`, calling `record(position, outcome)` for each as soon as it is known.
+    async fn send_all(&self, events: &[&OutboxEvent], record: Record<'_>);
+
+    /// A cheap check that the destination is reachable.
+    async fn ready(&self) -> Result<(), String>;
+}
+
+/// An AWS sink as the engine sees it: outcomes recorded call by call, so a publish cut short by
+/// `publish_timeout` keeps what was answered.
+pub(crate) struct Batched<S>(pub S);
+
+#[async_trait]
+impl<S: Batches> Sink for Batched<S> {
+    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
+        let answers = Mutex::new(vec![Outcome::retry("not sent"); events.len()]);
+        let record = |i: usize, outcome: Outcome| {
+            if let Some(slot) = answers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_mut(i)
+            {
+                *slot = outcome;
+            }
+        };
+        self.0.send_all(events, &record).await;
+        answers.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn publish_until(&self, events: &[&OutboxEvent], share: &Share<'_>) {
+        let Some(_permit) = share.admit_all().await else {
+            return;
+        };
+        self.0
+            .send_all(events, &|i, outcome| share.record(i, outcome))
+            .await;
+    }
+
+    async fn healthcheck(&self) -> Result<(), String> {
+        self.0.ready().await
+    }
+}
+
+/// The `body` of a sink of `service` that sends no CloudEvents binary mode (SQS and SNS take
+/// ten attributes a message and have no binding; streams and archives have no attributes).
+pub(crate) fn shape(body: Body, source: Option<String>, service: &str) -> Result<Shape, String> {
+    if body == Body::CloudEventsBinary {
+        return Err(format!(
+            "key `body`: {service} has no CloudEvents binary mode; use \"cloudevents\" (structured)"
+        ));
+    }
+    Shape::new(body, source)
+}
+
+/// A readiness failure of `what` (`queue …`), from the outcome its check came to.
+pub(crate) fn unreachable(what: &str, outcome: Outcome) -> String {
+    match outcome {
+        Outcome::Retry { reason, .. } | Outcome::Rejected { reason } => {
+            format!("{what} is not reachable: {reason}")
+        }
+        Outcome::Delivered => format!("{what} is not reachable"),
+    }
+}
+
+/// Most message attributes SQS and SNS take on one message.
+const MAX_ATTRIBUTES: usize = 10;
+
+/// The attribute that carries an event's headers as one JSON object when they do not fit one
+/// attribute each.
+pub(crate) const HEADERS_ATTRIBUTE: &str = "pgoutbox-headers";
+
+/// Header names SQS and SNS keep for themselves, and the ones the sink sets.
+pub(crate) fn reserved(sink: &'static str) -> Reserved {
+    Reserved::new(sink, [] as [&str; 0], &["pgoutbox-", "aws.", "amazon."])
+}
+
+/// Whether SQS and SNS take `name` as a message attribute's name.
+fn attribute_name(name: &str) -> bool {
+    name.len() <= 256
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+        && !name.contains("..")
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// The message attributes (SQS, SNS) of `event`: `pgoutbox-id`, `pgoutbox-topic`, `pgoutbox-key`
+/// (when it has one), `content-type` (when the body states it) and its headers one attribute each
+/// — or, when they would not fit the ten a message takes, or one has a name an attribute cannot
+/// have or an empty value, all of them as one JSON object in `pgoutbox-headers`.
+pub(crate) fn attributes(
+    event: &OutboxEvent,
+    content_type: Option<&str>,
+    reserved: &Reserved,
+) -> Vec<(String, String)> {
+    let mut out = vec![
+        ("pgoutbox-id".to_owned(), event.id.to_string()),
+        ("pgoutbox-topic".to_owned(), event.topic.clone()),
+    ];
+    if let Some(key) = event.key.as_ref().filter(|k| !k.is_empty()) {
+        out.push(("pgoutbox-key".to_owned(), key.clone()));
+    }
+    if let Some(content_type) = content_type {
+        out.push(("content-type".to_owned(), content_type.to_owned()));
+    }
+    let headers: Vec<&(String, String)> = event
+        .headers
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case("content-type") && reserved.permits(name))
+        .collect();
+    let each = out.len() + headers.len() <= MAX_ATTRIBUTES
+        && headers
+            .iter()
+            .all(|(name, value)| attribute_name(name) && !value.is_empty());
+    if each {
+        out.extend(headers.into_iter().cloned());
+    } else {
+        let object: serde_json::Map<String, serde_json::Value> = headers
+            .into_iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        out.push((
+            HEADERS_ATTRIBUTE.to_owned(),
+            serde_json::Value::Object(object).to_string(),
+        ));
+    }
+    out
+}
+
+/// The account settings of an AWS sink, checked when it is built.
+#[derive(Debug)]
+pub struct Account {
+    region: Option<String>,
+    endpoint_url: Option<String>,
+    timeout: Duration,
+    ca_pem: Option<Vec<u8>>,
+    sdk: OnceCell<SdkConfig>,
+}
+
+impl Account {
+    /// Checks the settings (no I/O but reading `tls.ca_file`); the error names the key.
+    pub fn new(
+        region: Option<String>,
+        endpoint_url: Option<String>,
+        timeout: Duration,
+        tls: &TlsConfig,
+    ) -> Result<Self, String> {
+        if region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            return Err("key `region`: must not be empty".into());
+        }
+        if let Some(url) = &endpoint_url {
+            let parsed =
+                url::Url::parse(url).map_err(|e| format!("key `endpoint_url`: not a URL: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err("key `endpoint_url`: must be an http:// or https:// URL".into());
+            }
+        }
+        if timeout.is_zero() {
+            return Err("key `timeout`: must be more than zero".into());
+        }
+        if tls.cert_file.is_some() || tls.key_file.is_some() {
+            return Err(
+                "key `tls`: AWS takes no client certificate; only `ca_file` may be set".into(),
+            );
+        }
+        let ca_pem = tls.load()?.and_then(|files| files.ca_pem);
+        Ok(Self {
+            region,
+            endpoint_url,
+            timeout,
+            ca_pem,
+            sdk: OnceCell::new(),
+        })
+    }
+
+    /// The SDK configuration, made on first use (the credential chain is asked lazily, per
+    /// request, and refreshes itself).
+    pub async fn sdk(&self) -> &SdkConfig {
+        self.sdk.get_or_init(|| self.load()).await
+    }
+
+    async fn load(&self) -> SdkConfig {
+        let trust = match &self.ca_pem {
+            Some(pem) => tls::TrustStore::empty()
+                .with_native_roots(false)
+                .with_pem_certificate(pem.clone()),
+            None => tls::TrustStore::default(),
+        };
+        // The CA was parsed when the settings were checked; a context that still fails to build
+        // falls back to the system's roots, and the handshake then says what is wrong.
+        let context = tls::TlsContext::builder()
+            .with_trust_store(trust)
+            .build()
+            .unwrap_or_default();
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .tls_context(context)
+            .build_https();
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(self.timeout)
+                    .operation_timeout(self.timeout)
+                    .build(),
+            );
+        if let Some(region) = &self.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(url) = &self.endpoint_url {
+            loader = loader.endpoint_url(url.clone());
+        }
+        loader.load().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_attributes_while_they_fit() {
+        use crate::model::event::testing::event;
+        let reserved = reserved("sqs");
+        let names = |attrs: Vec<(String, String)>| -> Vec<String> {
+            attrs.into_iter().map(|(n, _)| n).collect()
+        };
+        let few = event(
+            "t",
+            Some("k"),
+            &[("x-tenant", "acme"), ("pgoutbox-id", "forged")],
+        );
+        assert_eq!(
+            names(attributes(&few, None, &reserved)),
+            ["pgoutbox-id", "pgoutbox-topic", "pgoutbox-key", "x-tenant"]
+        );
+        let forged = attributes(&few, None, &reserved);
+        assert_eq!(forged[0].1, few.id.to_string(), "the id is the event's");
+
+        let many: Vec<(String, String)> = (0..8).map(|i| (format!("h{i}"), "v".into())).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let crowded = event("t", Some("k"), &many);
+        let attrs = attributes(&crowded, Some("application/json"), &reserved);
+        assert_eq!(
+            names(attrs.clone()),
+            [
+                "pgoutbox-id",
+                "pgoutbox-topic",
+                "pgoutbox-key",
+                "content-type",
+                HEADERS_ATTRIBUTE
+            ]
+        );
+        let object: serde_json::Value = serde_json::from_str(&attrs[4].1).expect("json");
+        assert_eq!(object["h7"], "v");
+
+        for odd in [("bad name", "v"), ("x", ""), (".x", "v")] {
+            let e = event("t", None, &[odd]);
+            assert_eq!(
+                names(attributes(&e, None, &reserved)),
+                ["pgoutbox-id", "pgoutbox-topic", HEADERS_ATTRIBUTE],
+                "{odd:?}"
+            );
+        }
+    }
+    #[test]
+    fn settings_are_checked() {
+        let tls = TlsConfig::default();
+        let ok = Account::new(
+            Some("eu-west-1".into()),
+            Some("http://127.0.0.1:5055".into()),
+            Duration::from_secs(1),
+            &tls,
+        );
+        assert!(ok.is_ok());
+        for (region, url, says) in [
+            (Some(" "), None, "region"),
+            (None, Some("not a url"), "endpoint_url"),
+            (None, Some("ftp://x"), "endpoint_url"),
+        ] {
+            let err = Account::new(
+                region.map(String::from),
+                url.map(String::from),
+                Duration::from_secs(1),
+                &tls,
+            )
+            .expect_err("refused");
+            assert!(err.contains(says), "{err}");
+        }
+        let client = TlsConfig {
+            cert_file: Some("c.pem".into()),
+            key_file: Some("k.pem".into()),
+            ..TlsConfig::default()
+        };
+        let err = Account::new(None, None, Duration::from_secs(1), &client).expect_err("refused");
+        assert!(err.contains("client certificate"), "{err}");
+    }
+}

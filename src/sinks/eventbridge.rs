@@ -1,0 +1,204 @@
+//! The `eventbridge` sink: puts each event on an Amazon EventBridge bus, ten to a `PutEvents`
+//! call.
+//!
+//! `detail-type` is the event's topic, `source` the destination's `source` (`pgoutbox` by
+//! default), `time` its `created_at`, and `detail` its `body`: the envelope by default (EventBridge
+//! gives each event its own id, so the event id travels in the detail). A detail must be a JSON
+//! object: with `body = "payload"`, an event whose payload is not one is rejected by EventBridge
+//! and dead-lettered. Each entry gets its own answer: the failed ones are retried alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_eventbridge::primitives::DateTime;
+use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+use serde::Deserialize;
+
+use super::aws::{self, Account, Limits};
+use super::body::{Binding, Body, Shape};
+use super::tls::TlsConfig;
+use super::SinkKind;
+use crate::config::duration_str;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::template::Template;
+
+/// What one `PutEvents` takes: ten entries, 256 KiB together.
+const LIMITS: Limits = Limits {
+    entries: 10,
+    bytes: 256 * 1024,
+};
+
+/// The `source` of a destination that sets none.
+const DEFAULT_SOURCE: &str = "pgoutbox";
+
+/// Registry entry: `type = "eventbridge"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "eventbridge",
+    build: |_name, settings| {
+        let cfg: EventBridgeConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(aws::Batched(EventBridgeSink::new(cfg)?)))
+    },
+};
+
+/// Settings of `type = "eventbridge"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventBridgeConfig {
+    /// The bus's name or ARN, a template; default `default`.
+    #[serde(default = "default_bus")]
+    pub event_bus: Template,
+    /// Each event's `source`; default `pgoutbox`.
+    pub source: Option<String>,
+    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
+    pub region: Option<String>,
+    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
+    pub endpoint_url: Option<String>,
+    /// How long to wait for a connection and for each call's answer.
+    #[serde(default = "super::default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// `ca_file`: the certificate authorities to trust instead of the system's.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// What `detail` holds: `envelope` (default), `payload` (when it is an object) or
+    /// `cloudevents`.
+    #[serde(default = "Body::envelope")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
+}
+
+fn default_bus() -> Template {
+    Template::literal("default")
+}
+
+/// Puts events on EventBridge buses.
+pub struct EventBridgeSink {
+    cfg: EventBridgeConfig,
+    source: String,
+    shape: Shape,
+    account: Account,
+    client: tokio::sync::OnceCell<aws_sdk_eventbridge::Client>,
+}
+
+impl std::fmt::Debug for EventBridgeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventBridgeSink")
+            .field("event_bus", &self.cfg.event_bus)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventBridgeSink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: EventBridgeConfig) -> Result<Self, String> {
+        let source = cfg.source.clone().unwrap_or_else(|| DEFAULT_SOURCE.into());
+        if source.trim().is_empty() || source.len() > 256 {
+            return Err("key `source`: must be 1 to 256 characters".into());
+        }
+        Ok(Self {
+            source,
+            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "EventBridge")?,
+            account: Account::new(
+                cfg.region.clone(),
+                cfg.endpoint_url.clone(),
+                cfg.timeout,
+                &cfg.tls,
+            )?,
+            client: tokio::sync::OnceCell::new(),
+            cfg,
+        })
+    }
+
+    async fn client(&self) -> &aws_sdk_eventbridge::Client {
+        self.client
+            .get_or_init(|| async { aws_sdk_eventbridge::Client::new(self.account.sdk().await) })
+            .await
+    }
+
+    /// The entry of `event` on `bus` and its size against the limits.
+    fn entry(&self, event: &OutboxEvent, bus: &str) -> (PutEventsRequestEntry, usize) {
+        let detail =
+            String::from_utf8_lossy(&self.shape.message(event, Binding::Kafka).body).into_owned();
+        let size = detail.len() + event.topic.len() + self.source.len() + 14;
+        let entry = PutEventsRequestEntry::builder()
+            .event_bus_name(bus)
+            .source(&self.source)
+            .detail_type(&event.topic)
+            .detail(detail)
+            .time(DateTime::from_millis(event.created_at.timestamp_millis()))
+            .build();
+        (entry, size)
+    }
+
+    /// Puts `entries` in one call (each names its bus).
+    async fn send(&self, entries: Vec<PutEventsRequestEntry>) -> Vec<Outcome> {
+        let len = entries.len();
+        let answer = self
+            .client()
+            .await
+            .put_events()
+            .set_entries(Some(entries))
+            .send()
+            .await;
+        match answer {
+            Ok(out) => aws::positional(
+                "EventBridge",
+                len,
+                out.entries()
+                    .iter()
+                    .map(|r| (r.error_code(), r.error_message())),
+            ),
+            Err(e) => vec![aws::call_failed("EventBridge", &e); len],
+        }
+    }
+}
+
+#[async_trait]
+impl aws::Batches for EventBridgeSink {
+    async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
+        let buses: Vec<String> = events
+            .iter()
+            .map(|e| self.cfg.event_bus.render(e))
+            .collect();
+        let entries: Vec<_> = events
+            .iter()
+            .zip(&buses)
+            .map(|(e, bus)| Ok(self.entry(e, bus)))
+            .collect();
+        // EventBridge keeps no order: calls go side by side.
+        aws::publish_built(
+            events,
+            buses,
+            &entries,
+            LIMITS,
+            |_| false,
+            |_, built| self.send(built),
+            record,
+        )
+        .await;
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        if !self.cfg.event_bus.is_constant() {
+            // Which buses a template names is known only per event.
+            return Ok(());
+        }
+        let bus = self.cfg.event_bus.as_str();
+        let answer = self
+            .client()
+            .await
+            .describe_event_bus()
+            .name(bus)
+            .send()
+            .await;
+        answer.map(|_| ()).map_err(|e| {
+            aws::unreachable(
+                &format!("event bus {bus}"),
+                aws::call_failed("EventBridge", &e),
+            )
+        })
+    }
+}

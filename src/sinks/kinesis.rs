@@ -1,0 +1,173 @@
+//! The `kinesis` sink: puts each event on an Amazon Kinesis data stream, up to 500 to a
+//! `PutRecords` call.
+//!
+//! A record's data is the event's `body` (the envelope by default: a record has no attributes, so
+//! the id travels in it); its partition key is the event's key (its id when it has none), so a
+//! key's events land on one shard, in order. A stream's calls go one after another, and an event
+//! whose key failed in an earlier call of the same publish is not sent after it (`PutRecords`
+//! goes on past a failed record, so a later one of the same key could overtake). Each record gets
+//! its own answer: the failed ones are retried alone, the delivered ones never sent again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use serde::Deserialize;
+
+use super::aws::{self, Account, Limits};
+use super::body::{Binding, Body, Shape};
+use super::tls::TlsConfig;
+use super::SinkKind;
+use crate::config::duration_str;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::template::Template;
+
+/// What one `PutRecords` takes: 500 records, 5 MiB of data and partition keys together.
+const LIMITS: Limits = Limits {
+    entries: 500,
+    bytes: 5 * 1024 * 1024,
+};
+
+/// Registry entry: `type = "kinesis"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "kinesis",
+    build: |_name, settings| {
+        let cfg: KinesisConfig = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(aws::Batched(KinesisSink::new(cfg)?)))
+    },
+};
+
+/// Settings of `type = "kinesis"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KinesisConfig {
+    /// The stream's name or ARN, a template.
+    pub stream: Template,
+    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
+    pub region: Option<String>,
+    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
+    pub endpoint_url: Option<String>,
+    /// How long to wait for a connection and for each call's answer.
+    #[serde(default = "super::default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// `ca_file`: the certificate authorities to trust instead of the system's.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// What a record's data holds: `envelope` (default), `payload` or `cloudevents`.
+    #[serde(default = "Body::envelope")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
+}
+
+/// Puts events on Kinesis data streams.
+pub struct KinesisSink {
+    cfg: KinesisConfig,
+    shape: Shape,
+    account: Account,
+    client: tokio::sync::OnceCell<aws_sdk_kinesis::Client>,
+}
+
+impl std::fmt::Debug for KinesisSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KinesisSink")
+            .field("stream", &self.cfg.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KinesisSink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: KinesisConfig) -> Result<Self, String> {
+        Ok(Self {
+            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "Kinesis")?,
+            account: Account::new(
+                cfg.region.clone(),
+                cfg.endpoint_url.clone(),
+                cfg.timeout,
+                &cfg.tls,
+            )?,
+            client: tokio::sync::OnceCell::new(),
+            cfg,
+        })
+    }
+
+    async fn client(&self) -> &aws_sdk_kinesis::Client {
+        self.client
+            .get_or_init(|| async { aws_sdk_kinesis::Client::new(self.account.sdk().await) })
+            .await
+    }
+
+    /// The record of `event` and its size against the limits.
+    fn record(&self, event: &OutboxEvent) -> Result<(PutRecordsRequestEntry, usize), String> {
+        let data = self.shape.message(event, Binding::Kafka).body.into_owned();
+        let key = aws::group(event);
+        let size = data.len() + key.len();
+        let record = PutRecordsRequestEntry::builder()
+            .data(Blob::new(data))
+            .partition_key(key)
+            .build()
+            .map_err(|e| format!("cannot make the Kinesis record: {e}"))?;
+        Ok((record, size))
+    }
+
+    /// Puts `records` on `stream` in one call.
+    async fn send(&self, stream: String, records: Vec<PutRecordsRequestEntry>) -> Vec<Outcome> {
+        let len = records.len();
+        let call = self.client().await.put_records().set_records(Some(records));
+        let call = if stream.starts_with("arn:") {
+            call.stream_arn(stream)
+        } else {
+            call.stream_name(stream)
+        };
+        match call.send().await {
+            Ok(out) => aws::positional(
+                "Kinesis",
+                len,
+                out.records()
+                    .iter()
+                    .map(|r| (r.error_code(), r.error_message())),
+            ),
+            Err(e) => vec![aws::call_failed("Kinesis", &e); len],
+        }
+    }
+}
+
+#[async_trait]
+impl aws::Batches for KinesisSink {
+    async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
+        let streams: Vec<String> = events.iter().map(|e| self.cfg.stream.render(e)).collect();
+        let records: Vec<_> = events.iter().map(|e| self.record(e)).collect();
+        // A stream keeps each shard's order: every stream is sent to in order.
+        aws::publish_built(
+            events,
+            streams,
+            &records,
+            LIMITS,
+            |_| true,
+            |stream, built| self.send(stream, built),
+            record,
+        )
+        .await;
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        if !self.cfg.stream.is_constant() {
+            // Which streams a template names is known only per event.
+            return Ok(());
+        }
+        let stream = self.cfg.stream.as_str();
+        let call = self.client().await.describe_stream_summary();
+        let call = if stream.starts_with("arn:") {
+            call.stream_arn(stream)
+        } else {
+            call.stream_name(stream)
+        };
+        call.send().await.map(|_| ()).map_err(|e| {
+            aws::unreachable(&format!("stream {stream}"), aws::call_failed("Kinesis", &e))
+        })
+    }
+}

@@ -1,0 +1,246 @@
+//! The `s3` sink: archives events in Amazon S3 as JSON Lines, one object per batch for each day
+//! and topic, for data lakes and audit.
+//!
+//! A publish groups its events by prefix, day (`created_at`, UTC) and topic, and writes each group
+//! as one object, `<prefix>/<yyyy>/<mm>/<dd>/<topic>/<first event id>.jsonl`, one line per event:
+//! its `body`, the envelope by default (so each line carries the event's id). Delivery is at least
+//! once: a batch sent again after a crash is written under the same name and replaces the object;
+//! an event retried in another batch may sit in two objects, and readers dedupe by id as any
+//! consumer does. A group's events share its object's outcome.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_s3::primitives::ByteStream;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::Deserialize;
+
+use super::aws::{self, Account};
+use super::body::{Binding, Body, Shape};
+use super::tls::TlsConfig;
+use super::SinkKind;
+use crate::config::duration_str;
+use crate::model::event::OutboxEvent;
+use crate::model::outcome::Outcome;
+use crate::model::template::Template;
+
+/// Most objects one publish writes at once.
+const OBJECTS_IN_FLIGHT: usize = 8;
+
+/// The media type of a JSON Lines object.
+const JSON_LINES: &str = "application/x-ndjson";
+
+/// Registry entry: `type = "s3"`.
+pub const KIND: SinkKind = SinkKind {
+    name: "s3",
+    build: |_name, settings| {
+        let cfg: S3Config = crate::config::sink_settings(settings)?;
+        Ok(Arc::new(aws::Batched(S3Sink::new(cfg)?)))
+    },
+};
+
+/// Settings of `type = "s3"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// The bucket.
+    pub bucket: String,
+    /// What object names start with, a template (`events/{header.x-tenant}`); default none.
+    pub prefix: Option<Template>,
+    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
+    pub region: Option<String>,
+    /// Another endpoint than AWS's: a local emulator, MinIO, a VPC endpoint.
+    pub endpoint_url: Option<String>,
+    /// Path-style addressing (`host/bucket/key`); default on when `endpoint_url` is set.
+    pub force_path_style: Option<bool>,
+    /// How long to wait for a connection and for each object's write.
+    #[serde(default = "super::default_timeout", with = "duration_str")]
+    pub timeout: Duration,
+    /// `ca_file`: the certificate authorities to trust instead of the system's.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// What a line holds: `envelope` (default), `payload` or `cloudevents`.
+    #[serde(default = "Body::envelope")]
+    pub body: Body,
+    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
+    pub cloudevents_source: Option<String>,
+}
+
+/// Archives events in S3.
+pub struct S3Sink {
+    cfg: S3Config,
+    shape: Shape,
+    account: Account,
+    client: tokio::sync::OnceCell<aws_sdk_s3::Client>,
+}
+
+impl std::fmt::Debug for S3Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Sink")
+            .field("bucket", &self.cfg.bucket)
+            .field("prefix", &self.cfg.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name of the object holding events of `topic` written on `day`, the first of them `first`.
+pub fn object_key(prefix: &str, day: DateTime<Utc>, topic: &str, first: &uuid::Uuid) -> String {
+    let path = format!("{}/{topic}/{first}.jsonl", day.format("%Y/%m/%d"));
+    match prefix.trim_end_matches('/') {
+        "" => path,
+        prefix => format!("{prefix}/{path}"),
+    }
+}
+
+/// One JSON Lines line: `body` as is, or re-written on one line when it spans several (a `json`
+/// payload may keep the writer's line breaks).
+fn line(body: &[u8]) -> Vec<u8> {
+    let mut line = match body.contains(&b'\n') {
+        false => body.to_vec(),
+        true => serde_json::from_slice::<serde_json::Value>(body)
+            .map(|v| v.to_string().into_bytes())
+            .unwrap_or_else(|_| {
+                body.iter()
+                    .map(|&b| if b == b'\n' { b' ' } else { b })
+                    .collect()
+            }),
+    };
+    line.push(b'\n');
+    line
+}
+
+impl S3Sink {
+    /// Validates the settings; connects on the first publish.
+    pub fn new(cfg: S3Config) -> Result<Self, String> {
+        if cfg.bucket.trim().is_empty() {
+            return Err("key `bucket`: must not be empty".into());
+        }
+        Ok(Self {
+            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "S3")?,
+            account: Account::new(
+                cfg.region.clone(),
+                cfg.endpoint_url.clone(),
+                cfg.timeout,
+                &cfg.tls,
+            )?,
+            client: tokio::sync::OnceCell::new(),
+            cfg,
+        })
+    }
+
+    async fn client(&self) -> &aws_sdk_s3::Client {
+        self.client
+            .get_or_init(|| async {
+                let path_style = self
+                    .cfg
+                    .force_path_style
+                    .unwrap_or(self.cfg.endpoint_url.is_some());
+                let config = aws_sdk_s3::config::Builder::from(self.account.sdk().await)
+                    .force_path_style(path_style)
+                    .build();
+                aws_sdk_s3::Client::from_conf(config)
+            })
+            .await
+    }
+
+    /// The object of one group of events: its name and its lines.
+    fn object(&self, events: &[&OutboxEvent], prefix: &str) -> (String, Vec<u8>) {
+        let first = events[0];
+        let key = object_key(prefix, first.created_at, &first.topic, &first.id);
+        let lines = events
+            .iter()
+            .flat_map(|e| line(&self.shape.message(e, Binding::Kafka).body))
+            .collect();
+        (key, lines)
+    }
+
+    async fn put(&self, key: String, lines: Vec<u8>) -> Outcome {
+        let answer = self
+            .client()
+            .await
+            .put_object()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .content_type(JSON_LINES)
+            .body(ByteStream::from(lines))
+            .send()
+            .await;
+        match answer {
+            Ok(_) => Outcome::Delivered,
+            Err(e) => aws::call_failed("S3", &e),
+        }
+    }
+}
+
+#[async_trait]
+impl aws::Batches for S3Sink {
+    async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
+        let groups = aws::by_target(
+            events
+                .iter()
+                .map(|e| {
+                    let prefix = self.cfg.prefix.as_ref().map(|p| p.render(e));
+                    let day = e.created_at.format("%Y/%m/%d");
+                    // Unit separators keep the parts apart whatever they hold.
+                    format!("{}\u{1f}{day}\u{1f}{}", prefix.unwrap_or_default(), e.topic)
+                })
+                .collect(),
+        );
+        let puts = groups.into_iter().map(|(group, positions)| async move {
+            let members: Vec<&OutboxEvent> = positions.iter().map(|&i| events[i]).collect();
+            let prefix = group.split('\u{1f}').next().unwrap_or_default();
+            let (key, lines) = self.object(&members, prefix);
+            let outcome = self.put(key, lines).await;
+            for i in positions {
+                record(i, outcome.clone());
+            }
+        });
+        futures::stream::iter(puts)
+            .buffer_unordered(OBJECTS_IN_FLIGHT)
+            .collect::<()>()
+            .await;
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        let bucket = &self.cfg.bucket;
+        let answer = self
+            .client()
+            .await
+            .head_bucket()
+            .bucket(bucket)
+            .send()
+            .await;
+        answer
+            .map(|_| ())
+            .map_err(|e| aws::unreachable(&format!("bucket {bucket}"), aws::call_failed("S3", &e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_named_by_day_topic_and_first_id() {
+        let day = DateTime::parse_from_rfc3339("2026-12-03T23:59:59Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let id = uuid::Uuid::nil();
+        assert_eq!(
+            object_key("archive/", day, "order.created", &id),
+            format!("archive/2026/12/03/order.created/{id}.jsonl")
+        );
+        assert_eq!(
+            object_key("", day, "t", &id),
+            format!("2026/12/03/t/{id}.jsonl")
+        );
+    }
+
+    #[test]
+    fn each_event_is_one_line() {
+        assert_eq!(line(br#"{"a":1}"#), b"{\"a\":1}\n");
+        assert_eq!(line(b"{\n  \"a\": 1\n}"), b"{\"a\":1}\n");
+    }
+}
