@@ -13,6 +13,7 @@ use super::claim_settle::claim_and_settle;
 use super::output::{rate, Output, Row};
 use super::receiver::Receiver;
 use super::scratch::Scratch;
+use super::scratch_queue::ScratchQueue;
 use super::sql;
 
 /// Arguments of `bench drain` / `bench sql-limit`.
@@ -21,7 +22,8 @@ pub struct Args {
     /// Events prefilled for each run.
     #[arg(long, default_value_t = 1_000_000)]
     pub events: u64,
-    /// Sinks to drain to (null, stdout, webhook, nats: JetStream on --nats-url).
+    /// Sinks to drain to (null, stdout, webhook, nats: JetStream on --nats-url, sqs: a scratch
+    /// queue on --sqs-endpoint, with the `sqs` feature).
     #[arg(long, value_delimiter = ',', default_value = "null,stdout,webhook")]
     pub sinks: Vec<String>,
     /// Settle modes (keep = set published_at, delete = retention 0, partitions = keep in the
@@ -45,6 +47,10 @@ pub struct Args {
     /// NATS server for the `nats` sink (a scratch stream is created and deleted).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    /// SQS endpoint for the `sqs` sink (a scratch queue is made and deleted): a local emulator
+    /// by default; credentials from the AWS SDK's chain.
+    #[arg(long, default_value = "http://127.0.0.1:5055")]
+    pub sqs_endpoint: String,
 }
 
 impl Args {
@@ -59,6 +65,7 @@ impl Args {
             workers: 2,
             no_baseline: false,
             nats_url: "nats://127.0.0.1:4222".into(),
+            sqs_endpoint: "http://127.0.0.1:5055".into(),
         }
     }
 }
@@ -274,6 +281,10 @@ async fn drain(
         "webhook" => Some(Receiver::start().await?),
         _ => None,
     };
+    let queue = match sink {
+        "sqs" => Some(ScratchQueue::create(&args.sqs_endpoint).await?),
+        _ => None,
+    };
     let destination = match sink {
         "null" => "type = \"null\"".to_owned(),
         "stdout" => "type = \"null\"".to_owned(), // replaced below by a stdout sink writing to /dev/null
@@ -291,7 +302,13 @@ async fn drain(
                 args.nats_url
             )
         }
-        other => anyhow::bail!("unknown bench sink {other:?}: use null, stdout, webhook or nats"),
+        "sqs" => queue
+            .as_ref()
+            .map(ScratchQueue::settings)
+            .unwrap_or_default(),
+        other => {
+            anyhow::bail!("unknown bench sink {other:?}: use null, stdout, webhook, nats or sqs")
+        }
     };
     let mut text = format!(
         "retention = \"{}\"\nhistory = \"{}\"\n[relay]\nbatch_size = {}\nworkers = {}\n[[destinations]]\nname = \"{sink}\"\n{destination}\n",
@@ -340,6 +357,9 @@ async fn drain(
     bar.finish_and_clear();
     if sink == "nats" {
         delete_nats_stream(&args.nats_url).await;
+    }
+    if let Some(queue) = queue {
+        queue.delete().await;
     }
     Ok(rate(args.events, elapsed))
 }

@@ -40,6 +40,7 @@ mod producer;
 mod receiver;
 mod recvlogical;
 mod scratch;
+mod scratch_queue;
 mod sql;
 
 use std::process::ExitCode;
