@@ -14,7 +14,7 @@ use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use serde::Deserialize;
 
 use super::aws::{self, Account, Limits};
-use super::body::{Binding, Body, Shape};
+use super::body::{Body, Shape};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
 use super::SinkKind;
@@ -78,11 +78,6 @@ impl std::fmt::Debug for SnsSink {
     }
 }
 
-/// Whether the topic `arn` is a FIFO topic.
-fn fifo(arn: &str) -> bool {
-    arn.ends_with(".fifo")
-}
-
 impl SnsSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: SnsConfig) -> Result<Self, String> {
@@ -113,18 +108,11 @@ impl SnsSink {
         event: &OutboxEvent,
         topic: &str,
     ) -> Result<(PublishBatchRequestEntry, usize), String> {
-        let message = self.shape.message(event, Binding::Kafka);
-        let content_type = self
-            .shape
-            .states_content_type()
-            .then_some(message.content_type);
-        let body = String::from_utf8_lossy(&message.body).into_owned();
-        let mut size = body.len();
+        let message = aws::message(&self.shape, event, &self.reserved);
         let mut entry = PublishBatchRequestEntry::builder()
             .id(id.to_string())
-            .message(body);
-        for (name, value) in aws::attributes(event, content_type, &self.reserved) {
-            size += name.len() + value.len() + "String".len();
+            .message(message.body);
+        for (name, value) in message.attributes {
             let value = MessageAttributeValue::builder()
                 .data_type("String")
                 .string_value(value)
@@ -132,7 +120,7 @@ impl SnsSink {
                 .map_err(|e| format!("cannot make the SNS message attribute {name}: {e}"))?;
             entry = entry.message_attributes(name, value);
         }
-        if fifo(topic) {
+        if aws::fifo(topic) {
             entry = entry
                 .message_group_id(aws::group(event))
                 .message_deduplication_id(event.id.to_string());
@@ -140,7 +128,7 @@ impl SnsSink {
         let entry = entry
             .build()
             .map_err(|e| format!("cannot make the SNS message: {e}"))?;
-        Ok((entry, size))
+        Ok((entry, message.size))
     }
 
     /// Publishes `entries` to `topic` in one call.
@@ -186,7 +174,7 @@ impl aws::Batches for SnsSink {
             topics,
             &entries,
             LIMITS,
-            fifo,
+            aws::fifo,
             |topic, built| self.send(topic, built),
             record,
         )

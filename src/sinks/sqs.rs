@@ -16,7 +16,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageB
 use serde::Deserialize;
 
 use super::aws::{self, Account, Limits};
-use super::body::{Binding, Body, Shape};
+use super::body::{Body, Shape};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
 use super::SinkKind;
@@ -80,11 +80,6 @@ impl std::fmt::Debug for SqsSink {
     }
 }
 
-/// Whether the queue at `url` is a FIFO queue.
-fn fifo(url: &str) -> bool {
-    url.ends_with(".fifo")
-}
-
 impl SqsSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: SqsConfig) -> Result<Self, String> {
@@ -115,18 +110,11 @@ impl SqsSink {
         event: &OutboxEvent,
         queue: &str,
     ) -> Result<(SendMessageBatchRequestEntry, usize), String> {
-        let message = self.shape.message(event, Binding::Kafka);
-        let content_type = self
-            .shape
-            .states_content_type()
-            .then_some(message.content_type);
-        let body = String::from_utf8_lossy(&message.body).into_owned();
-        let mut size = body.len();
+        let message = aws::message(&self.shape, event, &self.reserved);
         let mut entry = SendMessageBatchRequestEntry::builder()
             .id(id.to_string())
-            .message_body(body);
-        for (name, value) in aws::attributes(event, content_type, &self.reserved) {
-            size += name.len() + value.len() + "String".len();
+            .message_body(message.body);
+        for (name, value) in message.attributes {
             let value = MessageAttributeValue::builder()
                 .data_type("String")
                 .string_value(value)
@@ -134,7 +122,7 @@ impl SqsSink {
                 .map_err(|e| format!("cannot make the SQS message attribute {name}: {e}"))?;
             entry = entry.message_attributes(name, value);
         }
-        if fifo(queue) {
+        if aws::fifo(queue) {
             entry = entry
                 .message_group_id(aws::group(event))
                 .message_deduplication_id(event.id.to_string());
@@ -142,7 +130,7 @@ impl SqsSink {
         let entry = entry
             .build()
             .map_err(|e| format!("cannot make the SQS message: {e}"))?;
-        Ok((entry, size))
+        Ok((entry, message.size))
     }
 
     /// Sends `entries` to `queue` in one call.
@@ -192,7 +180,7 @@ impl aws::Batches for SqsSink {
             queues,
             &entries,
             LIMITS,
-            fifo,
+            aws::fifo,
             |queue, built| self.send(queue, built),
             record,
         )

@@ -42,7 +42,7 @@ use tokio::sync::OnceCell;
 pub(crate) use answers::{call_failed, entry_outcomes, positional};
 pub(crate) use calls::{by_target, group, publish_built, Limits};
 
-use super::body::{Body, Shape};
+use super::body::{Binding, Body, Shape};
 use super::reserved::Reserved;
 use super::tls::TlsConfig;
 use super::{Share, Sink};
@@ -119,6 +119,39 @@ pub(crate) fn unreachable(what: &str, outcome: Outcome) -> String {
     }
 }
 
+/// Whether a queue URL or topic ARN names a FIFO queue or topic.
+pub(crate) fn fifo(name: &str) -> bool {
+    name.ends_with(".fifo")
+}
+
+/// One event as an SQS or SNS message (both take the same body and attributes).
+pub(crate) struct Message {
+    /// The body: the destination's `body` of the event.
+    pub body: String,
+    /// The message attributes ([`attributes`]), all of data type `String`.
+    pub attributes: Vec<(String, String)>,
+    /// Its size against a batch call's limit: the body and every attribute's name, type and value.
+    pub size: usize,
+}
+
+/// The message `event` makes with `shape`, its headers checked against `reserved`.
+pub(crate) fn message(shape: &Shape, event: &OutboxEvent, reserved: &Reserved) -> Message {
+    let message = shape.message(event, Binding::Kafka);
+    let content_type = shape.states_content_type().then_some(message.content_type);
+    let body = String::from_utf8_lossy(&message.body).into_owned();
+    let attributes = attributes(event, content_type, reserved);
+    let size = body.len()
+        + attributes
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + "String".len())
+            .sum::<usize>();
+    Message {
+        body,
+        attributes,
+        size,
+    }
+}
+
 /// Most message attributes SQS and SNS take on one message.
 const MAX_ATTRIBUTES: usize = 10;
 
@@ -146,7 +179,7 @@ fn attribute_name(name: &str) -> bool {
 /// (when it has one), `content-type` (when the body states it) and its headers one attribute each
 /// — or, when they would not fit the ten a message takes, or one has a name an attribute cannot
 /// have or an empty value, all of them as one JSON object in `pgoutbox-headers`.
-pub(crate) fn attributes(
+fn attributes(
     event: &OutboxEvent,
     content_type: Option<&str>,
     reserved: &Reserved,
