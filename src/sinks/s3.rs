@@ -85,13 +85,23 @@ impl std::fmt::Debug for S3Sink {
     }
 }
 
-/// The name of the object holding events of `topic` written on `day`, the first of them `first`.
-pub fn object_key(prefix: &str, day: DateTime<Utc>, topic: &str, first: &uuid::Uuid) -> String {
-    let path = format!("{}/{topic}/{first}.jsonl", day.format("%Y/%m/%d"));
+/// The folder of the objects holding events of `topic` written on `day`: `<prefix>/<yyyy>/<mm>/<dd>/<topic>`.
+fn folder(prefix: &str, day: DateTime<Utc>, topic: &str) -> String {
+    let path = format!("{}/{topic}", day.format("%Y/%m/%d"));
     match prefix.trim_end_matches('/') {
         "" => path,
         prefix => format!("{prefix}/{path}"),
     }
+}
+
+/// The name of the object holding events of `topic` written on `day`, the first of them `first`.
+pub fn object_key(prefix: &str, day: DateTime<Utc>, topic: &str, first: &uuid::Uuid) -> String {
+    in_folder(&folder(prefix, day, topic), first)
+}
+
+/// The name of the object in `folder` whose first event is `first`.
+fn in_folder(folder: &str, first: &uuid::Uuid) -> String {
+    format!("{folder}/{first}.jsonl")
 }
 
 /// One JSON Lines line: `body` as is, or re-written on one line when it spans several (a `json`
@@ -145,10 +155,15 @@ impl S3Sink {
             .await
     }
 
-    /// The object of one group of events: its name and its lines.
-    fn object(&self, events: &[&OutboxEvent], prefix: &str) -> (String, Vec<u8>) {
-        let first = events[0];
-        let key = object_key(prefix, first.created_at, &first.topic, &first.id);
+    /// The folder `event` is archived in.
+    fn folder(&self, event: &OutboxEvent) -> String {
+        let prefix = self.cfg.prefix.as_ref().map(|p| p.render(event));
+        folder(&prefix.unwrap_or_default(), event.created_at, &event.topic)
+    }
+
+    /// The object of one group of events in `folder`: its name and its lines.
+    fn object(&self, events: &[&OutboxEvent], folder: &str) -> (String, Vec<u8>) {
+        let key = in_folder(folder, &events[0].id);
         let lines = events
             .iter()
             .flat_map(|e| line(&self.shape.message(e, Binding::Kafka).body))
@@ -177,21 +192,11 @@ impl S3Sink {
 #[async_trait]
 impl aws::Batches for S3Sink {
     async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
-        let groups = aws::by_target(
-            events
-                .iter()
-                .map(|e| {
-                    let prefix = self.cfg.prefix.as_ref().map(|p| p.render(e));
-                    let day = e.created_at.format("%Y/%m/%d");
-                    // Unit separators keep the parts apart whatever they hold.
-                    format!("{}\u{1f}{day}\u{1f}{}", prefix.unwrap_or_default(), e.topic)
-                })
-                .collect(),
-        );
-        let puts = groups.into_iter().map(|(group, positions)| async move {
+        // Events whose objects would share a folder share an object.
+        let groups = aws::by_target(events.iter().map(|e| self.folder(e)).collect());
+        let puts = groups.into_iter().map(|(folder, positions)| async move {
             let members: Vec<&OutboxEvent> = positions.iter().map(|&i| events[i]).collect();
-            let prefix = group.split('\u{1f}').next().unwrap_or_default();
-            let (key, lines) = self.object(&members, prefix);
+            let (key, lines) = self.object(&members, &folder);
             let outcome = self.put(key, lines).await;
             for i in positions {
                 record(i, outcome.clone());
