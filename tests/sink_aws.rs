@@ -1,5 +1,5 @@
 //! The AWS sinks against the local emulator (moto on 127.0.0.1:5055, started by `.ci/run`): the
-//! black-box check of the other brokers — 1,000 events over 20 keys go out through a running
+//! black-box check of the other brokers — 300 events over 20 keys go out through a running
 //! relay and a consumer reads every one back (lost 0, ids carried, per-key order where the service
 //! keeps it) — for SQS standard and FIFO, SNS through an SQS subscription, Kinesis, EventBridge
 //! through a rule to SQS and the S3 archive; and a batch whose entries partly fail re-sends only

@@ -15,7 +15,7 @@ use super::TestDb;
 pub const EMULATOR: &str = "http://127.0.0.1:5055";
 
 /// How many events each black-box check commits, and over how many keys.
-pub const EVENTS: usize = 1_000;
+pub const EVENTS: usize = 300;
 pub const KEYS: usize = 20;
 
 /// Points the relay's credential chain at the emulator's dummy account, away from the machine's
