@@ -67,7 +67,7 @@ fn run() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err}");
-            for cause in err.chain().skip(1) {
+            for cause in causes(&err) {
                 eprintln!("  caused by: {cause}");
             }
             ExitCode::FAILURE
@@ -75,9 +75,45 @@ fn run() -> ExitCode {
     }
 }
 
+/// The lines under an error's sentence, one per cause. A cause whose text the line above
+/// already ends with is left out: sqlx says "error returned from database: X" and then has X as
+/// its source, which would print X twice.
+fn causes(err: &anyhow::Error) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut above = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !above.ends_with(&text) {
+            lines.push(text.clone());
+        }
+        above = text;
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error that repeats its source in its own message, as sqlx's database errors do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("error returned from database: {0}")]
+    struct Repeats(#[source] Root);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("role \"nobody\" does not exist")]
+    struct Root;
+
+    #[test]
+    fn a_cause_repeated_in_the_line_above_is_printed_once() {
+        let err = anyhow::Error::new(Repeats(Root)).context("cannot connect to the database");
+        assert_eq!(
+            causes(&err),
+            ["error returned from database: role \"nobody\" does not exist"]
+        );
+        let plain = anyhow::Error::new(Root).context("outer");
+        assert_eq!(causes(&plain), ["role \"nobody\" does not exist"]);
+    }
 
     #[test]
     fn a_panic_becomes_the_documented_exit_status() {
