@@ -130,7 +130,12 @@ async fn a_replay_is_paused_resumed_and_cancelled() {
     let db = TestDb::migrated().await;
     let rx = Receiver::start().await;
     db.insert_plain(300, "order.created").await;
-    let relay = Running::start(&db, &webhook_config(&db, &rx.url, ""));
+    // Cleanup is run by hand at the end, not by the relay's own loop.
+    let config = format!(
+        "cleanup_interval = \"1h\"\n{}",
+        webhook_config(&db, &rx.url, "")
+    );
+    let relay = Running::start(&db, &config);
     assert!(
         wait_for(Duration::from_secs(30), || async {
             rx.delivered_ids().len() >= 300
@@ -200,6 +205,28 @@ async fn a_replay_is_paused_resumed_and_cancelled() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(replay_state(&db, id).await.read, read);
     relay.stop().await;
+
+    // Its rate bucket outlives it until cleanup, which deletes the buckets of ended replays.
+    let bucket = format!("destination = 'replay:{id}'");
+    let buckets = || async {
+        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM outbox_rates WHERE {bucket}"))
+            .fetch_one(&db.pool)
+            .await
+            .expect("count buckets")
+    };
+    assert_eq!(buckets().await, 1, "the cancelled replay's bucket");
+    let options = pgoutbox::store::cleanup::CleanupOptions {
+        retention: Duration::from_secs(3600),
+        dead_retention: None,
+        attempts_retention: Duration::from_secs(3600),
+        chunk_rows: 1000,
+        dry_run: false,
+    };
+    let report = pgoutbox::store::cleanup::run(&s, &options, |_| {})
+        .await
+        .expect("cleanup");
+    assert_eq!(report.deleted_buckets, 1);
+    assert_eq!(buckets().await, 0, "cleanup deleted it");
 }
 
 /// A relay killed (SIGKILL) in the middle of a replay: another relay finishes it (the pairs the

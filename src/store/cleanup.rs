@@ -63,6 +63,8 @@ pub struct CleanupReport {
     pub deleted_dead: u64,
     /// Failed-attempt history rows deleted (not counted in [`CleanupReport::deleted`]).
     pub deleted_attempts: u64,
+    /// Rate buckets of ended replays deleted (not counted in [`CleanupReport::deleted`]).
+    pub deleted_buckets: u64,
     /// Partitions of the published history dropped whole (`history = "partitions"`).
     pub dropped_partitions: u64,
     /// Chunks (statements) run.
@@ -134,6 +136,7 @@ pub(super) struct Sql {
     delete_old_attempts: String,
     delete_dead_deliveries: String,
     count_dead_deliveries: String,
+    delete_ended_replay_buckets: String,
 }
 
 impl Sql {
@@ -147,6 +150,7 @@ impl Sql {
             delete_old_attempts: table.render(DELETE_OLD_ATTEMPTS),
             delete_dead_deliveries: table.render(DELETE_DEAD_DELIVERIES),
             count_dead_deliveries: table.render(COUNT_DEAD_DELIVERIES),
+            delete_ended_replay_buckets: table.render(DELETE_ENDED_REPLAY_BUCKETS),
         }
     }
 }
@@ -259,6 +263,11 @@ pub async fn run(
         .await?;
         report.deleted_attempts += deleted;
         report.batches += chunks;
+        let (buckets,): (i64,) = sqlx::query_as(&sql.delete_ended_replay_buckets)
+            .fetch_one(store.pool())
+            .await?;
+        report.deleted_buckets += buckets.max(0) as u64;
+        report.batches += 1;
     }
     Ok(report)
 }
@@ -343,6 +352,18 @@ const DELETE_DEAD_DELIVERIES: &str = "
 WITH gone AS (
     DELETE FROM {qname:deliveries}
     WHERE dead_at < now() - make_interval(secs => $1)
+    RETURNING 1)
+SELECT count(*) FROM gone";
+
+/// CleanupReplayBuckets. The rate buckets of replays that ended (cancelled, done, failed) or are
+/// gone: nothing takes from them again. A few rows; the replays' primary key.
+const DELETE_ENDED_REPLAY_BUCKETS: &str = "
+WITH gone AS (
+    DELETE FROM {qname:rates} AS r
+    WHERE r.destination LIKE 'replay:%'
+      AND NOT EXISTS (SELECT 1 FROM {qname:replays} AS p
+                      WHERE r.destination = 'replay:' || p.id::text
+                        AND p.state IN ('running', 'paused'))
     RETURNING 1)
 SELECT count(*) FROM gone";
 
