@@ -96,11 +96,55 @@ impl Limiter {
         Some(given)
     }
 
+    /// Keeps `unused` tokens that [`Limiter::take`] gave and the caller did not spend (a replay
+    /// step another relay held, events it skipped), for the next take within [`KEEP`].
+    pub fn give_back(&self, unused: usize) {
+        if unused == 0 {
+            return;
+        }
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if kept.0 == 0 || now >= kept.1 {
+            *kept = (0, now + KEEP);
+        }
+        kept.0 = kept
+            .0
+            .saturating_add(u32::try_from(unused).unwrap_or(u32::MAX));
+    }
+
     /// Gives `wanted` of `granted` fresh tokens (or all), keeping the rest for [`KEEP`].
     fn keep(&self, granted: u32, wanted: usize) -> usize {
         let given = (granted as usize).min(wanted);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         *kept = (granted - given as u32, Instant::now() + KEEP);
         given
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limiter whose store is never reached: what it gives comes from what it kept.
+    fn offline() -> Limiter {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool");
+        let store = Store::new(pool, crate::table::OutboxTable::default_table());
+        let limit = RateLimit::parse("100/s", None).expect("a rate");
+        Limiter::new("d", limit, store)
+    }
+
+    #[tokio::test]
+    async fn tokens_given_back_are_taken_again_before_they_expire() {
+        let limiter = offline();
+        let soon = Instant::now() + std::time::Duration::from_millis(10);
+        limiter.give_back(5);
+        assert_eq!(limiter.take(3, soon).await, 3);
+        assert_eq!(limiter.take(9, soon).await, 2);
+        limiter.give_back(0);
+        limiter.give_back(4);
+        tokio::time::sleep(KEEP).await;
+        assert_eq!(limiter.use_kept(4), None, "dropped after KEEP");
     }
 }

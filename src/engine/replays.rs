@@ -195,11 +195,20 @@ impl Relay {
         if tokens == 0 {
             return Ok(false);
         }
+        // Tokens pay for events sent: what a step does not send (another relay holds the step,
+        // fewer events left, events the replay skips) goes back to the limiter for the next one.
+        let unused = |sent: usize| {
+            if let Some(limiter) = &f.rate {
+                limiter.give_back((tokens as usize).saturating_sub(sent));
+            }
+        };
         let Some(mut step) = replays::begin(&self.store, replay.id).await? else {
+            unused(0);
             return Ok(false);
         };
         let limit = (WINDOW - step.replay.pending).min(tokens);
         if limit <= 0 {
+            unused(0);
             return Ok(false);
         }
         let read = step.read(limit).await?;
@@ -219,6 +228,7 @@ impl Relay {
                 })
             })
             .unzip();
+        unused(events.len());
         let delivered = self.send_replayed(f.lane, replay.id, &events).await?;
         let left: Vec<&Retained> = chosen
             .iter()
