@@ -3,6 +3,8 @@
 //! topic or stream of each event; and a replay's dry run ([`dry_run`]): which retained events one
 //! destination would take.
 
+use std::ops::ControlFlow;
+
 use glob::Pattern;
 
 use crate::config::DestinationConfig;
@@ -102,6 +104,9 @@ pub struct DryRun {
     pub would_send: u64,
     /// Rows that cannot be read as events.
     pub unreadable: u64,
+    /// Whether the walk reached the end of the range; when `progress` stopped it first, the
+    /// counts are of the events read until then.
+    pub complete: bool,
 }
 
 /// Retained events a dry run reads at a time.
@@ -109,13 +114,14 @@ const DRY_RUN_PAGE: i64 = 5_000;
 
 /// Walks `selection` as a replay to `dest` would (published up to now), counting what the
 /// destination would be sent with the replay's own `filter`; `progress` is told the events read
-/// so far after each page. Nothing is written.
+/// so far after each page, and may stop the walk there (a request with a time budget). Nothing
+/// is written.
 pub async fn dry_run(
     store: &Store,
     dest: &DestinationConfig,
     selection: &Selection,
     filter: Option<&Filter>,
-    mut progress: impl FnMut(u64),
+    mut progress: impl FnMut(u64) -> ControlFlow<()>,
 ) -> Result<DryRun> {
     let router = Router::new(std::slice::from_ref(dest));
     let upto = chrono::Utc::now();
@@ -133,10 +139,16 @@ pub async fn dry_run(
             }
         }
         counted.read += page.len() as u64;
-        progress(counted.read);
+        let stop = progress(counted.read);
         match page.last() {
             Some(last) if page.len() as i64 == DRY_RUN_PAGE => cursor = Some(last.cursor),
-            _ => return Ok(counted),
+            _ => {
+                counted.complete = true;
+                return Ok(counted);
+            }
+        }
+        if stop.is_break() {
+            return Ok(counted);
         }
     }
 }

@@ -65,7 +65,7 @@ async fn dry_run_start_list_and_steer_a_replay_with_each_change_audited() {
     assert_eq!(status, 200, "{dry}");
     assert_eq!(
         dry,
-        json!({ "dry_run": true, "read": 13, "would_send": 9, "unreadable": 0 })
+        json!({ "dry_run": true, "read": 13, "would_send": 9, "unreadable": 0, "complete": true })
     );
     let (status, dry) = post(json!({
         "destination": "hooks", "topics": ["order.created", "user.created"],

@@ -295,6 +295,43 @@ async fn a_replay_survives_its_relay_killed_mid_way() {
     );
 }
 
+/// A dry run stopped by its caller after a page (the API's time budget) says it counted part of
+/// the range; walked to the end it says it counted all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_stopped_early_says_its_counts_are_partial() {
+    let db = TestDb::migrated().await;
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload, published_at)
+         SELECT 'order.created', '{}', now() FROM generate_series(1, 6000)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("retained rows");
+    let config = parse_config(&webhook_config(&db, "http://127.0.0.1:1/", ""));
+    let dest = &config.destinations[0];
+    let everything = replays::Selection::default();
+    let dry = |stop_after_first: bool| {
+        let (s, selection) = (store(&db), everything.clone());
+        async move {
+            pgoutbox::route::dry_run(&s, dest, &selection, None, |_| {
+                if stop_after_first {
+                    std::ops::ControlFlow::Break(())
+                } else {
+                    std::ops::ControlFlow::Continue(())
+                }
+            })
+            .await
+            .expect("dry run")
+        }
+    };
+    let part = dry(true).await;
+    assert!(!part.complete, "{part:?}");
+    assert!(part.read > 0 && part.read < 6000, "{part:?}");
+    let all = dry(false).await;
+    assert!(all.complete, "{all:?}");
+    assert_eq!((all.read, all.would_send), (6000, 6000));
+}
+
 /// `--dry-run` counts what the destination would be sent (its topics and the replay's filter)
 /// and creates nothing; bad input is refused naming the flag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

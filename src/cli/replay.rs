@@ -4,6 +4,7 @@
 //! A replay is a row of `<table>_replays`: the relays serving its destination run it (any of
 //! them, surviving restarts); this command only creates and steers it, and follows its progress.
 
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -190,7 +191,8 @@ async fn dry_run(
     let total = replays::count(store, selection).await?;
     let bar = bar(total);
     let counted = route::dry_run(store, dest, selection, filter, |read| {
-        bar.set_position(read)
+        bar.set_position(read);
+        ControlFlow::Continue(())
     })
     .await?;
     bar.finish_and_clear();

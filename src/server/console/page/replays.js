@@ -130,8 +130,10 @@ function dryRun(button) {
     try {
       const r = await api('POST', '/api/v1/replays', body);
       const skipped = r.unreadable ? ` (${plural(r.unreadable, 'row')} cannot be read and would be skipped)` : '';
+      // A long range is counted for a few seconds only: the counts are then of the events read.
+      const partly = r.complete ? '' : ' (counted so far: the range is larger; `pgoutbox replay start --dry-run` counts all of it)';
       $('#replay-count').textContent =
-        `${r.would_send} of ${plural(r.read, 'retained event')} in range would be sent to ${body.destination}${skipped}`;
+        `${r.would_send} of ${plural(r.read, 'retained event')} in range would be sent to ${body.destination}${skipped}${partly}`;
     } catch (e) {
       $('#replay-count').textContent = '';
       throw e;
