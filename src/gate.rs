@@ -236,9 +236,10 @@ impl Gate {
         Some(Permit { gate: self })
     }
 
-    /// A future that completes at the gate's next change (a request ended, an answer came, the
-    /// breaker or pause changed, or [`Gate::wake`] was called). Create it before checking the
-    /// state it waits for, so that no change between the check and the wait is missed.
+    /// A future that completes at the gate's next change (a request ended, an answer changed what
+    /// may start, the breaker or pause changed, or [`Gate::wake`] was called). Create it before
+    /// checking the state it waits for, so that no change between the check and the wait is
+    /// missed.
     pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.changed.notified()
     }
@@ -276,9 +277,10 @@ impl Gate {
     /// up (a permanent rejection), resets the failures in a row. A failure while the breaker is
     /// open is held, not counted.
     pub fn answered(&self, outcome: &Outcome) -> Counted {
-        let counted = {
+        let (counted, changed) = {
             let mut l = self.local();
-            match outcome {
+            let before = (l.failures_in_a_row, l.proven, l.breaker);
+            let counted = match outcome {
                 Outcome::Delivered | Outcome::Rejected { .. } => {
                     l.failures_in_a_row = 0;
                     l.proven = true;
@@ -309,12 +311,20 @@ impl Gate {
                         }
                     }
                 }
+            };
+            if let Outcome::Rejected { reason } = outcome {
+                l.summary.last_error = Some(reason.clone());
             }
+            (
+                counted,
+                before != (l.failures_in_a_row, l.proven, l.breaker),
+            )
         };
-        if let Outcome::Rejected { reason } = outcome {
-            self.local().summary.last_error = Some(reason.clone());
+        // Waiters wait to be admitted ([`may_start`]): only these three change that. A delivery
+        // to a proven destination with no failures changes nothing, and most answers are that.
+        if changed {
+            self.changed.notify_waiters();
         }
-        self.changed.notify_waiters();
         counted
     }
 

@@ -115,7 +115,9 @@ impl Relay {
         targets: Vec<Vec<usize>>,
         replay: Option<uuid::Uuid>,
     ) -> Result<Items> {
-        let mut items = Items::route(targets, |lane| self.lanes[lane].gate.is_open());
+        // Each gate read once per batch, not once per event: its lock is taken by every answer.
+        let open: Vec<bool> = self.lanes.iter().map(|l| l.gate.is_open()).collect();
+        let mut items = Items::route(targets, |lane| open[lane]);
         let key_of = |item: &Item| -> Option<(usize, &str)> {
             let lane = item.lane?;
             let event = &events[item.event];

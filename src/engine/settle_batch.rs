@@ -154,15 +154,13 @@ impl Relay {
                 }
                 continue;
             }
-            let sends: Vec<usize> = span
+            let mut sends = span
                 .clone()
                 .filter(|&i| r.items.list[i].dispatch == Dispatch::Send)
-                .collect();
+                .peekable();
             if !wal
-                && !sends.is_empty()
-                && sends
-                    .iter()
-                    .all(|&i| r.answers[i].is_none() && !r.handed_over(i))
+                && sends.peek().is_some()
+                && sends.all(|i| r.answers[i].is_none() && !r.handed_over(i))
             {
                 // Not one destination answered before the batch's time ran out: as it was.
                 planned.untouched.push(event.id);

@@ -161,6 +161,17 @@ impl SettlePlan {
         v: Verdict,
         lease: InFlightLease,
     ) {
+        if matches!(v, Verdict::Delivered) {
+            // The common case, once per destination per event: no String per pair.
+            match self.pairs_delivered.get_mut(destination) {
+                Some(ids) => ids.push(event.id),
+                None => {
+                    self.pairs_delivered
+                        .insert(destination.to_owned(), vec![event.id]);
+                }
+            }
+            return;
+        }
         let mut row = PairRow {
             event_id: event.id,
             destination: destination.to_owned(),
@@ -173,13 +184,7 @@ impl SettlePlan {
             leased: false,
         };
         match v {
-            Verdict::Delivered => {
-                self.pairs_delivered
-                    .entry(destination.to_owned())
-                    .or_default()
-                    .push(event.id);
-                return;
-            }
+            Verdict::Delivered => return,
             Verdict::Failed(f) => {
                 row.attempts += i32::from(f.counted);
                 row.delay_secs = f.delay_secs;
