@@ -78,8 +78,7 @@ pub struct EventBridgeSink {
     cfg: EventBridgeConfig,
     source: String,
     shape: Shape,
-    account: Account,
-    client: tokio::sync::OnceCell<aws_sdk_eventbridge::Client>,
+    client: aws::Connection<aws_sdk_eventbridge::Client>,
 }
 
 impl std::fmt::Debug for EventBridgeSink {
@@ -101,21 +100,17 @@ impl EventBridgeSink {
         Ok(Self {
             source,
             shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "EventBridge")?,
-            account: Account::new(
-                cfg.region.clone(),
-                cfg.endpoint_url.clone(),
-                cfg.timeout,
-                &cfg.tls,
-            )?,
-            client: tokio::sync::OnceCell::new(),
+            client: aws::Connection::new(
+                Account::new(
+                    cfg.region.clone(),
+                    cfg.endpoint_url.clone(),
+                    cfg.timeout,
+                    &cfg.tls,
+                )?,
+                aws_sdk_eventbridge::Client::new,
+            ),
             cfg,
         })
-    }
-
-    async fn client(&self) -> &aws_sdk_eventbridge::Client {
-        self.client
-            .get_or_init(|| async { aws_sdk_eventbridge::Client::new(self.account.sdk().await) })
-            .await
     }
 
     /// The entry of `event` on `bus` and its size against the limits.
@@ -137,7 +132,8 @@ impl EventBridgeSink {
     async fn send(&self, entries: Vec<PutEventsRequestEntry>) -> Vec<Outcome> {
         let len = entries.len();
         let answer = self
-            .client()
+            .client
+            .get()
             .await
             .put_events()
             .set_entries(Some(entries))
@@ -182,23 +178,14 @@ impl aws::Batches for EventBridgeSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        if !self.cfg.event_bus.is_constant() {
-            // Which buses a template names is known only per event.
-            return Ok(());
-        }
-        let bus = self.cfg.event_bus.as_str();
-        let answer = self
-            .client()
-            .await
-            .describe_event_bus()
-            .name(bus)
-            .send()
-            .await;
-        answer.map(|_| ()).map_err(|e| {
-            aws::unreachable(
-                &format!("event bus {bus}"),
-                aws::call_failed("EventBridge", &e),
-            )
-        })
+        aws::ready(
+            &self.cfg.event_bus,
+            ("event bus", "EventBridge"),
+            |bus| async move {
+                let client = self.client.get().await;
+                client.describe_event_bus().name(bus).send().await
+            },
+        )
+        .await
     }
 }

@@ -67,8 +67,7 @@ pub struct KinesisConfig {
 pub struct KinesisSink {
     cfg: KinesisConfig,
     shape: Shape,
-    account: Account,
-    client: tokio::sync::OnceCell<aws_sdk_kinesis::Client>,
+    client: aws::Connection<aws_sdk_kinesis::Client>,
 }
 
 impl std::fmt::Debug for KinesisSink {
@@ -84,21 +83,17 @@ impl KinesisSink {
     pub fn new(cfg: KinesisConfig) -> Result<Self, String> {
         Ok(Self {
             shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "Kinesis")?,
-            account: Account::new(
-                cfg.region.clone(),
-                cfg.endpoint_url.clone(),
-                cfg.timeout,
-                &cfg.tls,
-            )?,
-            client: tokio::sync::OnceCell::new(),
+            client: aws::Connection::new(
+                Account::new(
+                    cfg.region.clone(),
+                    cfg.endpoint_url.clone(),
+                    cfg.timeout,
+                    &cfg.tls,
+                )?,
+                aws_sdk_kinesis::Client::new,
+            ),
             cfg,
         })
-    }
-
-    async fn client(&self) -> &aws_sdk_kinesis::Client {
-        self.client
-            .get_or_init(|| async { aws_sdk_kinesis::Client::new(self.account.sdk().await) })
-            .await
     }
 
     /// The record of `event` and its size against the limits.
@@ -117,7 +112,12 @@ impl KinesisSink {
     /// Puts `records` on `stream` in one call.
     async fn send(&self, stream: String, records: Vec<PutRecordsRequestEntry>) -> Vec<Outcome> {
         let len = records.len();
-        let call = self.client().await.put_records().set_records(Some(records));
+        let call = self
+            .client
+            .get()
+            .await
+            .put_records()
+            .set_records(Some(records));
         let call = if stream.starts_with("arn:") {
             call.stream_arn(stream)
         } else {
@@ -155,19 +155,19 @@ impl aws::Batches for KinesisSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        if !self.cfg.stream.is_constant() {
-            // Which streams a template names is known only per event.
-            return Ok(());
-        }
-        let stream = self.cfg.stream.as_str();
-        let call = self.client().await.describe_stream_summary();
-        let call = if stream.starts_with("arn:") {
-            call.stream_arn(stream)
-        } else {
-            call.stream_name(stream)
-        };
-        call.send().await.map(|_| ()).map_err(|e| {
-            aws::unreachable(&format!("stream {stream}"), aws::call_failed("Kinesis", &e))
-        })
+        aws::ready(
+            &self.cfg.stream,
+            ("stream", "Kinesis"),
+            |stream| async move {
+                let call = self.client.get().await.describe_stream_summary();
+                let call = if stream.starts_with("arn:") {
+                    call.stream_arn(stream)
+                } else {
+                    call.stream_name(stream)
+                };
+                call.send().await
+            },
+        )
+        .await
     }
 }

@@ -72,8 +72,7 @@ pub struct S3Config {
 pub struct S3Sink {
     cfg: S3Config,
     shape: Shape,
-    account: Account,
-    client: tokio::sync::OnceCell<aws_sdk_s3::Client>,
+    client: aws::Connection<aws_sdk_s3::Client>,
 }
 
 impl std::fmt::Debug for S3Sink {
@@ -127,32 +126,25 @@ impl S3Sink {
         if cfg.bucket.trim().is_empty() {
             return Err("key `bucket`: must not be empty".into());
         }
+        let path_style = cfg.force_path_style.unwrap_or(cfg.endpoint_url.is_some());
         Ok(Self {
             shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "S3")?,
-            account: Account::new(
-                cfg.region.clone(),
-                cfg.endpoint_url.clone(),
-                cfg.timeout,
-                &cfg.tls,
-            )?,
-            client: tokio::sync::OnceCell::new(),
+            client: aws::Connection::new(
+                Account::new(
+                    cfg.region.clone(),
+                    cfg.endpoint_url.clone(),
+                    cfg.timeout,
+                    &cfg.tls,
+                )?,
+                move |sdk| {
+                    let config = aws_sdk_s3::config::Builder::from(sdk)
+                        .force_path_style(path_style)
+                        .build();
+                    aws_sdk_s3::Client::from_conf(config)
+                },
+            ),
             cfg,
         })
-    }
-
-    async fn client(&self) -> &aws_sdk_s3::Client {
-        self.client
-            .get_or_init(|| async {
-                let path_style = self
-                    .cfg
-                    .force_path_style
-                    .unwrap_or(self.cfg.endpoint_url.is_some());
-                let config = aws_sdk_s3::config::Builder::from(self.account.sdk().await)
-                    .force_path_style(path_style)
-                    .build();
-                aws_sdk_s3::Client::from_conf(config)
-            })
-            .await
     }
 
     /// The folder `event` is archived in.
@@ -173,7 +165,8 @@ impl S3Sink {
 
     async fn put(&self, key: String, lines: Vec<u8>) -> Outcome {
         let answer = self
-            .client()
+            .client
+            .get()
             .await
             .put_object()
             .bucket(&self.cfg.bucket)
@@ -211,7 +204,8 @@ impl aws::Batches for S3Sink {
     async fn ready(&self) -> Result<(), String> {
         let bucket = &self.cfg.bucket;
         let answer = self
-            .client()
+            .client
+            .get()
             .await
             .head_bucket()
             .bucket(bucket)

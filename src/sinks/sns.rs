@@ -65,9 +65,8 @@ pub struct SnsConfig {
 pub struct SnsSink {
     cfg: SnsConfig,
     shape: Shape,
-    account: Account,
     reserved: Reserved,
-    client: tokio::sync::OnceCell<aws_sdk_sns::Client>,
+    client: aws::Connection<aws_sdk_sns::Client>,
 }
 
 impl std::fmt::Debug for SnsSink {
@@ -83,22 +82,18 @@ impl SnsSink {
     pub fn new(cfg: SnsConfig) -> Result<Self, String> {
         Ok(Self {
             shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "SNS")?,
-            account: Account::new(
-                cfg.region.clone(),
-                cfg.endpoint_url.clone(),
-                cfg.timeout,
-                &cfg.tls,
-            )?,
             reserved: aws::reserved("sns"),
-            client: tokio::sync::OnceCell::new(),
+            client: aws::Connection::new(
+                Account::new(
+                    cfg.region.clone(),
+                    cfg.endpoint_url.clone(),
+                    cfg.timeout,
+                    &cfg.tls,
+                )?,
+                aws_sdk_sns::Client::new,
+            ),
             cfg,
         })
-    }
-
-    async fn client(&self) -> &aws_sdk_sns::Client {
-        self.client
-            .get_or_init(|| async { aws_sdk_sns::Client::new(self.account.sdk().await) })
-            .await
     }
 
     /// The batch entry of `event`, named `id` within its call, and its size against the limits.
@@ -135,7 +130,8 @@ impl SnsSink {
     async fn send(&self, topic: String, entries: Vec<PublishBatchRequestEntry>) -> Vec<Outcome> {
         let ids: Vec<String> = entries.iter().map(|e| e.id().to_owned()).collect();
         let answer = self
-            .client()
+            .client
+            .get()
             .await
             .publish_batch()
             .topic_arn(&topic)
@@ -182,20 +178,10 @@ impl aws::Batches for SnsSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        if !self.cfg.topic_arn.is_constant() {
-            // Which topics a template names is known only per event.
-            return Ok(());
-        }
-        let topic = self.cfg.topic_arn.as_str();
-        let answer = self
-            .client()
-            .await
-            .get_topic_attributes()
-            .topic_arn(topic)
-            .send()
-            .await;
-        answer
-            .map(|_| ())
-            .map_err(|e| aws::unreachable(&format!("topic {topic}"), aws::call_failed("SNS", &e)))
+        aws::ready(&self.cfg.topic_arn, ("topic", "SNS"), |topic| async move {
+            let client = self.client.get().await;
+            client.get_topic_attributes().topic_arn(topic).send().await
+        })
+        .await
     }
 }

@@ -67,9 +67,8 @@ pub struct SqsConfig {
 pub struct SqsSink {
     cfg: SqsConfig,
     shape: Shape,
-    account: Account,
     reserved: Reserved,
-    client: tokio::sync::OnceCell<aws_sdk_sqs::Client>,
+    client: aws::Connection<aws_sdk_sqs::Client>,
 }
 
 impl std::fmt::Debug for SqsSink {
@@ -85,22 +84,18 @@ impl SqsSink {
     pub fn new(cfg: SqsConfig) -> Result<Self, String> {
         Ok(Self {
             shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "SQS")?,
-            account: Account::new(
-                cfg.region.clone(),
-                cfg.endpoint_url.clone(),
-                cfg.timeout,
-                &cfg.tls,
-            )?,
             reserved: aws::reserved("sqs"),
-            client: tokio::sync::OnceCell::new(),
+            client: aws::Connection::new(
+                Account::new(
+                    cfg.region.clone(),
+                    cfg.endpoint_url.clone(),
+                    cfg.timeout,
+                    &cfg.tls,
+                )?,
+                aws_sdk_sqs::Client::new,
+            ),
             cfg,
         })
-    }
-
-    async fn client(&self) -> &aws_sdk_sqs::Client {
-        self.client
-            .get_or_init(|| async { aws_sdk_sqs::Client::new(self.account.sdk().await) })
-            .await
     }
 
     /// The batch entry of `event`, named `id` within its call, and its size against the limits.
@@ -141,7 +136,8 @@ impl SqsSink {
     ) -> Vec<Outcome> {
         let ids: Vec<String> = entries.iter().map(|e| e.id().to_owned()).collect();
         let answer = self
-            .client()
+            .client
+            .get()
             .await
             .send_message_batch()
             .queue_url(&queue)
@@ -188,21 +184,13 @@ impl aws::Batches for SqsSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        if !self.cfg.queue_url.is_constant() {
-            // Which queues a template names is known only per event.
-            return Ok(());
-        }
-        let queue = self.cfg.queue_url.as_str();
-        let answer = self
-            .client()
-            .await
-            .get_queue_attributes()
-            .queue_url(queue)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await;
-        answer
-            .map(|_| ())
-            .map_err(|e| aws::unreachable(&format!("queue {queue}"), aws::call_failed("SQS", &e)))
+        aws::ready(&self.cfg.queue_url, ("queue", "SQS"), |queue| async move {
+            let client = self.client.get().await;
+            let call = client.get_queue_attributes().queue_url(queue);
+            call.attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+        })
+        .await
     }
 }

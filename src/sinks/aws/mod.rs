@@ -35,6 +35,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_smithy_http_client::tls;
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use tokio::sync::OnceCell;
@@ -48,6 +51,7 @@ use super::tls::TlsConfig;
 use super::{Share, Sink};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
+use crate::model::template::Template;
 
 /// Where a sink records each event's outcome as soon as its call is answered (by position).
 pub(crate) type Record<'a> = &'a (dyn Fn(usize, Outcome) + Sync);
@@ -107,6 +111,27 @@ pub(crate) fn shape(body: Body, source: Option<String>, service: &str) -> Result
         ));
     }
     Shape::new(body, source)
+}
+
+/// The readiness of the destination `name` names (`what`: `queue`, `stream`, …), asked by
+/// `check`, one call of `service`. A template's names are known only per event: not checked.
+pub(crate) async fn ready<'n, T, E, Fut>(
+    name: &'n Template,
+    (what, service): (&str, &str),
+    check: impl FnOnce(&'n str) -> Fut,
+) -> Result<(), String>
+where
+    Fut: std::future::Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    if !name.is_constant() {
+        return Ok(());
+    }
+    let name = name.as_str();
+    check(name)
+        .await
+        .map(|_| ())
+        .map_err(|e| unreachable(&format!("{what} {name}"), call_failed(service, &e)))
 }
 
 /// A readiness failure of `what` (`queue …`), from the outcome its check came to.
@@ -216,6 +241,39 @@ fn attributes(
         ));
     }
     out
+}
+
+/// An AWS sink's SDK client, made from its [`Account`] on first use: building a sink does no I/O.
+pub struct Connection<C> {
+    account: Account,
+    make: Box<dyn Fn(&SdkConfig) -> C + Send + Sync>,
+    client: OnceCell<C>,
+}
+
+impl<C> std::fmt::Debug for Connection<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Connection<C> {
+    /// The client `make` builds from `account`'s SDK configuration.
+    pub fn new(account: Account, make: impl Fn(&SdkConfig) -> C + Send + Sync + 'static) -> Self {
+        Self {
+            account,
+            make: Box::new(make),
+            client: OnceCell::new(),
+        }
+    }
+
+    /// The client, made on the first call.
+    pub async fn get(&self) -> &C {
+        self.client
+            .get_or_init(|| async { (self.make)(self.account.sdk().await) })
+            .await
+    }
 }
 
 /// The account settings of an AWS sink, checked when it is built.
