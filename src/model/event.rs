@@ -27,16 +27,51 @@ pub struct OutboxEvent {
     pub attempts: i32,
 }
 
+/// Where a result's event columns are. Found once per result ([`EventColumns::of`] its first
+/// row): finding a column by name hashes and compares the name, and a claim of 1,000 rows would
+/// do it 8,000 times (a sixth of decoding a claim, profiled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventColumns {
+    /// `id`.
+    pub id: usize,
+    seq: usize,
+    topic: usize,
+    /// `key`.
+    pub key: usize,
+    payload: usize,
+    headers: usize,
+    created_at: usize,
+    attempts: usize,
+}
+
+impl EventColumns {
+    /// The event columns of `row`'s result.
+    pub fn of(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let at = |name: &str| row.try_column(name).map(sqlx::Column::ordinal);
+        Ok(Self {
+            id: at("id")?,
+            seq: at("seq")?,
+            topic: at("topic")?,
+            key: at("key")?,
+            payload: at("payload")?,
+            headers: at("headers")?,
+            created_at: at("created_at")?,
+            attempts: at("attempts")?,
+        })
+    }
+}
+
 impl OutboxEvent {
-    /// Decodes a row selected with the table's event columns.
-    pub fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
-        let payload: String = row.try_get("payload")?;
+    /// Decodes a row selected with the table's event columns, which are `at` (found once for its
+    /// whole result).
+    pub fn from_row(row: &PgRow, at: &EventColumns) -> Result<Self, sqlx::Error> {
+        let payload: String = column(row, at.payload, "payload")?;
         let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::ColumnDecode {
             index: "payload".into(),
             source: Box::new(e),
         })?;
-        let headers: Option<String> = row.try_get("headers")?;
-        let headers = match headers.as_deref() {
+        let headers: Option<&str> = column(row, at.headers, "headers")?;
+        let headers = match headers {
             Some(text) => parse_headers(text).map_err(|message| sqlx::Error::ColumnDecode {
                 index: "headers".into(),
                 source: message.into(),
@@ -44,14 +79,14 @@ impl OutboxEvent {
             None => Vec::new(),
         };
         Ok(Self {
-            id: row.try_get("id")?,
-            seq: row.try_get("seq")?,
-            topic: row.try_get("topic")?,
-            key: row.try_get("key")?,
+            id: column(row, at.id, "id")?,
+            seq: column(row, at.seq, "seq")?,
+            topic: column(row, at.topic, "topic")?,
+            key: column(row, at.key, "key")?,
             payload,
             headers,
-            created_at: row.try_get("created_at")?,
-            attempts: row.try_get("attempts")?,
+            created_at: column(row, at.created_at, "created_at")?,
+            attempts: column(row, at.attempts, "attempts")?,
         })
     }
 
@@ -64,9 +99,28 @@ impl OutboxEvent {
     }
 }
 
+/// The value of column `name`, found at `at`: a decoding error names the column (what an operator
+/// reads in `last_error`), not its position.
+fn column<'r, T>(row: &'r PgRow, at: usize, name: &str) -> Result<T, sqlx::Error>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(at).map_err(|e| match e {
+        sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
+            index: name.into(),
+            source,
+        },
+        other => other,
+    })
+}
+
 /// Headers come from a jsonb object (JSON `null` counts as none). Anything else, written by hand in
 /// SQL, is an error: the row is dead-lettered with it rather than sent without its headers.
 pub(crate) fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    // The column's default, and what most rows hold: jsonb prints an empty object as `{}`.
+    if text == "{}" {
+        return Ok(Vec::new());
+    }
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Object(map)) => Ok(map
             .into_iter()
@@ -179,5 +233,37 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(&deep).is_err(),
             "Value stops at 128"
         );
+    }
+
+    /// Stored headers (jsonb's text) → the headers, or the start of the error.
+    #[test]
+    fn headers_table() {
+        type Expected = Result<&'static [(&'static str, &'static str)], &'static str>;
+        let cases: Vec<(&str, Expected)> = vec![
+            ("{}", Ok(&[])),
+            ("{ }", Ok(&[])),
+            ("null", Ok(&[])),
+            (r#"{"a": "1"}"#, Ok(&[("a", "1")])),
+            (
+                r#"{"n": 2, "o": {"x": null}}"#,
+                Ok(&[("n", "2"), ("o", r#"{"x":null}"#)]),
+            ),
+            ("[]", Err("headers must be a JSON object")),
+            (r#""{}""#, Err("headers must be a JSON object")),
+            ("{", Err("headers are not JSON")),
+        ];
+        for (text, expected) in cases {
+            match (parse_headers(text), expected) {
+                (Ok(got), Ok(want)) => {
+                    let want: Vec<(String, String)> = want
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect();
+                    assert_eq!(got, want, "{text}");
+                }
+                (Err(got), Err(want)) => assert!(got.starts_with(want), "{text}: {got}"),
+                (got, want) => panic!("{text}: {got:?}, expected {want:?}"),
+            }
+        }
     }
 }

@@ -8,14 +8,13 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::{Column, PgConnection, Row};
 use uuid::Uuid;
 
 use super::held_batches::HeldBatch;
-use super::outbox::{ClaimedRow, Delivered};
+use super::outbox::{claimed_row, ClaimColumns, ClaimedRow, Delivered};
 use super::Store;
 use crate::error::Result;
-use crate::model::event::OutboxEvent;
 use crate::table::OutboxTable;
 
 /// DeliveriesFanOut (keep mode) / DeliveriesFanOutDelete (retention 0) / DeliveriesFanOutMove
@@ -352,16 +351,20 @@ pub struct ClaimPairs<'a> {
     pub dead_blocks: bool,
 }
 
-fn claimed_pair(row: &PgRow) -> Result<ClaimedPair> {
-    Ok(ClaimedPair {
-        destination: row.try_get("destination")?,
-        row: ClaimedRow {
-            id: row.try_get("id")?,
-            key: row.try_get("key").ok().flatten(),
-            due: true,
-            event: OutboxEvent::from_row(row).map_err(|e| crate::error_chain(&e)),
-        },
-    })
+fn claimed_pairs(rows: &[PgRow]) -> Result<Vec<ClaimedPair>> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let at = ClaimColumns::of(first, false)?;
+    let destination = first.try_column("destination")?.ordinal();
+    rows.iter()
+        .map(|row| {
+            Ok(ClaimedPair {
+                destination: row.try_get(destination)?,
+                row: claimed_row(row, &at)?,
+            })
+        })
+        .collect()
 }
 
 /// DeliveriesClaim: one destination's due pairs, leased.
@@ -376,7 +379,7 @@ pub async fn claim(store: &Store, claim: &ClaimPairs<'_>) -> Result<Vec<ClaimedP
         .bind(claim.dead_blocks)
         .fetch_all(store.pool())
         .await?;
-    rows.iter().map(claimed_pair).collect()
+    claimed_pairs(&rows)
 }
 
 /// DeliveriesClaimProbe: one held pair of `destination` for its probe, leased.
@@ -391,7 +394,7 @@ pub async fn claim_probe(
         .bind(token)
         .fetch_all(store.pool())
         .await?;
-    rows.iter().map(claimed_pair).collect()
+    claimed_pairs(&rows)
 }
 
 /// DeliveriesDelete: delivered pairs (event id, destination) leave the table, fenced by `token`.

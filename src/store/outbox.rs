@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use sqlx::{Column, PgConnection, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::Store;
 use crate::error::Result;
-use crate::model::event::OutboxEvent;
+use crate::model::event::{EventColumns, OutboxEvent};
 use crate::table::OutboxTable;
 
 /// Columns the relay reads for each claimed event, in the order [`crate::OutboxEvent`] decodes them.
@@ -410,21 +410,49 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
         )),
         _ => None,
     };
-    let ordered = claim.ordered.is_some();
-    let rows = rows
-        .iter()
-        .map(|row| claimed_row(row, ordered))
-        .collect::<Result<_>>()?;
+    let rows = match rows.first() {
+        Some(first) => {
+            let at = ClaimColumns::of(first, claim.ordered.is_some())?;
+            rows.iter()
+                .map(|row| claimed_row(row, &at))
+                .collect::<Result<_>>()?
+        }
+        None => Vec::new(),
+    };
     Ok(Claimed { rows, found })
 }
 
+/// Where a claim's columns are, found once per result (see [`EventColumns`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClaimColumns {
+    event: EventColumns,
+    /// `due`, selected by ordered claims.
+    due: Option<usize>,
+}
+
+impl ClaimColumns {
+    /// The columns of `row`'s result (`due` too when `ordered`).
+    pub(super) fn of(row: &PgRow, ordered: bool) -> Result<Self> {
+        Ok(Self {
+            event: EventColumns::of(row)?,
+            due: match ordered {
+                true => Some(row.try_column("due")?.ordinal()),
+                false => None,
+            },
+        })
+    }
+}
+
 /// Decodes a row selected with the event columns (`due` too when `ordered`).
-pub(super) fn claimed_row(row: &PgRow, ordered: bool) -> Result<ClaimedRow> {
+pub(super) fn claimed_row(row: &PgRow, at: &ClaimColumns) -> Result<ClaimedRow> {
     Ok(ClaimedRow {
-        id: row.try_get("id")?,
-        key: row.try_get("key").ok().flatten(),
-        due: if ordered { row.try_get("due")? } else { true },
-        event: OutboxEvent::from_row(row).map_err(|e| crate::error_chain(&e)),
+        id: row.try_get(at.event.id)?,
+        key: row.try_get(at.event.key).ok().flatten(),
+        due: match at.due {
+            Some(due) => row.try_get(due)?,
+            None => true,
+        },
+        event: OutboxEvent::from_row(row, &at.event).map_err(|e| crate::error_chain(&e)),
     })
 }
 

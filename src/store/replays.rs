@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::Store;
 use crate::error::Result;
-use crate::model::event::OutboxEvent;
+use crate::model::event::{EventColumns, OutboxEvent};
 pub use crate::model::replay::{Change, Cursor, NewReplay, Replay, Selection, REPLAY_HEADER};
 use crate::table::OutboxTable;
 
@@ -309,14 +309,22 @@ pub struct Retained {
     pub headers: Option<String>,
 }
 
-fn retained(row: &PgRow) -> Result<Retained> {
+fn retained_all(rows: &[PgRow]) -> Result<Vec<Retained>> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let at = EventColumns::of(first)?;
+    rows.iter().map(|row| retained(row, &at)).collect()
+}
+
+fn retained(row: &PgRow, at: &EventColumns) -> Result<Retained> {
     Ok(Retained {
         cursor: Cursor {
             at: row.try_get("published_at")?,
             seq: row.try_get("seq")?,
             id: row.try_get("id")?,
         },
-        event: OutboxEvent::from_row(row).map_err(|e| crate::error_chain(&e)),
+        event: OutboxEvent::from_row(row, at).map_err(|e| crate::error_chain(&e)),
         headers: row.try_get("headers")?,
     })
 }
@@ -336,7 +344,7 @@ pub async fn read(
         upto,
     );
     let rows = query.bind(limit).fetch_all(store.pool()).await?;
-    rows.iter().map(retained).collect()
+    retained_all(&rows)
 }
 
 /// ReplayList: the latest `limit` replays (of `destination` only, if given).
@@ -407,7 +415,7 @@ impl Step {
             Some(self.replay.upto),
         );
         let rows = query.bind(limit).fetch_all(&mut *self.tx).await?;
-        rows.iter().map(retained).collect()
+        retained_all(&rows)
     }
 
     /// ReplayQueue: `events` (with their headers as stored) as pairs of the replay's

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::outbox::{claimed_row, ClaimedRow, EVENT_COLUMNS};
+use super::outbox::{claimed_row, ClaimColumns, ClaimedRow, EVENT_COLUMNS};
 use super::{deliveries, held_batches, Store};
 use crate::error::Result;
 use crate::table::OutboxTable;
@@ -183,7 +183,8 @@ pub async fn claim_probe(
         .bind(destination)
         .fetch_optional(conn)
         .await?;
-    row.map(|row| claimed_row(&row, false)).transpose()
+    row.map(|row| claimed_row(&row, &ClaimColumns::of(&row, false)?))
+        .transpose()
 }
 
 /// OutboxExpireHeld: rows held for `destination` longer than `max_age` are dead-lettered.
