@@ -37,24 +37,78 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
+/// How far [`ById::find`] looks ahead of its walk before it asks the map: a destination's ids
+/// come in its batch's order, with gaps where it took no event (filtered, held, failed).
+const LOOK_AHEAD: usize = 32;
+
+/// A batch's events found by id: walking ahead when the ids come in the events' order (no
+/// hashing: this runs for every delivered pair), by a map built on the first id out of order.
+struct ById<'a> {
+    events: &'a [OutboxEvent],
+    map: std::cell::OnceCell<HashMap<Uuid, usize>>,
+}
+
+impl<'a> ById<'a> {
+    fn new(events: &'a [OutboxEvent]) -> Self {
+        Self {
+            events,
+            map: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The event `id`, looked for from `walk` on (which moves past it).
+    fn find(&self, walk: &mut usize, id: &Uuid) -> Option<&'a OutboxEvent> {
+        let ahead = self.events.get(*walk..).unwrap_or_default();
+        let at = match ahead.iter().take(LOOK_AHEAD).position(|e| e.id == *id) {
+            Some(offset) => *walk + offset,
+            None => *self
+                .map
+                .get_or_init(|| {
+                    self.events
+                        .iter()
+                        .enumerate()
+                        .map(|(i, e)| (e.id, i))
+                        .collect()
+                })
+                .get(id)?,
+        };
+        *walk = at + 1;
+        self.events.get(at)
+    }
+}
+
+/// Counts by key, for the few distinct keys of a batch (topics, destinations): a look at the
+/// last key, then a short list, instead of hashing each entry.
+struct Tally<K>(Vec<(K, u64)>);
+
+impl<K: PartialEq> Tally<K> {
+    fn add(&mut self, key: K, n: u64) {
+        match self.0.iter_mut().rev().find(|(k, _)| *k == key) {
+            Some((_, count)) => *count += n,
+            None => self.0.push((key, n)),
+        }
+    }
+}
+
 /// Counts a settled batch's outcomes per (destination, topic): one metric update per group, not
 /// per event, to keep the hot path cheap.
 pub(super) fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan) {
-    let by_id: HashMap<Uuid, &OutboxEvent> = events.iter().map(|e| (e.id, e)).collect();
+    let by_id = ById::new(events);
     let now = chrono::Utc::now();
     for (destination, ids) in plan.delivered.iter().chain(&plan.pairs_delivered) {
-        let mut per_topic: HashMap<&str, u64> = HashMap::new();
+        let mut per_topic = Tally(Vec::new());
         let latency = metrics::histogram!(metric::COMMIT_TO_PUBLISH_SECONDS, "destination" => destination.clone());
+        let mut walk = 0;
         for id in ids {
-            if let Some(e) = by_id.get(id) {
-                *per_topic.entry(e.topic.as_str()).or_default() += 1;
+            if let Some(e) = by_id.find(&mut walk, id) {
+                per_topic.add(e.topic.as_str(), 1);
                 latency.record(
                     (now - e.created_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6,
                 );
             }
         }
         metric::count_delivered(destination, ids.len() as u64);
-        for (topic, n) in per_topic {
+        for (topic, n) in per_topic.0 {
             metrics::counter!(metric::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
                 .increment(n);
         }
@@ -73,8 +127,9 @@ pub(super) fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan)
         metrics::counter!(metric::HELD_TOTAL, "destination" => destination.to_owned()).increment(n);
     }
     let mut failures: HashMap<(&str, &str, bool), u64> = HashMap::new();
+    let mut walk = 0;
     for f in &plan.failed {
-        if let Some(e) = by_id.get(&f.id) {
+        if let Some(e) = by_id.find(&mut walk, &f.id) {
             *failures
                 .entry((
                     f.destination.as_deref().unwrap_or("(unrouted)"),
@@ -84,8 +139,9 @@ pub(super) fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan)
                 .or_default() += 1;
         }
     }
+    let mut walk = 0;
     for p in plan.pairs.iter().filter(|p| p.failed) {
-        if let Some(e) = by_id.get(&p.event_id) {
+        if let Some(e) = by_id.find(&mut walk, &p.event_id) {
             *failures
                 .entry((p.destination.as_str(), e.topic.as_str(), p.dead))
                 .or_default() += 1;
@@ -98,5 +154,49 @@ pub(super) fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan)
             metric::FAILED_TOTAL
         };
         metrics::counter!(name, "destination" => destination.to_owned(), "topic" => topic.to_owned()).increment(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::testing::event;
+
+    /// Ids looked up in one walk (as positions in a batch of 100 events) → what is found.
+    #[test]
+    fn events_are_found_by_id_in_order_with_gaps_and_out_of_order() {
+        let events: Vec<OutboxEvent> = (0..100).map(|_| event("t", None, &[])).collect();
+        let by_id = ById::new(&events);
+        let cases: Vec<Vec<usize>> = vec![
+            (0..100).collect(),
+            (0..100).step_by(3).collect(),
+            vec![5, 90, 91],
+            (0..100).rev().collect(),
+            vec![50, 10, 60, 0, 99],
+        ];
+        for (i, positions) in cases.into_iter().enumerate() {
+            let mut walk = 0;
+            let found: Vec<usize> = positions
+                .iter()
+                .filter_map(|&p| by_id.find(&mut walk, &events[p].id))
+                .map(|e| events.iter().position(|x| x.id == e.id).expect("an event"))
+                .collect();
+            assert_eq!(found, positions, "case {i}");
+        }
+        let mut walk = 0;
+        assert!(
+            by_id.find(&mut walk, &Uuid::new_v4()).is_none(),
+            "not in the batch"
+        );
+        assert!(ById::new(&[]).find(&mut 0, &events[0].id).is_none());
+    }
+
+    #[test]
+    fn a_tally_counts_per_key() {
+        let mut tally = Tally(Vec::new());
+        for (key, n) in [("a", 1), ("a", 2), ("b", 1), ("a", 1), ("c", 5)] {
+            tally.add(key, n);
+        }
+        assert_eq!(tally.0, vec![("a", 4), ("b", 1), ("c", 5)]);
     }
 }
