@@ -113,41 +113,34 @@ pub(super) fn record_outcomes(events: &[OutboxEvent], plan: &settle::SettlePlan)
                 .increment(n);
         }
     }
-    let mut held: HashMap<&str, u64> = HashMap::new();
+    let mut held = Tally(Vec::new());
     for h in &plan.held {
-        *held.entry(h.destination.as_str()).or_default() += 1;
+        held.add(h.destination.as_str(), 1);
     }
     for p in plan.pairs.iter().filter(|p| p.held) {
-        *held.entry(p.destination.as_str()).or_default() += 1;
+        held.add(p.destination.as_str(), 1);
     }
     for b in &plan.bundles {
-        *held.entry(b.destination.as_str()).or_default() += b.count as u64;
+        held.add(b.destination.as_str(), b.count as u64);
     }
-    for (destination, n) in held {
+    for (destination, n) in held.0 {
         metrics::counter!(metric::HELD_TOTAL, "destination" => destination.to_owned()).increment(n);
     }
-    let mut failures: HashMap<(&str, &str, bool), u64> = HashMap::new();
+    let mut failures = Tally(Vec::new());
     let mut walk = 0;
     for f in &plan.failed {
         if let Some(e) = by_id.find(&mut walk, &f.id) {
-            *failures
-                .entry((
-                    f.destination.as_deref().unwrap_or("(unrouted)"),
-                    e.topic.as_str(),
-                    f.dead,
-                ))
-                .or_default() += 1;
+            let destination = f.destination.as_deref().unwrap_or("(unrouted)");
+            failures.add((destination, e.topic.as_str(), f.dead), 1);
         }
     }
     let mut walk = 0;
     for p in plan.pairs.iter().filter(|p| p.failed) {
         if let Some(e) = by_id.find(&mut walk, &p.event_id) {
-            *failures
-                .entry((p.destination.as_str(), e.topic.as_str(), p.dead))
-                .or_default() += 1;
+            failures.add((p.destination.as_str(), e.topic.as_str(), p.dead), 1);
         }
     }
-    for ((destination, topic, dead), n) in failures {
+    for ((destination, topic, dead), n) in failures.0 {
         let name = if dead {
             metric::DEAD_LETTERED_TOTAL
         } else {
