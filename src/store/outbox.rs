@@ -445,23 +445,14 @@ impl ClaimColumns {
 
 /// Decodes a row selected with the event columns (`due` too when `ordered`).
 pub(super) fn claimed_row(row: &PgRow, at: &ClaimColumns) -> Result<ClaimedRow> {
-    let event = OutboxEvent::from_row(row, &at.event).map_err(|e| crate::error_chain(&e));
-    // A row that decodes carries its id and key; one that does not is read for them alone.
-    let (id, key) = match &event {
-        Ok(e) => (e.id, e.key.clone()),
-        Err(_) => (
-            row.try_get(at.event.id)?,
-            row.try_get(at.event.key).ok().flatten(),
-        ),
-    };
     Ok(ClaimedRow {
-        id,
-        key,
+        id: row.try_get(at.event.id)?,
+        key: row.try_get(at.event.key).ok().flatten(),
         due: match at.due {
             Some(due) => row.try_get(due)?,
             None => true,
         },
-        event,
+        event: OutboxEvent::from_row(row, &at.event).map_err(|e| crate::error_chain(&e)),
     })
 }
 
