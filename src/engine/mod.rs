@@ -77,9 +77,12 @@ pub struct Relay {
     /// Held by the one quiet claim worker that polls for due rows; the other quiet workers wait
     /// on `wake`, so an idle relay costs one poll per `poll_interval` whatever `workers` is.
     idle_poller: tokio::sync::Mutex<()>,
-    /// Wakes quiet claim workers: the poller found due rows, or a claim found some (more may
-    /// follow, so every worker should claim).
+    /// Wakes quiet claim workers: the poller found due rows, or a claim filled its batch (a
+    /// backlog: every worker should claim).
     wake: Notify,
+    /// Claim workers whose last claim found rows; while one is busy the quiet ones do not poll
+    /// (see [`pacing::quiet_worker_polls`]).
+    busy_workers: std::sync::atomic::AtomicUsize,
     /// When this relay last claimed or settled anything (readiness sees a stall by it).
     progress: readiness::Progress,
     /// Where claims start their walk of the due range (kept by [`Relay::watermark_loop`]).
@@ -159,6 +162,7 @@ impl Relay {
             failure: std::sync::Mutex::new(None),
             idle_poller: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
+            busy_workers: std::sync::atomic::AtomicUsize::new(0),
             progress: readiness::Progress::default(),
             watermark: Watermark::default(),
         }

@@ -98,6 +98,27 @@ impl Pacing {
     }
 }
 
+/// Whether a batch that found `found` events of `batch` wakes the quiet claim workers. A full
+/// batch means a backlog: every worker claims. A partial one took everything that was due, so
+/// what comes next is a trickle, one worker's work: a second worker claiming beside it would
+/// halve every batch — twice the claims and settles for the same events, on the cores the
+/// application's commits need. Ordered claims stop at their heads' followers, short of a full
+/// batch even with a backlog, so they wake the others whenever they found something.
+pub(super) fn wakes_quiet_workers(found: usize, batch: usize, ordered: bool) -> bool {
+    if ordered {
+        found > 0
+    } else {
+        found >= batch
+    }
+}
+
+/// Whether a quiet claim worker polls for due rows, with `busy` workers claiming: only when none
+/// is (then one quiet worker polls for all). A busy worker claims again as soon as its batch
+/// ends and takes what came meanwhile; it wakes the others when that fills a batch.
+pub(super) fn quiet_worker_polls(busy: usize) -> bool {
+    busy == 0
+}
+
 /// Most events one replay step reads: a replay's events go out in steps, and a live event
 /// arriving during one competes with it for the machine; short steps keep that wait short.
 const REPLAY_STEP: i64 = 250;
@@ -357,6 +378,28 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(replay_rest(ms(40), false), ms(40));
         assert_eq!(replay_rest(ms(40), true), ms(0));
+    }
+
+    /// (found, batch, ordered) → whether the quiet workers are woken.
+    #[test]
+    fn only_a_backlog_wakes_the_quiet_workers() {
+        let cases = [
+            ((500, 500, false), true),
+            ((499, 500, false), false),
+            ((1, 500, false), false),
+            ((0, 500, false), false),
+            ((1, 500, true), true),
+            ((0, 500, true), false),
+        ];
+        for ((found, batch, ordered), wakes) in cases {
+            assert_eq!(
+                wakes_quiet_workers(found, batch, ordered),
+                wakes,
+                "{found}/{batch}, ordered {ordered}"
+            );
+        }
+        assert!(quiet_worker_polls(0));
+        assert!(!quiet_worker_polls(1));
     }
 
     /// (batch, concurrency, in flight) → pairs claimed.

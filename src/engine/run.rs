@@ -1,6 +1,7 @@
 //! Running the relay: its loops until shutdown, or one pass (`relay --once`).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 use uuid::Uuid;
 
-use super::pacing::{db_reachable, Pacing};
+use super::pacing::{db_reachable, quiet_worker_polls, wakes_quiet_workers, Pacing};
 use super::report::{panic_message, BatchReport};
 use super::Relay;
 use crate::config::Source;
@@ -16,6 +17,30 @@ use crate::error::{Error, Result};
 use crate::model::metric;
 use crate::sources::watermark;
 use crate::store::{outbox, waiting};
+
+/// Counts a claim worker among the busy ones while its last claim found rows, until it ends.
+struct Busy<'a> {
+    count: &'a AtomicUsize,
+    on: bool,
+}
+
+impl Busy<'_> {
+    fn set(&mut self, on: bool) {
+        if on != std::mem::replace(&mut self.on, on) {
+            if on {
+                self.count.fetch_add(1, AtomicOrdering::Relaxed);
+            } else {
+                self.count.fetch_sub(1, AtomicOrdering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
 
 /// A batch's report and the ids it scheduled for another attempt.
 type BatchResult = Result<(BatchReport, Vec<Uuid>)>;
@@ -145,15 +170,23 @@ impl Relay {
         let mut db_down = false;
         let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
         let mut quiet = false;
+        let mut busy = Busy {
+            count: &self.busy_workers,
+            on: false,
+        };
         while !shutdown.is_cancelled() {
             // After an empty claim, poll with one cheap statement and claim only once there is
             // something: an idle relay's cost is a few index probes per second, not transactions.
-            // One quiet worker polls; the others wait until it (or a busy worker) wakes them.
+            // One quiet worker polls, and only while no worker is busy; the others wait until it
+            // (or a busy worker's full batch) wakes them.
             if quiet {
                 let woken = self.wake.notified();
-                let Ok(_poller) = self.idle_poller.try_lock() else {
-                    // Another worker polls. The timeout only matters if it stopped polling
-                    // without waking anyone (it went back to claiming): take its place.
+                let poller = quiet_worker_polls(self.busy_workers.load(AtomicOrdering::Relaxed))
+                    .then(|| self.idle_poller.try_lock().ok())
+                    .flatten();
+                let Some(_poller) = poller else {
+                    // Another worker claims or polls. The timeout only matters if it stopped
+                    // without waking anyone (it went quiet, or back to claiming): look again.
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = woken => {
@@ -210,7 +243,10 @@ impl Relay {
                     if found > 0 {
                         total += report;
                         quiet = false;
-                        self.wake.notify_waiters();
+                        busy.set(true);
+                        if wakes_quiet_workers(found, batch_size, self.claim.ordered) {
+                            self.wake.notify_waiters();
+                        }
                         let pause = pacing.after_batch(found, batch_size, started.elapsed());
                         if pause.is_zero() {
                             continue;
@@ -222,9 +258,13 @@ impl Relay {
                         continue;
                     }
                     quiet = true;
+                    busy.set(false);
                     pacing.idle()
                 }
-                Err(e) => self.db_failed(worker, &mut pacing, &mut db_down, &e),
+                Err(e) => {
+                    busy.set(false);
+                    self.db_failed(worker, &mut pacing, &mut db_down, &e)
+                }
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
