@@ -28,8 +28,8 @@ pub struct Args {
     /// How long each producer-cost run lasts.
     #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
     pub(super) cost_duration: Duration,
-    /// Pairs of (minimal table, pgoutbox table) runs for the schema cost; the median ratio is
-    /// reported.
+    /// Pairs of (minimal table, pgoutbox table) runs for the schema cost, and rounds of the
+    /// producer-cost settings (no relay, relays, trigger); medians of the ratios are reported.
     #[arg(long, default_value_t = 3)]
     pub(super) cost_pairs: usize,
     /// How long the idle relay's CPU is measured (0s skips it).

@@ -3,6 +3,10 @@
 //! with no relay, with the relay polling (fixed and adaptive) and with a statement-level NOTIFY
 //! trigger (the alternative wake-up); for the WAL source, with the WAL relay and with
 //! pg_recvlogical streaming against no relay, and `outbox_emit()` against plain INSERTs.
+//!
+//! Each setting runs once per round, in rounds rotating which goes first, and a setting's cost is
+//! the median of its per-round ratios to the reference: on a shared machine whose speed moves by
+//! a third within minutes, only runs taken side by side compare.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -44,14 +48,18 @@ async fn unthrottled_with(
     Ok(rate(n, args.cost_duration))
 }
 
-/// One setting of the WAL source's producer-cost runs: what the producers write and what runs
-/// beside them.
+/// One setting of the producer-cost runs: what the producers write and what runs beside them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Setup {
     /// Plain INSERTs into the article's minimal table, no relay, no slot.
     Minimal,
     /// The producers' statement on the pgoutbox table, no relay, no slot.
     Alone(Statement),
+    /// INSERTs while a polling relay delivers them to the receiver; `fixed`: every idle wait is
+    /// 250 ms, else the relay's default adaptive polling.
+    PollRelay { fixed: bool },
+    /// INSERTs into a table with a statement-level `pg_notify` trigger, no relay.
+    Notify,
     /// The producers' statement while a WAL relay streams its slot to the receiver.
     WalRelay(Statement),
     /// The producers' statement while pg_recvlogical streams the slot to /dev/null: the floor
@@ -78,6 +86,36 @@ impl Setup {
             Self::Alone(statement) => {
                 scratch.fresh_source(Source::Poll).await?;
                 unthrottled_with(scratch, args, "outbox", statement).await
+            }
+            Self::PollRelay { fixed } => {
+                scratch.fresh_source(Source::Poll).await?;
+                let mut spec = RelaySpec {
+                    null_sink: args.cost_sink == "null",
+                    batch_wait: args.relay_batch_wait.as_deref(),
+                    ..RelaySpec::new(&receiver.url)
+                };
+                let setting = if fixed {
+                    // Fixed: the first wait after an empty claim is the longest one (min = max).
+                    spec.min_poll = "250ms";
+                    spec.poll_interval = Some("250ms");
+                    spec.batch_wait = None;
+                    "fixed 250 ms polling"
+                } else {
+                    "adaptive polling"
+                };
+                let mut relay = RelayProcess::spawn(scratch, &spec)?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                running(&mut relay, setting)?;
+                let rate = unthrottled(scratch, args, "outbox").await?;
+                running(&mut relay, setting)?;
+                Ok(rate)
+            }
+            Self::Notify => {
+                scratch.fresh_source(Source::Poll).await?;
+                sql::load::create_notify_trigger(&scratch.pool).await?;
+                let rate = unthrottled(scratch, args, "outbox").await;
+                sql::load::drop_notify_trigger(&scratch.pool).await?;
+                rate
             }
             Self::WalRelay(statement) => {
                 scratch.fresh_source(Source::Wal).await?;
@@ -198,66 +236,27 @@ pub(super) async fn producer_cost(
         ),
     });
 
-    scratch.fresh_outbox().await?;
-    let alone = unthrottled(scratch, args, "outbox").await?;
-
-    scratch.fresh_outbox().await?;
-    let mut spec = RelaySpec {
-        null_sink: args.cost_sink == "null",
-        ..RelaySpec::new(&receiver.url)
-    };
-    // Fixed: the first wait after an empty claim is the longest one (min = max).
-    spec.min_poll = "250ms";
-    spec.poll_interval = Some("250ms");
-    let mut relay = RelayProcess::spawn(scratch, &spec)?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    running(&mut relay, "fixed 250 ms polling")?;
-    let fixed_poll = unthrottled(scratch, args, "outbox").await?;
-    running(&mut relay, "fixed 250 ms polling")?;
-    drop(relay);
-
-    scratch.fresh_outbox().await?;
-    let mut relay = RelayProcess::spawn(
-        scratch,
-        &RelaySpec {
-            null_sink: args.cost_sink == "null",
-            batch_wait: args.relay_batch_wait.as_deref(),
-            ..RelaySpec::new(&receiver.url)
-        },
-    )?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    running(&mut relay, "adaptive polling")?;
-    let with_relay = unthrottled(scratch, args, "outbox").await?;
-    running(&mut relay, "adaptive polling")?;
-    drop(relay);
-
-    scratch.fresh_outbox().await?;
-    sql::load::create_notify_trigger(&scratch.pool).await?;
-    let with_notify = unthrottled(scratch, args, "outbox").await?;
-    sql::load::drop_notify_trigger(&scratch.pool).await?;
-
-    for (variant, value) in [
-        ("no relay (reference)", alone),
-        ("relay, fixed 250 ms polling", fixed_poll),
-        ("relay, adaptive polling (default)", with_relay),
-        ("NOTIFY trigger per statement", with_notify),
-    ] {
-        out.row(Row {
-            scenario: "producers".into(),
-            variant: format!("{n} conns, {variant}"),
-            value,
-            unit: "commits/s",
-            detail: format!(
-                "{:.0} % of the reference, {:.0} % of the relay with fixed polling{}",
-                value / alone * 100.0,
-                value / fixed_poll * 100.0,
-                match args.cost_sink.as_str() {
-                    "webhook" => String::new(),
-                    sink => format!("; relays deliver to the {sink} sink"),
-                }
-            ),
-        });
-    }
+    let settings = [
+        (Setup::Alone(Statement::Insert), "no relay (reference)", ""),
+        (
+            Setup::PollRelay { fixed: true },
+            "relay, fixed 250 ms polling",
+            "relay with fixed 250 ms polling vs no relay",
+        ),
+        (
+            Setup::PollRelay { fixed: false },
+            "relay, adaptive polling (default)",
+            "relay with adaptive polling (default) vs no relay",
+        ),
+        (
+            Setup::Notify,
+            "NOTIFY trigger per statement",
+            "NOTIFY trigger vs no relay",
+        ),
+    ];
+    let setups: Vec<Setup> = settings.iter().map(|s| s.0).collect();
+    let rates = rounds(scratch, args, receiver, &setups).await?;
+    report(out, args, &settings, &rates, "× no relay");
     Ok(())
 }
 
@@ -272,7 +271,6 @@ async fn wal_producer_cost(
     args: &Args,
     receiver: &Receiver,
 ) -> anyhow::Result<()> {
-    let n = args.cost_connections;
     // pg_recvlogical streaming the same slot is the floor of the WAL relay's cost, measured
     // when the program is there.
     let floor = match pg_recvlogical(&scratch.pool).await {
@@ -327,6 +325,25 @@ async fn wal_producer_cost(
     settings.retain(|s| floor || !matches!(s.0, Setup::RecvLogical(_)));
     let setups: Vec<Setup> = settings.iter().map(|s| s.0).collect();
     let rates = rounds(scratch, args, receiver, &setups).await?;
+    let unit = match args.producer {
+        Statement::Insert | Statement::InsertKeyed => "× no relay",
+        Statement::Emit => "× minimal INSERT",
+    };
+    report(out, args, &settings, &rates, unit);
+    Ok(())
+}
+
+/// The rows of producer-cost rounds: each setting's median commits/s, then each setting's median
+/// ratio (of its run to the reference's, round by round) in `unit`. `settings`: (setting, its
+/// row, its ratio's row), the first the reference; `rates`: each setting's runs, in that order.
+fn report(
+    out: &Output,
+    args: &Args,
+    settings: &[(Setup, &str, &str)],
+    rates: &[Vec<f64>],
+    unit: &'static str,
+) {
+    let n = args.cost_connections;
     for (i, runs) in rates.iter().enumerate() {
         let value = median(runs);
         let reference = median(&rates[0]);
@@ -344,7 +361,7 @@ async fn wal_producer_cost(
                     .join(", "),
                 value / reference * 100.0,
                 match settings[i].0 {
-                    Setup::WalRelay(_) =>
+                    Setup::WalRelay(_) | Setup::PollRelay { .. } =>
                         format!("; relay delivers to the {} sink", args.cost_sink),
                     _ => String::new(),
                 }
@@ -361,10 +378,7 @@ async fn wal_producer_cost(
             scenario: "producers".into(),
             variant: format!("{n} conns, {}", settings[i].2),
             value: median(&ratios),
-            unit: match args.producer {
-                Statement::Insert | Statement::InsertKeyed => "× no relay",
-                Statement::Emit => "× minimal INSERT",
-            },
+            unit,
             detail: format!(
                 "median of {} rounds (ratios {})",
                 ratios.len(),
@@ -376,7 +390,6 @@ async fn wal_producer_cost(
             ),
         });
     }
-    Ok(())
 }
 
 /// Fails the run when the relay of its `setting` is not running: producers measured beside a relay
