@@ -47,8 +47,8 @@ pub enum ClaimMode {
 pub struct RelayConfig {
     /// Most rows claimed per batch.
     pub batch_size: usize,
-    /// Concurrent claim loops per relay process; with `source = "wal"`, batches in flight at once
-    /// (one when a destination is ordered by key).
+    /// Concurrent claim loops per relay process (a backlog is claimed by all, a trickle by one);
+    /// with `source = "wal"`, batches in flight at once (one when a destination is ordered by key).
     pub workers: usize,
     /// The longest an idle relay waits before it looks for due rows again.
     #[serde(with = "duration_str")]
