@@ -80,9 +80,11 @@ pub struct Relay {
     /// Wakes quiet claim workers: the poller found due rows, or a claim filled its batch (a
     /// backlog: every worker should claim).
     wake: Notify,
-    /// Claim workers whose last claim found rows; while one is busy the quiet ones do not poll
-    /// (see [`pacing::quiet_worker_polls`]).
+    /// Claim workers whose last claim found rows; while one is busy (and its batches are quick)
+    /// the quiet ones do not poll (see [`pacing::quiet_worker_polls`]).
     busy_workers: std::sync::atomic::AtomicUsize,
+    /// When the last claim of any worker started.
+    claim_started: std::sync::Mutex<std::time::Instant>,
     /// When this relay last claimed or settled anything (readiness sees a stall by it).
     progress: readiness::Progress,
     /// Where claims start their walk of the due range (kept by [`Relay::watermark_loop`]).
@@ -163,6 +165,7 @@ impl Relay {
             idle_poller: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             busy_workers: std::sync::atomic::AtomicUsize::new(0),
+            claim_started: std::sync::Mutex::new(std::time::Instant::now()),
             progress: readiness::Progress::default(),
             watermark: Watermark::default(),
         }

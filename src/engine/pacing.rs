@@ -112,11 +112,17 @@ pub(super) fn wakes_quiet_workers(found: usize, batch: usize, ordered: bool) -> 
     }
 }
 
-/// Whether a quiet claim worker polls for due rows, with `busy` workers claiming: only when none
-/// is (then one quiet worker polls for all). A busy worker claims again as soon as its batch
-/// ends and takes what came meanwhile; it wakes the others when that fills a batch.
-pub(super) fn quiet_worker_polls(busy: usize) -> bool {
-    busy == 0
+/// Whether a quiet claim worker polls for due rows, with `busy` workers claiming and the last
+/// claim started `since_claim` ago: when none is busy (then one quiet worker polls for all), or
+/// when the busy ones' batches have run `poll_interval` (a slow destination: what arrives
+/// meanwhile goes out beside them, not after them). A busy worker with quick batches claims
+/// again at once and takes what came meanwhile; it wakes the others when that fills a batch.
+pub(super) fn quiet_worker_polls(
+    busy: usize,
+    since_claim: Duration,
+    poll_interval: Duration,
+) -> bool {
+    busy == 0 || since_claim >= poll_interval
 }
 
 /// Most events one replay step reads: a replay's events go out in steps, and a live event
@@ -398,8 +404,22 @@ mod tests {
                 "{found}/{batch}, ordered {ordered}"
             );
         }
-        assert!(quiet_worker_polls(0));
-        assert!(!quiet_worker_polls(1));
+        let ms = Duration::from_millis;
+        // (busy workers, since the last claim started) → whether a quiet worker polls.
+        let polls = [
+            ((0, ms(0)), true),
+            ((1, ms(3)), false),
+            ((2, ms(24)), false),
+            ((1, ms(25)), true),
+            ((1, ms(500)), true),
+        ];
+        for ((busy, since), expected) in polls {
+            assert_eq!(
+                quiet_worker_polls(busy, since, ms(25)),
+                expected,
+                "{busy} busy, {since:?}"
+            );
+        }
     }
 
     /// (batch, concurrency, in flight) → pairs claimed.

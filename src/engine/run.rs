@@ -177,23 +177,34 @@ impl Relay {
         while !shutdown.is_cancelled() {
             // After an empty claim, poll with one cheap statement and claim only once there is
             // something: an idle relay's cost is a few index probes per second, not transactions.
-            // One quiet worker polls, and only while no worker is busy; the others wait until it
-            // (or a busy worker's full batch) wakes them.
+            // One quiet worker polls, and only while no worker is busy with quick batches; the
+            // others wait until it (or a busy worker's full batch) wakes them.
             if quiet {
                 let woken = self.wake.notified();
-                let poller = quiet_worker_polls(self.busy_workers.load(AtomicOrdering::Relaxed))
-                    .then(|| self.idle_poller.try_lock().ok())
-                    .flatten();
+                let poll_interval = self.config.relay.poll_interval;
+                let since_claim = self
+                    .claim_started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .elapsed();
+                let busy_workers = self.busy_workers.load(AtomicOrdering::Relaxed);
+                let polls = quiet_worker_polls(busy_workers, since_claim, poll_interval);
+                let poller = polls.then(|| self.idle_poller.try_lock().ok()).flatten();
                 let Some(_poller) = poller else {
-                    // Another worker claims or polls. The timeout only matters if it stopped
-                    // without waking anyone (it went quiet, or back to claiming): look again.
+                    // Another worker claims or polls. Look again once a busy worker's batch has
+                    // run `poll_interval`, or when the poller stopped without waking anyone.
+                    let look_again = if polls {
+                        poll_interval
+                    } else {
+                        poll_interval.saturating_sub(since_claim)
+                    };
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = woken => {
                             quiet = false;
                             pacing.busy();
                         }
-                        _ = tokio::time::sleep(self.config.relay.poll_interval) => {}
+                        _ = tokio::time::sleep(look_again.max(Duration::from_millis(1))) => {}
                     }
                     continue;
                 };
@@ -222,6 +233,7 @@ impl Relay {
                 }
             }
             let started = std::time::Instant::now();
+            *self.claim_started.lock().unwrap_or_else(|e| e.into_inner()) = started;
             let (signal, detached) = tokio::sync::oneshot::channel();
             let relay = Arc::clone(&self);
             let mut batch = tokio::spawn(async move { relay.process_batch(Some(signal)).await });
