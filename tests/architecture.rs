@@ -62,16 +62,27 @@ fn floor(module: &str) -> u8 {
         })
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+/// The files under `dir` whose extension is one of `extensions`.
+fn sources_of(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read src") {
         let path = entry.expect("entry").path();
         if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            sources_of(&path, extensions, out);
+        } else if path
+            .extension()
+            .is_some_and(|e| extensions.iter().any(|x| e == *x))
+        {
             out.push(path);
         }
     }
 }
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    sources_of(dir, &["rs"], out);
+}
+
+/// The console's page is source too (HTML, CSS, JavaScript): it reads in one sitting like the rest.
+const PAGE_SOURCES: &[&str] = &["js", "css", "html"];
 
 /// The module path of a file under `src/` (`src/engine/batch.rs` → `engine::batch`; `mod.rs` is
 /// its folder), and whether it belongs to the binary.
@@ -174,15 +185,12 @@ fn paths(code: &str) -> Vec<String> {
 }
 
 /// The module a path names, as a module path of `modules` (the longest prefix that is one), from
-/// module `here` of a file that is a folder's `mod.rs` (`is_dir`) or not.
+/// the file of module `here`. `self` is that module and `super` its parent, whether the file is a
+/// folder's `mod.rs` or not (`super::x` in `store/cleanup.rs` is `store::x`). A `use` path that
+/// starts with a child module of `here` (Rust 2018's relative paths) resolves from `here` too.
 /// The binary's `pgoutbox::…` names the library, whose top-level modules are named apart from the
 /// binary's: both resolve from the same root.
-fn target(
-    path: &str,
-    here: &[String],
-    is_dir: bool,
-    modules: &BTreeSet<Vec<String>>,
-) -> Option<Vec<String>> {
+fn target(path: &str, here: &[String], modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
     let mut parts: Vec<&str> = path.split("::").collect();
     let base: Vec<String> = match parts.first().copied() {
         Some("crate" | "pgoutbox") => {
@@ -191,24 +199,25 @@ fn target(
         }
         Some("self") => {
             parts.remove(0);
-            let mut b = here.to_vec();
-            if !is_dir {
-                b.pop();
-            }
-            b
+            here.to_vec()
         }
         Some("super") => {
             let mut b = here.to_vec();
-            if !is_dir {
-                b.pop();
-            }
             while parts.first() == Some(&"super") {
                 parts.remove(0);
-                b.pop();
+                b.pop()?;
             }
             b
         }
-        _ => return None,
+        Some(first) => {
+            let mut child = here.to_vec();
+            child.push(first.to_owned());
+            if !modules.contains(&child) {
+                return None;
+            }
+            here.to_vec()
+        }
+        None => return None,
     };
     let mut best = None;
     let mut candidate = base.clone();
@@ -230,40 +239,68 @@ fn floor_known(module: &str) -> bool {
     FLOORS.iter().any(|(m, _)| *m == module)
 }
 
-/// A cycle of `graph`, if any (each node's edges), as the nodes around it.
-fn cycle<N: Ord + Clone + std::fmt::Debug>(graph: &BTreeMap<N, BTreeSet<N>>) -> Option<Vec<N>> {
-    fn visit<N: Ord + Clone>(
-        n: &N,
-        graph: &BTreeMap<N, BTreeSet<N>>,
-        state: &mut BTreeMap<N, u8>,
-        stack: &mut Vec<N>,
-    ) -> Option<Vec<N>> {
-        match state.get(n) {
-            Some(2) => return None,
-            Some(1) => {
-                let at = stack.iter().position(|s| s == n).unwrap_or(0);
-                return Some(stack[at..].to_vec());
-            }
-            _ => {}
-        }
-        state.insert(n.clone(), 1);
-        stack.push(n.clone());
-        for m in graph.get(n).into_iter().flatten() {
-            if let Some(c) = visit(m, graph, state, stack) {
-                return Some(c);
-            }
-        }
-        stack.pop();
-        state.insert(n.clone(), 2);
-        None
+/// The circles of `graph` (each node's edges): every strongly connected component of two or more
+/// nodes, or of one node that imports itself, as its nodes.
+fn circles<N: Ord + Clone>(graph: &BTreeMap<N, BTreeSet<N>>) -> Vec<Vec<N>> {
+    // Tarjan's algorithm, recursive: the graphs are a few hundred modules.
+    struct Walk<'g, N> {
+        graph: &'g BTreeMap<N, BTreeSet<N>>,
+        index: BTreeMap<N, usize>,
+        low: BTreeMap<N, usize>,
+        stack: Vec<N>,
+        on_stack: BTreeSet<N>,
+        found: Vec<Vec<N>>,
     }
-    let mut state = BTreeMap::new();
+    impl<N: Ord + Clone> Walk<'_, N> {
+        fn visit(&mut self, n: &N) {
+            let i = self.index.len();
+            self.index.insert(n.clone(), i);
+            self.low.insert(n.clone(), i);
+            self.stack.push(n.clone());
+            self.on_stack.insert(n.clone());
+            let graph = self.graph;
+            for m in graph.get(n).into_iter().flatten() {
+                if !self.index.contains_key(m) {
+                    self.visit(m);
+                    let low = self.low[n].min(self.low[m]);
+                    self.low.insert(n.clone(), low);
+                } else if self.on_stack.contains(m) {
+                    let low = self.low[n].min(self.index[m]);
+                    self.low.insert(n.clone(), low);
+                }
+            }
+            if self.low[n] == self.index[n] {
+                let mut component = Vec::new();
+                while let Some(m) = self.stack.pop() {
+                    self.on_stack.remove(&m);
+                    let done = &m == n;
+                    component.push(m);
+                    if done {
+                        break;
+                    }
+                }
+                let looped = graph.get(n).is_some_and(|to| to.contains(n));
+                if component.len() > 1 || looped {
+                    component.reverse();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
     for n in graph.keys() {
-        if let Some(c) = visit(n, graph, &mut state, &mut Vec::new()) {
-            return Some(c);
+        if !walk.index.contains_key(n) {
+            walk.visit(n);
         }
     }
-    None
+    walk.found
 }
 
 struct Tree {
@@ -286,58 +323,173 @@ fn tree() -> Tree {
     Tree { files }
 }
 
-#[test]
-fn imports_point_down_the_floors_and_no_module_sits_in_a_cycle() {
-    let tree = tree();
-    let modules: BTreeSet<Vec<String>> = tree.files.iter().map(|(_, m, _)| m.clone()).collect();
-    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut files: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+/// The import rules over `files` (path, module, text): every import of a `crate::`, `super::`,
+/// `self::` (or relative `use`) path resolved, none pointing up the floors, and no circle among
+/// the modules of one folder (the top-level modules being the root's). A module and the modules
+/// inside it are not siblings: a folder's `mod.rs` owns its children, and they may use it.
+/// `Err` with every violation found.
+fn check_imports(files: &[(PathBuf, Vec<String>, String)]) -> Result<(), String> {
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(_, m, _)| m.clone()).collect();
+    let mut graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     let mut wrong_way = Vec::new();
-    for (path, module, text) in &tree.files {
+    for (path, module, text) in files {
         let Some(first) = module.first() else {
             continue; // lib.rs and main.rs: the roots declare, they do not import
         };
-        let is_dir = path.ends_with("mod.rs");
         let from_floor = floor(first);
         for p in paths(&code(text)) {
-            let Some(to) = target(&p, module, is_dir, &modules) else {
+            let Some(to) = target(&p, module, &modules) else {
                 continue;
             };
             let Some(to_first) = to.first() else { continue };
-            if to_first != first {
-                if floor(to_first) > from_floor {
-                    wrong_way.push(format!(
-                        "{} ({}) → {} ({}): `{p}`",
-                        path.display(),
-                        from_floor,
-                        to_first,
-                        floor(to_first)
-                    ));
-                }
-                top.entry(first.clone())
+            if to_first != first && floor(to_first) > from_floor {
+                wrong_way.push(format!(
+                    "{} ({}) → {} ({}): `{p}`",
+                    path.display(),
+                    from_floor,
+                    to_first,
+                    floor(to_first)
+                ));
+            }
+            // The two modules side by side in their closest common folder.
+            let shared = module.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if shared < module.len() && shared < to.len() {
+                graph
+                    .entry(module[..=shared].to_vec())
                     .or_default()
-                    .insert(to_first.clone());
-            } else if to.len() > 1
-                && module.len() > 1
-                && to[..to.len() - 1] == module[..module.len() - 1]
-                && to != *module
-            {
-                // Siblings in one folder (a folder's mod.rs owns its children: not a sibling).
-                files.entry(module.clone()).or_default().insert(to);
+                    .insert(to[..=shared].to_vec());
             }
         }
     }
+    let mut problems = Vec::new();
+    if !wrong_way.is_empty() {
+        problems.push(format!(
+            "imports that point up the floors:\n{}",
+            wrong_way.join("\n")
+        ));
+    }
+    for c in circles(&graph) {
+        let names: Vec<String> = c.iter().map(|m| m.join("::")).collect();
+        problems.push(format!(
+            "the modules {} import each other in a circle",
+            names.join(", ")
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+#[test]
+fn imports_point_down_the_floors_and_no_module_sits_in_a_cycle() {
+    let tree = tree();
+    if let Err(problems) = check_imports(&tree.files) {
+        panic!("{problems}");
+    }
+}
+
+/// A fixture tree: (file under src/, text).
+fn fixture(files: &[(&str, &str)]) -> Vec<(PathBuf, Vec<String>, String)> {
+    let src = Path::new("src");
+    files
+        .iter()
+        .map(|(path, text)| {
+            let path = src.join(path);
+            (path.clone(), module_of(src, &path), (*text).to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn self_and_super_resolve_from_the_file_s_own_module() {
+    let modules: BTreeSet<Vec<String>> = [
+        vec!["store"],
+        vec!["store", "cleanup"],
+        vec!["store", "history"],
+        vec!["engine"],
+        vec!["engine", "run"],
+        vec!["engine", "run", "inner"],
+    ]
+    .into_iter()
+    .map(|m| m.into_iter().map(str::to_owned).collect())
+    .collect();
+    let m = |s: &str| -> Vec<String> { s.split("::").map(str::to_owned).collect() };
+    let cases: &[(&str, &str, Option<&str>)] = &[
+        // (here, path, the module it names)
+        (
+            "store::cleanup",
+            "super::history::expire",
+            Some("store::history"),
+        ),
+        ("store::cleanup", "super::Store", Some("store")),
+        ("store::cleanup", "self::helper", Some("store::cleanup")),
+        ("store", "self::history::ensure", Some("store::history")),
+        ("store", "super::engine::Relay", Some("engine")),
+        (
+            "store::cleanup",
+            "super::super::engine::Relay",
+            Some("engine"),
+        ),
+        ("engine::run", "inner::thing", Some("engine::run::inner")),
+        ("engine::run", "tokio::spawn", None),
+        (
+            "store::cleanup",
+            "crate::engine::run::x",
+            Some("engine::run"),
+        ),
+    ];
+    for (here, path, want) in cases {
+        assert_eq!(
+            target(path, &m(here), &modules),
+            want.map(m),
+            "{path} from {here}"
+        );
+    }
+}
+
+#[test]
+fn the_checker_finds_a_circle_of_sibling_files_and_an_import_up_the_floors() {
+    let circle = fixture(&[
+        ("store/mod.rs", "mod cleanup;\nmod history;\n"),
+        ("store/cleanup.rs", "fn a() { super::history::expire(); }\n"),
+        (
+            "store/history.rs",
+            "use super::cleanup::delete_in_chunks;\n",
+        ),
+    ]);
+    let err = check_imports(&circle).expect_err("a sibling circle");
     assert!(
-        wrong_way.is_empty(),
-        "imports that point up the floors:\n{}",
-        wrong_way.join("\n")
+        err.contains("store::cleanup") && err.contains("store::history"),
+        "{err}"
     );
-    if let Some(c) = cycle(&top) {
-        panic!("the top-level modules {c:?} import each other in a circle");
-    }
-    if let Some(c) = cycle(&files) {
-        panic!("the files {c:?} import each other in a circle");
-    }
+    let nested = fixture(&[
+        ("engine/mod.rs", "mod a;\nmod b;\n"),
+        ("engine/a/mod.rs", "mod x;\n"),
+        ("engine/a/x.rs", "use crate::engine::b::y;\n"),
+        ("engine/b.rs", "use super::a::x::z;\n"),
+    ]);
+    assert!(check_imports(&nested).is_err(), "a circle between folders");
+    let up = fixture(&[
+        ("store/mod.rs", "use crate::engine::Relay;\n"),
+        ("engine/mod.rs", "use crate::store::Store;\n"),
+    ]);
+    let err = check_imports(&up).expect_err("store reaches up");
+    assert!(err.contains("point up the floors"), "{err}");
+    let fine = fixture(&[
+        (
+            "store/mod.rs",
+            "mod cleanup;\nmod history;\nuse self::history::ensure;\n",
+        ),
+        (
+            "store/cleanup.rs",
+            "use super::history::expire;\nuse super::Store;\n",
+        ),
+        ("store/history.rs", "use super::Store;\n"),
+        ("engine/mod.rs", "use crate::store::Store;\n"),
+    ]);
+    check_imports(&fine).expect("one way, no circle");
 }
 
 #[test]
@@ -386,6 +538,22 @@ fn every_source_file_reads_in_one_sitting_and_no_function_takes_too_many_argumen
         }
         if text.contains("too_many_arguments") {
             allowed.push(path.display().to_string());
+        }
+    }
+    let mut pages = Vec::new();
+    sources_of(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        PAGE_SOURCES,
+        &mut pages,
+    );
+    assert!(!pages.is_empty(), "the console's page is found");
+    for path in pages {
+        let lines = std::fs::read_to_string(&path)
+            .expect("read")
+            .lines()
+            .count();
+        if lines > MAX_LINES {
+            long.push(format!("{} ({lines} lines)", path.display()));
         }
     }
     assert!(

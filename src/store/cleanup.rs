@@ -254,7 +254,7 @@ pub async fn run(
     }
     if !options.dry_run {
         // The attempt history: small rows, chunk after chunk by age (`{name:attempts_at_idx}`).
-        let (deleted, chunks) = delete_in_chunks(
+        let (deleted, chunks) = super::delete_in_chunks(
             store,
             &sql.delete_old_attempts,
             options.attempts_retention,
@@ -270,29 +270,6 @@ pub async fn run(
         report.batches += 1;
     }
     Ok(report)
-}
-
-/// Runs `statement` (one chunk: binds `$1` the age in seconds, `$2` the chunk size; returns the
-/// rows deleted) until a chunk comes back short; returns the rows deleted and the chunks run.
-pub(super) async fn delete_in_chunks(
-    store: &Store,
-    statement: &str,
-    older_than: Duration,
-    chunk_rows: i64,
-) -> Result<(u64, u64)> {
-    let (mut rows, mut chunks) = (0, 0);
-    loop {
-        let (deleted,): (i64,) = sqlx::query_as(statement)
-            .bind(older_than.as_secs_f64())
-            .bind(chunk_rows)
-            .fetch_one(store.pool())
-            .await?;
-        rows += deleted as u64;
-        chunks += 1;
-        if deleted < chunk_rows {
-            return Ok((rows, chunks));
-        }
-    }
 }
 
 /// CleanupAttempts. One chunk of failed-attempt history older than `$1` seconds, oldest first

@@ -266,7 +266,7 @@ pub async fn expire(
     drop(conn);
     let statement = &store.sql.history.delete_expired_default;
     (done.default_rows, _) =
-        super::cleanup::delete_in_chunks(store, statement, retention, chunk_rows).await?;
+        super::delete_in_chunks(store, statement, retention, chunk_rows).await?;
     Ok(done)
 }
 

@@ -114,6 +114,30 @@ impl Store {
     }
 }
 
+/// Runs `statement` (one chunk of a cleanup: binds `$1` the age in seconds, `$2` the chunk size;
+/// returns the rows deleted) until a chunk comes back short; returns the rows deleted and the
+/// chunks run. Cleanup and the history's default partition both delete this way.
+async fn delete_in_chunks(
+    store: &Store,
+    statement: &str,
+    older_than: std::time::Duration,
+    chunk_rows: i64,
+) -> crate::error::Result<(u64, u64)> {
+    let (mut rows, mut chunks) = (0, 0);
+    loop {
+        let (deleted,): (i64,) = sqlx::query_as(statement)
+            .bind(older_than.as_secs_f64())
+            .bind(chunk_rows)
+            .fetch_one(store.pool())
+            .await?;
+        rows += deleted as u64;
+        chunks += 1;
+        if deleted < chunk_rows {
+            return Ok((rows, chunks));
+        }
+    }
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Store({})", self.table)

@@ -7,7 +7,7 @@
 //! for the audit log and the shared chart, [`crate::store::replays`] and [`crate::route::dry_run`]
 //! for replays (`replays.rs`). Every parameter is checked by name in `input.rs`, so bad input is
 //! a 4xx naming it and never reaches a statement. The page (`page/`: HTML, CSS and plain
-//! JavaScript, `replays.js` for the Replays view) is compiled into the binary, so nothing is
+//! JavaScript: `app.js`, `dead.js` for the dead letters view, `replays.js` for the Replays view) is compiled into the binary, so nothing is
 //! fetched from a network at run time.
 //!
 //! Security: the listener is wherever `observability.listen` says (the examples bind 127.0.0.1;
@@ -260,6 +260,7 @@ fn no_store(headers: &mut HeaderMap) {
 /// The page, its assets and the OpenAPI document, as compiled in.
 const INDEX_HTML: &str = include_str!("page/index.html");
 const APP_JS: &str = include_str!("page/app.js");
+const DEAD_JS: &str = include_str!("page/dead.js");
 const REPLAYS_JS: &str = include_str!("page/replays.js");
 const APP_CSS: &str = include_str!("page/app.css");
 const OPENAPI: &str = include_str!("openapi.json");
@@ -296,6 +297,10 @@ pub fn router(console: Console) -> axum::Router {
         .route(
             "/console/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/console/dead.js",
+            get(|| async { asset("text/javascript; charset=utf-8", DEAD_JS) }),
         )
         .route(
             "/console/replays.js",
