@@ -4,8 +4,8 @@
 //! data ([`enqueue`]). The relay ([`engine`]) then moves them out, following the data flow that the
 //! modules are named after:
 //!
-//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] (and each destination's [`gate`]:
-//! pause, circuit breaker, concurrency) → [`sinks`] → [`settle`] (ack / retry / hold / dead) →
+//! enqueue → [`table`] → [`sources`] (poll, WAL) → [`route`] → [`sinks`] (each destination behind its
+//! [`sinks::gate`]: pause, circuit breaker, concurrency) → [`settle`] (ack / retry / hold / dead) →
 //! [`store::cleanup`] (and the partitioned [`store::history`]), with every statement in the
 //! [`store`].
 //!
@@ -34,7 +34,6 @@
 
 pub mod config;
 pub mod engine;
-pub mod gate;
 pub mod model;
 pub mod otlp;
 pub mod rate;

@@ -1,42 +1,32 @@
-//! One claim + settle round of the relay's own statements with no publishing in between: the
-//! ceiling of `bench sql-limit` and the claim timing of `bench history`.
+//! One claim + settle round of the relay with no publishing cost in between (a sink that accepts
+//! everything at once): the ceiling of `bench sql-limit` and the batch timing of `bench history`.
 
 use std::time::Duration;
 
-/// Claims one batch (transaction mode, unordered) and settles all of it as delivered: the relay's
-/// statements with a sink that accepts everything instantly. Returns the events settled (0 when
-/// nothing was due) and how long the claim statement took.
-pub async fn claim_and_settle(
-    store: &pgoutbox::store::Store,
-    batch_size: usize,
-    settle: pgoutbox::settle::SettleMode,
-) -> anyhow::Result<(usize, Duration)> {
-    let options = pgoutbox::sources::poll::ClaimOptions {
-        mode: pgoutbox::config::ClaimMode::Transaction,
-        limit: batch_size,
-        lease: Duration::from_secs(60),
-        ordered: false,
-        heads: batch_size,
-        followers: 0,
-        window: u64::MAX,
-    };
-    let started = std::time::Instant::now();
-    let batch = pgoutbox::sources::poll::claim_due(store, &options, &[], None).await?;
-    let claim_time = started.elapsed();
-    if batch.events.is_empty() {
-        pgoutbox::sources::poll::release(store, batch.guard, &[]).await?;
-        return Ok((0, claim_time));
+use pgoutbox::config::{ClaimMode, Config, History};
+use pgoutbox::engine::Relay;
+use pgoutbox::store::SettleMode;
+
+/// A relay over `pool`'s default outbox that claims `batch_size` rows at a time (transaction
+/// mode, unordered) and settles them as `settle` says, with one destination that accepts every
+/// event at once.
+pub fn relay(pool: sqlx::PgPool, batch_size: usize, settle: SettleMode) -> anyhow::Result<Relay> {
+    let accepts_all = "[[destinations]]\nname = \"bench\"\ntype = \"null\"\n";
+    let mut config = Config::parse(accepts_all, |_| None)?;
+    config.relay.batch_size = batch_size;
+    config.relay.claim = ClaimMode::Transaction;
+    match settle {
+        SettleMode::Delete => config.retention = Duration::ZERO,
+        SettleMode::Mark => config.history = History::Outbox,
+        SettleMode::Move => config.history = History::Partitions,
     }
-    let policy = pgoutbox::model::retry::RetryPolicy::default();
-    let delivered = pgoutbox::model::outcome::Outcome::Delivered;
-    let plan = pgoutbox::settle::plan::plan(
-        batch
-            .events
-            .iter()
-            .map(|e| (e, Some(("bench", &policy)), &delivered)),
-        chrono::Utc::now(),
-        &mut rand::thread_rng(),
-    );
-    pgoutbox::settle::apply(store, batch.guard, &plan, settle, &[], None).await?;
-    Ok((batch.events.len(), claim_time))
+    Ok(Relay::new(pool, &config)?)
+}
+
+/// Claims one batch and settles all of it as delivered. Returns the events settled (0 when
+/// nothing was due) and how long the round took.
+pub async fn claim_and_settle(relay: &Relay) -> anyhow::Result<(usize, Duration)> {
+    let started = std::time::Instant::now();
+    let report = relay.run_batch().await?;
+    Ok((report.claimed, started.elapsed()))
 }

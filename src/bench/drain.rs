@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use pgoutbox::config::Config;
 use pgoutbox::engine::Relay;
-use pgoutbox::settle::SettleMode;
+use pgoutbox::store::SettleMode;
 use tokio_util::sync::CancellationToken;
 
-use super::claim_settle::claim_and_settle;
+use super::claim_settle::{claim_and_settle, relay};
 use super::output::{rate, Output, Row};
 use super::receiver::Receiver;
 use super::scratch::Scratch;
@@ -103,7 +103,7 @@ pub async fn run(
             value: ceiling,
             unit: "ev/s",
             detail: format!(
-                "{} events, {} workers: claim + settle statements only",
+                "{} events, {} workers: claim and settle, nothing to publish",
                 args.events, args.workers
             ),
         });
@@ -211,7 +211,8 @@ fn settle_mode(mode: &str) -> anyhow::Result<SettleMode> {
     }
 }
 
-/// The claim + settle statements back to back, no publishing; returns events/s.
+/// Batches claimed and settled back to back, with a destination that accepts everything at
+/// once; returns events/s.
 async fn sql_limit(
     scratch: &Scratch,
     out: &Output,
@@ -220,26 +221,19 @@ async fn sql_limit(
 ) -> anyhow::Result<f64> {
     scratch.fresh_outbox().await?;
     scratch.prefill(args.events, out).await?;
-    let table = pgoutbox::OutboxTable::default_table();
-    if settle == SettleMode::Move {
-        // As the relay does at start-up (retention 7d and cleanup every minute, as in the
-        // relay's runs below).
-        let week = Duration::from_secs(7 * 86400);
-        let ahead = pgoutbox::store::history::ahead(week, Duration::from_secs(60));
-        let store = pgoutbox::store::Store::new(scratch.pool.clone(), table.clone());
-        pgoutbox::store::history::ensure(&store, week, ahead).await?;
-    }
+    let relay = Arc::new(relay(scratch.pool.clone(), args.batch_size, settle)?);
+    // The history's partitions, as the relay makes them at start-up.
+    relay.prepare().await;
     let done = Arc::new(AtomicU64::new(0));
     let bar = out.bar(args.events, "sql-limit");
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.workers {
-        let store = pgoutbox::store::Store::new(scratch.pool.clone(), table.clone());
+        let relay = Arc::clone(&relay);
         let done = done.clone();
-        let batch_size = args.batch_size;
         tasks.push(tokio::spawn(async move {
             loop {
-                let (n, _) = claim_and_settle(&store, batch_size, settle).await?;
+                let (n, _) = claim_and_settle(&relay).await?;
                 if n == 0 {
                     return Ok::<_, anyhow::Error>(());
                 }

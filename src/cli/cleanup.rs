@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pgoutbox::inbox::{Inbox, InboxTable};
-use pgoutbox::settle::SettleMode;
 use pgoutbox::store::cleanup::{self, CleanupOptions};
+use pgoutbox::store::SettleMode;
 use pgoutbox::store::{history, Store};
 
 use super::{parse_duration, Cli};

@@ -67,8 +67,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     config.retention = std::time::Duration::from_secs(3600);
     config.destinations = vec![DestinationConfig {
         name: "stdout".into(),
-        topics: vec![],
-        filter: None,
+        subscription: Default::default(),
         transform: None,
         rate_limit: None,
         backfill: None,

@@ -10,18 +10,18 @@ use serde::Deserialize;
 
 use super::duration::{duration_str, parse_duration_key};
 use super::error::ConfigError;
+use crate::model::breaker::BreakerPolicy;
 use crate::model::rate::RateLimit;
 use crate::model::retry::RetryPolicy;
+use crate::model::subscription::Subscription;
 
 /// One destination: its routing, its retry policy and its sink.
 #[derive(Debug, Clone)]
 pub struct DestinationConfig {
     /// Unique name, recorded on each row it handles.
     pub name: String,
-    /// Topic globs (`order.*`); empty matches every topic.
-    pub topics: Vec<String>,
-    /// A CEL expression an event must also satisfy to go here.
-    pub filter: Option<crate::model::filter::Filter>,
+    /// Which events it takes: its topic globs and filter.
+    pub subscription: Subscription,
     /// A CEL expression whose value is the payload this destination is sent.
     pub transform: Option<crate::model::transform::Transform>,
     /// Most events a second this destination is sent, across every relay.
@@ -36,7 +36,7 @@ pub struct DestinationConfig {
     /// Ordered mode: what a dead-lettered event does to the later events of its key.
     pub on_dead: OnDead,
     /// When the destination counts as down, and how it is probed until it is back.
-    pub breaker: BreakerConfig,
+    pub breaker: BreakerPolicy,
     /// The sink and its own settings.
     pub sink: SinkConfig,
 }
@@ -48,31 +48,30 @@ impl DestinationConfig {
     }
 }
 
-/// `breaker`: a destination's circuit breaker.
-///
-/// After `failures` failed attempts in a row the breaker opens: the destination's events wait
-/// (held, no attempt counted, not moving toward dead) while one probe at a time, first after
-/// `probe_interval` and then at doubling intervals up to `max_probe_interval`, tries one event.
-/// The first probe the destination answers closes it, and its events are due again.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BreakerConfig {
-    /// Consecutive failed attempts that open the breaker; 0 turns the breaker off.
-    pub failures: u32,
-    /// Wait before the first probe.
-    #[serde(with = "duration_str")]
-    pub probe_interval: Duration,
-    /// Longest wait between probes.
-    #[serde(with = "duration_str")]
-    pub max_probe_interval: Duration,
+impl AsRef<Subscription> for DestinationConfig {
+    fn as_ref(&self) -> &Subscription {
+        &self.subscription
+    }
 }
 
-impl Default for BreakerConfig {
+/// The `breaker` table as written: [`BreakerPolicy`] with its durations as strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct BreakerTable {
+    failures: u32,
+    #[serde(with = "duration_str")]
+    probe_interval: Duration,
+    #[serde(with = "duration_str")]
+    max_probe_interval: Duration,
+}
+
+impl Default for BreakerTable {
     fn default() -> Self {
+        let d = BreakerPolicy::default();
         Self {
-            failures: 10,
-            probe_interval: Duration::from_secs(1),
-            max_probe_interval: Duration::from_secs(15),
+            failures: d.failures,
+            probe_interval: d.probe_interval,
+            max_probe_interval: d.max_probe_interval,
         }
     }
 }
@@ -184,7 +183,7 @@ struct CommonDestination {
     #[serde(default)]
     on_dead: OnDead,
     #[serde(default)]
-    breaker: BreakerConfig,
+    breaker: BreakerTable,
 }
 
 const COMMON_KEYS: &[&str] = &[
@@ -290,15 +289,21 @@ pub(crate) fn parse_destination(
 
     Ok(DestinationConfig {
         name: common.name,
-        topics: common.topics,
-        filter,
+        subscription: Subscription {
+            topics: common.topics,
+            filter,
+        },
         transform,
         rate_limit,
         backfill,
         retry,
         ordering: common.ordering,
         on_dead: common.on_dead,
-        breaker: common.breaker,
+        breaker: BreakerPolicy {
+            failures: common.breaker.failures,
+            probe_interval: common.breaker.probe_interval,
+            max_probe_interval: common.breaker.max_probe_interval,
+        },
         sink,
     })
 }

@@ -31,9 +31,7 @@ use destination::parse_destination;
 use duration::parse_duration_key;
 
 pub use database::{DatabaseHosts, ServerRole, SessionAttrs};
-pub use destination::{
-    sink_settings, BreakerConfig, DestinationConfig, NoSettings, OnDead, Ordering, SinkConfig,
-};
+pub use destination::{sink_settings, DestinationConfig, NoSettings, OnDead, Ordering, SinkConfig};
 pub use duration::{duration_str, opt_duration_str};
 pub use error::ConfigError;
 pub use observability::{AdminConfig, NamedToken, ObservabilityConfig, OtlpConfig, Role};
@@ -346,7 +344,7 @@ max_attempts = 10
         );
         assert_eq!(c.destinations.len(), 1);
         let d = &c.destinations[0];
-        assert_eq!(d.topics, vec!["order.*", "payment.*"]);
+        assert_eq!(d.subscription.topics, vec!["order.*", "payment.*"]);
         assert_eq!(d.retry.max_attempts, Some(10));
         assert_eq!(d.retry.schedule[2], Duration::from_secs(300));
         assert_eq!(c.retention, Duration::from_secs(7 * 86400));

@@ -1,5 +1,6 @@
 //! A lane: one destination as the engine drives it — its sink, its retry policy, its gate (pause,
-//! breaker, concurrency for the whole process) — and the signal that wakes its retry loop.
+//! breaker, concurrency for the whole process), its rate limit — and the signal that wakes its
+//! retry loop; and the [`Lanes`] of a relay, which routing's indexes name.
 //!
 //! Every batch routes its items into the lanes; each lane publishes its share at its own pace,
 //! and what a lane has not finished when the others have is handed over to the deliveries table
@@ -11,10 +12,10 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::config::{DestinationConfig, OnDead, Ordering, SinkConfig};
-use crate::gate::Gate;
 use crate::model::event::OutboxEvent;
 use crate::model::retry::RetryPolicy;
 use crate::rate::Limiter;
+use crate::sinks::gate::Gate;
 use crate::sinks::Sink;
 use crate::store::Store;
 
@@ -30,7 +31,7 @@ pub struct Destination {
 }
 
 /// How long a sink's health check answers readiness before it is run again.
-pub(super) const HEALTH_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+const HEALTH_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One destination's lane.
 pub(super) struct Lane {
@@ -50,21 +51,16 @@ pub(super) struct Lane {
     pub(super) handed: Notify,
     /// The sink's last health check for readiness: when, and its error if it failed. Held while
     /// a check runs, so that concurrent `/readyz` calls share one.
-    pub(super) health: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
+    health: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
 }
 
 impl Lane {
     /// The lane of `destination`, configured by `config` (a caller-built sink may have none:
     /// then every default applies); its rate limit takes tokens through `store`.
-    pub(super) fn new(
-        destination: Destination,
-        config: Option<&DestinationConfig>,
-        store: &Store,
-    ) -> Self {
+    fn new(destination: Destination, config: Option<&DestinationConfig>, store: &Store) -> Self {
         let config = config.cloned().unwrap_or_else(|| DestinationConfig {
             name: destination.name.clone(),
-            topics: Vec::new(),
-            filter: None,
+            subscription: Default::default(),
             transform: None,
             rate_limit: None,
             backfill: None,
@@ -121,5 +117,86 @@ impl Lane {
     /// Whether an ordered event of this lane that is rejected lets its key's later events go on.
     pub(super) fn skips_dead(&self) -> bool {
         self.config.on_dead == OnDead::Skip
+    }
+}
+
+/// A relay's lanes, in the order routing names them (the configuration's).
+pub(super) struct Lanes(Vec<Lane>);
+
+impl Lanes {
+    /// The lanes of `destinations`, the i-th taking the routing, ordering and breaker of
+    /// `configs`' i-th, if any.
+    pub(super) fn new(
+        destinations: Vec<Destination>,
+        configs: &[DestinationConfig],
+        store: &Store,
+    ) -> Self {
+        let lanes = destinations
+            .into_iter()
+            .enumerate()
+            .map(|(d, destination)| Lane::new(destination, configs.get(d), store))
+            .collect();
+        Self(lanes)
+    }
+
+    /// How many lanes.
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Every lane, in order.
+    pub(super) fn iter(&self) -> std::slice::Iter<'_, Lane> {
+        self.0.iter()
+    }
+
+    /// The lane named `name`, with its index.
+    pub(super) fn named(&self, name: &str) -> Option<(usize, &Lane)> {
+        self.0.iter().enumerate().find(|(_, l)| l.name == name)
+    }
+
+    /// Whether each lane's events go out now (not paused, breaker closed): each gate read once,
+    /// not once per event (its lock is taken by every answer).
+    pub(super) fn open(&self) -> Vec<bool> {
+        self.0.iter().map(|l| l.gate.is_open()).collect()
+    }
+
+    /// The destinations whose dead events hold back their key (ordered, `on_dead = "block"`).
+    pub(super) fn blocking(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|l| l.config.dead_blocks())
+            .map(|l| l.name.clone())
+            .collect()
+    }
+
+    /// Whether any destination orders its events by key.
+    pub(super) fn ordered(&self) -> bool {
+        self.0.iter().any(|l| l.config.ordering == Ordering::Key)
+    }
+}
+
+impl std::ops::Index<usize> for Lanes {
+    type Output = Lane;
+
+    fn index(&self, lane: usize) -> &Lane {
+        &self.0[lane]
+    }
+}
+
+impl crate::settle::Lanes for Lanes {
+    fn name(&self, lane: usize) -> &str {
+        &self.0[lane].name
+    }
+
+    fn policy(&self, lane: usize) -> &RetryPolicy {
+        &self.0[lane].retry
+    }
+
+    fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool {
+        self.0[lane].keeps_order_of(event)
+    }
+
+    fn gates(&self) -> Vec<&Gate> {
+        self.0.iter().map(|l| &l.gate).collect()
     }
 }

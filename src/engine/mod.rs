@@ -1,94 +1,64 @@
 //! The relay engine: sources → route → lanes (sinks) → settle → retries and dead letters → upkeep.
 //!
 //! A source hands the engine batches: claim workers claim due rows from the table
-//! ([`crate::sources::poll`]), or one reader streams them from the WAL ([`crate::sources::wal`]). Each batch
-//! is routed into *items*, one per (event, destination), and each destination's items go to its
-//! *lane* ([`lane`]): its sink, behind its gate — pause, circuit breaker, and `concurrency` for the
-//! whole process ([`crate::gate`]). Lanes publish side by side, each at its own pace. When they
-//! all finish, the batch settles in a few statements ([`crate::settle`]). When one falls behind the
-//! others, it is handed over: the batch settles without it, what it had not finished becoming that
-//! pair's state in the deliveries table, and the claim loop goes on. Each lane's retry loop
-//! claims its own due pairs from there, so a slow, paused, failing or ordered destination never
-//! sets another's pace. The destinations loop keeps the lanes' shared state (pauses, breakers),
-//! sums up failures and probes open breakers; upkeep cleans up.
+//! ([`crate::sources::poll`], [`claimer`]), or one reader streams them from the WAL
+//! ([`crate::sources::wal`], [`wal`]). Either way a batch goes through one [`pipeline`]: routed
+//! into *items*, one per (event, destination); each destination's items go to its *lane*
+//! ([`lane`]): its sink, behind its gate — pause, circuit breaker, and `concurrency` for the whole
+//! process ([`crate::sinks::gate`]). Lanes publish side by side, each at its own pace ([`publish`]).
+//! When they all finish, each item is judged and the batch settles in a few statements
+//! ([`crate::settle`]). When one lane falls behind the others ([`watch`]), it is handed over: the
+//! batch settles without it, what it had not finished becoming that pair's state in the
+//! deliveries table, and the claim loop goes on. Each lane's retry loop ([`retries`]) claims its
+//! own due pairs from there, so a slow, paused, failing or ordered destination never sets
+//! another's pace. The destinations loop ([`destinations`]) keeps the lanes' shared state
+//! (pauses, breakers), sums up failures and probes open breakers; [`upkeep`] cleans up; the
+//! replays loop ([`replays`]) feeds running replays into their lanes.
+//!
+//! Every loop and stage shares one [`context::Context`]; the [`Relay`] is the engine's face to
+//! the library's users, and [`RelayView`] what the server sees of it.
 //!
 //! Database errors (a PostgreSQL restart) are logged and retried with backoff; a bad event never
 //! stops the relay: it is retried or dead-lettered, and a row that cannot be read is dead-lettered
 //! alone.
 
-mod batch;
-mod chains;
-mod claimed;
-mod drive;
-mod items;
+mod claimer;
+mod context;
+mod destinations;
 mod lane;
 mod pacing;
-mod probe;
+mod pipeline;
+mod publish;
 mod readiness;
 mod replays;
-mod report;
 mod retries;
 mod run;
-mod settle_batch;
 mod upkeep;
+mod view;
 mod wal;
+mod watch;
 
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use std::sync::Arc;
 
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use self::claimer::Claimers;
+use self::context::Context;
+use crate::config::{Config, ConfigError};
+use crate::error::Result;
+use crate::route::Router;
+use crate::sinks::{self, Sink};
+use crate::store::Store;
 
 pub use self::lane::Destination;
-use self::lane::Lane;
-use self::pacing::Sizing;
-pub use self::report::BatchReport;
-use crate::config::{Config, ConfigError, Ordering};
-use crate::model::metric;
-use crate::route::Router;
-use crate::settle::SettleMode;
-use crate::sinks::{self, Sink};
-use crate::sources::poll::ClaimOptions;
-use crate::sources::watermark::Watermark;
-use crate::store::Store;
-use std::sync::Arc;
+pub use self::view::RelayView;
+pub use crate::model::report::BatchReport;
 
 /// The relay engine.
 pub struct Relay {
-    store: Store,
-    config: Config,
-    router: Router,
-    /// One lane per configured destination, in configuration order.
-    lanes: Vec<Lane>,
-    /// What a delivered event's row becomes.
-    settle_mode: SettleMode,
-    /// How claims are made (transaction or lease, ordered or not).
-    claim: ClaimOptions,
-    /// Ordered mode: the next claim's heads, followers and window.
-    sizing: Sizing,
-    /// Names of the destinations whose dead events hold back their key (ordered, `on_dead = "block"`).
-    blocking: Vec<String>,
-    /// Cancelled when the shutdown grace period is over: in-flight batches are released.
-    abort: CancellationToken,
-    /// Cancelled when shutdown begins: lanes stop waiting for rate-limit tokens (what they had
-    /// not sent is handed on) so that in-flight batches end within the grace period.
-    stopping: CancellationToken,
-    /// Set when a claim worker died: `/healthz` reports it.
-    failure: std::sync::Mutex<Option<String>>,
-    /// Held by the one quiet claim worker that polls for due rows; the other quiet workers wait
-    /// on `wake`, so an idle relay costs one poll per `poll_interval` whatever `workers` is.
-    idle_poller: tokio::sync::Mutex<()>,
-    /// Wakes quiet claim workers: the poller found due rows, or a claim filled its batch (a
-    /// backlog: every worker should claim).
-    wake: Notify,
-    /// Claim workers whose last claim found rows; while one is busy (and its batches are quick)
-    /// the quiet ones do not poll (see [`pacing::quiet_worker_polls`]).
-    busy_workers: std::sync::atomic::AtomicUsize,
-    /// When the last claim of any worker started.
-    claim_started: std::sync::Mutex<std::time::Instant>,
-    /// When this relay last claimed or settled anything (readiness sees a stall by it).
-    progress: readiness::Progress,
-    /// Where claims start their walk of the due range (kept by [`Relay::watermark_loop`]).
-    watermark: Watermark,
+    ctx: Arc<Context>,
+    claimers: Arc<Claimers>,
 }
 
 impl Relay {
@@ -121,91 +91,111 @@ impl Relay {
         config: &Config,
         destinations: Vec<Destination>,
     ) -> Self {
-        // Counters that may never move still show up at zero, so dashboards and alerts see them.
-        metrics::counter!(metric::DB_ERRORS_TOTAL).absolute(0);
-        for d in &destinations {
-            metrics::counter!(metric::SINK_RECONNECTS_TOTAL, "destination" => d.name.clone())
-                .absolute(0);
-            metrics::counter!(metric::HELD_TOTAL, "destination" => d.name.clone()).absolute(0);
-            metrics::counter!(metric::RATE_LIMIT_WAITS_TOTAL, "destination" => d.name.clone())
-                .absolute(0);
-            metrics::counter!(metric::REPLAYED_TOTAL, "destination" => d.name.clone()).absolute(0);
-        }
         let store = Store::new(pool, config.table.clone());
-        let lanes: Vec<Lane> = destinations
-            .into_iter()
-            .enumerate()
-            .map(|(d, destination)| Lane::new(destination, config.destinations.get(d), &store))
-            .collect();
-        let settings = &config.relay;
+        let ctx = Arc::new(Context::new(store, config, destinations));
         Self {
-            store,
-            router: Router::new(&config.destinations),
-            settle_mode: SettleMode::of(config),
-            claim: ClaimOptions {
-                mode: settings.claim,
-                limit: settings.batch_size,
-                lease: settings.lease(),
-                ordered: lanes.iter().any(|l| l.config.ordering == Ordering::Key),
-                heads: 0,
-                followers: 0,
-                window: 0,
-            },
-            sizing: Sizing::new(settings.batch_size),
-            blocking: lanes
-                .iter()
-                .filter(|l| l.config.dead_blocks())
-                .map(|l| l.name.clone())
-                .collect(),
-            lanes,
-            config: config.clone(),
-            abort: CancellationToken::new(),
-            stopping: CancellationToken::new(),
-            failure: std::sync::Mutex::new(None),
-            idle_poller: tokio::sync::Mutex::new(()),
-            wake: Notify::new(),
-            busy_workers: std::sync::atomic::AtomicUsize::new(0),
-            claim_started: std::sync::Mutex::new(std::time::Instant::now()),
-            progress: readiness::Progress::default(),
-            watermark: Watermark::default(),
+            claimers: Arc::new(Claimers::new(Arc::clone(&ctx))),
+            ctx,
         }
+    }
+
+    /// Runs until `shutdown` is cancelled: the source (claim workers, or the WAL reader), each
+    /// lane's retry loop, and the maintenance loops (destination state and probes, upkeep,
+    /// replays). In-flight batches then get `shutdown_grace` to finish; past it they settle what
+    /// finished and release the rest. A worker that panics (a bug) stops the relay: the others
+    /// finish as on shutdown, then this returns [`crate::Error::WorkerPanicked`].
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<BatchReport> {
+        run::run(Arc::clone(&self.ctx), Arc::clone(&self.claimers), shutdown).await
+    }
+
+    /// What [`Relay::run`] does before its first claim, alone: creates the backfills of new
+    /// destinations, registers the destinations and reads their shared state, releases rows
+    /// whose wait is over, and makes the history's next partitions (`history = "partitions"`). A
+    /// database error is logged, not returned: the loops try again.
+    pub async fn prepare(&self) {
+        run::prepare(&self.ctx).await
+    }
+
+    /// Processes everything due now, then returns: for cron-style runs (`relay --once`).
+    ///
+    /// Destinations paused or with an open breaker keep their events held (no probe is sent).
+    /// Events that fail are scheduled per their policy; one that comes due again within the run
+    /// (a zero retry delay) is not retried in a loop: the run ends when a batch holds only such.
+    pub async fn run_once(&self) -> Result<BatchReport> {
+        run::run_once(&self.ctx, &self.claimers).await
+    }
+
+    /// Claims, publishes and settles one batch.
+    pub async fn run_batch(&self) -> Result<BatchReport> {
+        Ok(self.claimers.batch(None).await?.report)
+    }
+
+    /// Claims, publishes and settles one batch of due pairs of every lane, one lane after the
+    /// other (`relay --once`, tests).
+    pub async fn run_deliveries_batch(&self) -> Result<BatchReport> {
+        retries::every_lane_once(&self.ctx).await
+    }
+
+    /// Readiness: the database answers (2 s), events move (not stalled), every sink passes its
+    /// healthcheck (2 s each, its result kept for a few seconds) and no breaker is open. One
+    /// line per check; `Err` when any failed.
+    pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
+        self.ctx.readiness_of(None).await
+    }
+
+    /// Readiness of the database and one destination (`Some(name)`), or of every destination.
+    /// `Err` with one line when no destination has that name.
+    pub async fn readiness_of(
+        &self,
+        only: Option<&str>,
+    ) -> std::result::Result<Vec<String>, Vec<String>> {
+        self.ctx.readiness_of(only).await
+    }
+
+    /// Whether this relay is stalled, also set as `pgoutbox_relay_stalled`: polling, events due
+    /// longer than `relay.stall_after` and nothing claimed or settled for as long; reading the
+    /// WAL, events read that long ago and the slot's confirmed position not moved since.
+    pub async fn stall(&self) -> Result<Option<String>> {
+        self.ctx.stall().await
+    }
+
+    /// What the server sees of this relay.
+    pub fn view(&self) -> RelayView {
+        RelayView::of(Arc::clone(&self.ctx))
     }
 
     /// Whether a destination of that name is configured.
     pub fn has_destination(&self, name: &str) -> bool {
-        self.lanes.iter().any(|l| l.name == name)
+        self.ctx.lanes.named(name).is_some()
     }
 
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
-        self.store.pool()
+        self.ctx.store.pool()
     }
 
     /// The store: the database and its statements.
     pub fn store(&self) -> &Store {
-        &self.store
+        &self.ctx.store
     }
 
     /// The configuration the relay was built from.
     pub fn config(&self) -> &Config {
-        &self.config
+        &self.ctx.config
     }
 
     /// Whether any destination orders its events by key.
     pub fn ordered(&self) -> bool {
-        self.claim.ordered
+        self.ctx.claim.ordered
     }
 
     /// The routing of topics to destinations.
     pub fn router(&self) -> &Router {
-        &self.router
+        &self.ctx.router
     }
 
     /// Whether the relay is alive: `Some(reason)` once a claim worker died.
     pub fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.ctx.failure()
     }
 }

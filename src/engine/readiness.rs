@@ -2,61 +2,11 @@
 //! a relay whose destinations are healthy but that has claimed and settled nothing while events
 //! wait is stalled (a lock held on its rows, a wedged statement), and says so.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::Relay;
+use super::context::Context;
 use crate::config::Source;
 use crate::model::metric;
-
-/// When the relay last made progress (claimed events or settled some), and for the WAL source
-/// since when events read wait for the slot's confirmed position to move.
-#[derive(Debug)]
-pub(super) struct Progress {
-    started: Instant,
-    /// Milliseconds after `started`.
-    last: AtomicU64,
-    wal_waiting: std::sync::Mutex<Option<Instant>>,
-}
-
-impl Default for Progress {
-    fn default() -> Self {
-        Self {
-            started: Instant::now(),
-            last: AtomicU64::new(0),
-            wal_waiting: std::sync::Mutex::new(None),
-        }
-    }
-}
-
-impl Progress {
-    /// Something was claimed or settled just now.
-    pub(super) fn mark(&self) {
-        let now = self.started.elapsed().as_millis() as u64;
-        self.last.fetch_max(now, Ordering::Relaxed);
-    }
-
-    /// WAL source: events read wait since `since` (`None`: nothing waits).
-    pub(super) fn wal_waiting(&self, since: Option<Instant>) {
-        if let Ok(mut w) = self.wal_waiting.lock() {
-            *w = since;
-        }
-    }
-
-    /// WAL source: how long events read have waited for the confirmed position to move.
-    fn wal_waited(&self) -> Option<Duration> {
-        self.wal_waiting
-            .lock()
-            .ok()
-            .and_then(|w| w.map(|since| since.elapsed()))
-    }
-
-    /// How long ago the last progress was (since start when there was none).
-    fn since(&self) -> Duration {
-        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
-        self.started.elapsed().saturating_sub(last)
-    }
-}
 
 /// Whether the relay is stalled: an event has been due longer than `stall_after` and the relay
 /// has claimed and settled nothing for as long. `Some(why)` when stalled.
@@ -78,16 +28,11 @@ pub(super) fn stalled(
     })
 }
 
-impl Relay {
-    /// Marks progress: events claimed or settled.
-    pub(super) fn progressed(&self) {
-        self.progress.mark();
-    }
-
+impl Context {
     /// Whether this relay is stalled, also set as `pgoutbox_relay_stalled`: polling, events due
     /// longer than `relay.stall_after` and nothing claimed or settled for as long; reading the
     /// WAL, events read that long ago and the slot's confirmed position not moved since.
-    pub async fn stall(&self) -> crate::Result<Option<String>> {
+    pub(super) async fn stall(&self) -> crate::Result<Option<String>> {
         let stall_after = self.config.relay.stall_after;
         let why = if self.config.source == Source::Wal {
             self.progress.wal_waited().and_then(|waited| {
@@ -121,20 +66,13 @@ impl Relay {
             .map_err(|e| e.to_string())
     }
 
-    /// Readiness: the database answers (2 s), events move (not stalled), every sink passes
-    /// its healthcheck (2 s each, its result kept for a few seconds) and no breaker is open. One line per check; `Err` when any
-    /// failed.
-    pub async fn readiness(&self) -> std::result::Result<Vec<String>, Vec<String>> {
-        self.readiness_of(None).await
-    }
-
     /// Readiness of the database and one destination (`Some(name)`), or of every destination.
     /// `Err` with one line when no destination has that name.
-    pub async fn readiness_of(
+    pub(super) async fn readiness_of(
         &self,
         only: Option<&str>,
     ) -> std::result::Result<Vec<String>, Vec<String>> {
-        if let Some(name) = only.filter(|name| !self.has_destination(name)) {
+        if let Some(name) = only.filter(|name| self.lanes.named(name).is_none()) {
             return Err(vec![format!("no destination is named {name:?}\n")]);
         }
         let limit = Duration::from_secs(2);
@@ -173,7 +111,7 @@ impl Relay {
                 lines.push(format!("slot: {line}\n"));
             }
         }
-        for lane in &self.lanes {
+        for lane in self.lanes.iter() {
             if only.is_some_and(|name| name != lane.name) {
                 continue;
             }

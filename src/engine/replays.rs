@@ -18,20 +18,23 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use super::context::Context;
 use super::pacing;
-use super::Relay;
+use super::pipeline::{self, Targets};
+use super::publish::publish_whole;
 use crate::model::event::OutboxEvent;
 use crate::model::filter::Filter;
 use crate::model::metric;
-use crate::model::outcome::Outcome;
 use crate::model::rate::RateLimit;
 use crate::rate::Limiter;
+use crate::settle::Lanes as _;
 use crate::store::replays::{self, NewReplay, Replay, Retained, Selection, REPLAY_HEADER};
 
 /// Most pairs of one replay waiting in the deliveries table at a time.
@@ -55,7 +58,7 @@ struct Fed {
 
 impl Fed {
     /// What to keep of `replay` fed into lane `lane`; an error names what cannot be read.
-    fn new(relay: &Relay, replay: &Replay, lane: usize) -> Result<Self, String> {
+    fn new(ctx: &Context, replay: &Replay, lane: usize) -> Result<Self, String> {
         let filter = replay
             .filter
             .as_deref()
@@ -69,7 +72,7 @@ impl Fed {
             .transpose()
             .map_err(|e| format!("rate: {e}"))?;
         let step = pacing::replay_step(limit.as_ref().map(|l| l.per_second));
-        let rate = limit.map(|limit| Limiter::new(&bucket(replay.id), limit, relay.store.clone()));
+        let rate = limit.map(|limit| Limiter::new(&bucket(replay.id), limit, ctx.store.clone()));
         Ok(Self {
             lane,
             filter,
@@ -84,189 +87,184 @@ fn bucket(id: Uuid) -> String {
     format!("replay:{id}")
 }
 
-impl Relay {
-    /// Creates the backfill of each destination that has `backfill` and that no relay has
-    /// registered yet (its first start); before [`Relay::register`].
-    pub(super) async fn create_backfills(&self) -> crate::error::Result<()> {
-        for lane in &self.lanes {
-            let Some(back) = lane.config.backfill else {
-                continue;
-            };
-            let since = chrono::Utc::now()
-                - chrono::Duration::from_std(back).unwrap_or(chrono::Duration::MAX);
-            let new = NewReplay {
-                destination: lane.name.clone(),
-                selection: Selection {
-                    since: Some(since),
-                    ..Selection::default()
-                },
-                backfill: true,
-                created_by: Some("backfill".into()),
-                ..NewReplay::default()
-            };
-            if let Some(id) = replays::create(&self.store, &new).await? {
-                info!(destination = %lane.name, replay = %id, since = %since, "backfilling a new destination");
-            }
+/// Creates the backfill of each destination that has `backfill` and that no relay has registered
+/// yet (its first start); before the destinations are registered.
+pub(super) async fn create_backfills(ctx: &Context) -> crate::error::Result<()> {
+    for lane in ctx.lanes.iter() {
+        let Some(back) = lane.config.backfill else {
+            continue;
+        };
+        let since =
+            chrono::Utc::now() - chrono::Duration::from_std(back).unwrap_or(chrono::Duration::MAX);
+        let new = NewReplay {
+            destination: lane.name.clone(),
+            selection: Selection {
+                since: Some(since),
+                ..Selection::default()
+            },
+            backfill: true,
+            created_by: Some("backfill".into()),
+            ..NewReplay::default()
+        };
+        if let Some(id) = replays::create(&ctx.store, &new).await? {
+            info!(destination = %lane.name, replay = %id, since = %since, "backfilling a new destination");
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    /// Feeds the running replays of this relay's destinations until `shutdown`.
-    pub(super) async fn replays_loop(&self, shutdown: CancellationToken) {
-        let names: Vec<String> = self.lanes.iter().map(|l| l.name.clone()).collect();
-        let mut fed: HashMap<Uuid, Fed> = HashMap::new();
-        while !shutdown.is_cancelled() {
-            let began = std::time::Instant::now();
-            let moved = match self.replays_step(&names, &mut fed).await {
-                Ok(moved) => moved,
-                Err(e) => {
-                    metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
-                    debug!(error = %crate::error_chain(&e), "cannot feed replays; retrying");
-                    false
-                }
-            };
-            let wait = if moved {
-                let limited = fed.values().all(|f| f.rate.is_some());
-                pacing::replay_rest(began.elapsed(), limited)
-            } else if fed.is_empty() {
-                NONE
-            } else {
-                IDLE
-            };
-            if !wait.is_zero() {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.cancelled() => {}
-                }
+/// Feeds the running replays of this relay's destinations until `shutdown`.
+pub(super) async fn replays_loop(ctx: &Arc<Context>, shutdown: CancellationToken) {
+    let names: Vec<String> = ctx.lanes.iter().map(|l| l.name.clone()).collect();
+    let mut fed: HashMap<Uuid, Fed> = HashMap::new();
+    while !shutdown.is_cancelled() {
+        let began = std::time::Instant::now();
+        let moved = match replays_step(ctx, &names, &mut fed).await {
+            Ok(moved) => moved,
+            Err(e) => {
+                metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+                debug!(error = %crate::error_chain(&e), "cannot feed replays; retrying");
+                false
+            }
+        };
+        let wait = if moved {
+            let limited = fed.values().all(|f| f.rate.is_some());
+            pacing::replay_rest(began.elapsed(), limited)
+        } else if fed.is_empty() {
+            NONE
+        } else {
+            IDLE
+        };
+        if !wait.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => {}
             }
         }
     }
+}
 
-    /// One step of every running replay of `names`; whether any moved.
-    async fn replays_step(
-        &self,
-        names: &[String],
-        fed: &mut HashMap<Uuid, Fed>,
-    ) -> crate::error::Result<bool> {
-        let running = replays::running(&self.store, names).await?;
-        fed.retain(|id, _| running.iter().any(|r| r.id == *id));
-        let mut moved = false;
-        for replay in &running {
-            let Some(lane) = self.lanes.iter().position(|l| l.name == replay.destination) else {
-                continue;
-            };
-            if replay.walked {
-                if replays::finish(&self.store, replay.id).await? {
-                    info!(replay = %replay.id, destination = %replay.destination, queued = replay.queued, dead = replay.dead, "replay done");
+/// One step of every running replay of `names`; whether any moved.
+async fn replays_step(
+    ctx: &Arc<Context>,
+    names: &[String],
+    fed: &mut HashMap<Uuid, Fed>,
+) -> crate::error::Result<bool> {
+    let running = replays::running(&ctx.store, names).await?;
+    fed.retain(|id, _| running.iter().any(|r| r.id == *id));
+    let mut moved = false;
+    for replay in &running {
+        let Some((lane, _)) = ctx.lanes.named(&replay.destination) else {
+            continue;
+        };
+        if replay.walked {
+            if replays::finish(&ctx.store, replay.id).await? {
+                info!(replay = %replay.id, destination = %replay.destination, queued = replay.queued, dead = replay.dead, "replay done");
+            }
+            continue;
+        }
+        let f = match fed.entry(replay.id) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(new) => match Fed::new(ctx, replay, lane) {
+                Ok(f) => new.insert(f),
+                Err(why) => {
+                    warn!(replay = %replay.id, error = %why, "replay cannot run");
+                    replays::fail(&ctx.store, replay.id, &why).await?;
+                    continue;
                 }
-                continue;
-            }
-            let f = match fed.entry(replay.id) {
-                Entry::Occupied(known) => known.into_mut(),
-                Entry::Vacant(new) => match Fed::new(self, replay, lane) {
-                    Ok(f) => new.insert(f),
-                    Err(why) => {
-                        warn!(replay = %replay.id, error = %why, "replay cannot run");
-                        replays::fail(&self.store, replay.id, &why).await?;
-                        continue;
-                    }
-                },
-            };
-            moved |= self.feed(replay, f).await?;
-        }
-        Ok(moved)
+            },
+        };
+        moved |= feed(ctx, replay, f).await?;
     }
+    Ok(moved)
+}
 
-    /// One step of `replay`: reads its next events, sends those its destination takes (with the
-    /// replay's header) through the lane, leaves those not delivered at once as pairs for the
-    /// lane's retry loop, and moves its cursor. Whether it read anything.
-    async fn feed(&self, replay: &Replay, f: &Fed) -> crate::error::Result<bool> {
-        let room = (WINDOW - replay.pending).min(f.step);
-        if room <= 0 {
-            return Ok(false);
+/// One step of `replay`: reads its next events, sends those its destination takes (with the
+/// replay's header) through the lane, leaves those not delivered at once as pairs for the
+/// lane's retry loop, and moves its cursor. Whether it read anything.
+async fn feed(ctx: &Arc<Context>, replay: &Replay, f: &Fed) -> crate::error::Result<bool> {
+    let room = (WINDOW - replay.pending).min(f.step);
+    if room <= 0 {
+        return Ok(false);
+    }
+    let tokens = match &f.rate {
+        Some(limiter) => {
+            let deadline = tokio::time::Instant::now() + IDLE;
+            limiter.take(room as usize, deadline).await as i64
         }
-        let tokens = match &f.rate {
-            Some(limiter) => {
-                let deadline = tokio::time::Instant::now() + IDLE;
-                limiter.take(room as usize, deadline).await as i64
-            }
-            None => room,
-        };
-        if tokens == 0 {
-            return Ok(false);
+        None => room,
+    };
+    if tokens == 0 {
+        return Ok(false);
+    }
+    // Tokens pay for events sent: what a step does not send (another relay holds the step,
+    // fewer events left, events the replay skips) goes back to the limiter for the next one.
+    let unused = |sent: usize| {
+        if let Some(limiter) = &f.rate {
+            limiter.give_back((tokens as usize).saturating_sub(sent));
         }
-        // Tokens pay for events sent: what a step does not send (another relay holds the step,
-        // fewer events left, events the replay skips) goes back to the limiter for the next one.
-        let unused = |sent: usize| {
-            if let Some(limiter) = &f.rate {
-                limiter.give_back((tokens as usize).saturating_sub(sent));
-            }
-        };
-        let Some(mut step) = replays::begin(&self.store, replay.id).await? else {
-            unused(0);
-            return Ok(false);
-        };
-        let limit = (WINDOW - step.replay.pending).min(tokens);
-        if limit <= 0 {
-            unused(0);
-            return Ok(false);
-        }
-        let read = step.read(limit).await?;
-        let header = (REPLAY_HEADER.to_owned(), replay.id.to_string());
-        let (chosen, events): (Vec<&Retained>, Vec<OutboxEvent>) = read
-            .iter()
-            .filter_map(|r| {
-                let event = r.event.as_ref().ok()?;
-                let takes = self.router.replay_takes(f.lane, f.filter.as_ref(), event);
-                takes.then(|| {
-                    let mut event = event.clone();
-                    event
-                        .headers
-                        .retain(|(k, _)| !k.eq_ignore_ascii_case(REPLAY_HEADER));
-                    event.headers.push(header.clone());
-                    (r, event)
-                })
+    };
+    let Some(mut step) = replays::begin(&ctx.store, replay.id).await? else {
+        unused(0);
+        return Ok(false);
+    };
+    let limit = (WINDOW - step.replay.pending).min(tokens);
+    if limit <= 0 {
+        unused(0);
+        return Ok(false);
+    }
+    let read = step.read(limit).await?;
+    let header = (REPLAY_HEADER.to_owned(), replay.id.to_string());
+    let (chosen, events): (Vec<&Retained>, Vec<OutboxEvent>) = read
+        .iter()
+        .filter_map(|r| {
+            let event = r.event.as_ref().ok()?;
+            let takes = ctx.router.replay_takes(f.lane, f.filter.as_ref(), event);
+            takes.then(|| {
+                let mut event = event.clone();
+                event
+                    .headers
+                    .retain(|(k, _)| !k.eq_ignore_ascii_case(REPLAY_HEADER));
+                event.headers.push(header.clone());
+                (r, event)
             })
-            .unzip();
-        unused(events.len());
-        let delivered = self.send_replayed(f.lane, replay.id, &events).await?;
-        let left: Vec<&Retained> = chosen
-            .iter()
-            .zip(&delivered)
-            .filter(|(_, ok)| !**ok)
-            .map(|(r, _)| *r)
-            .collect();
-        let queued = step.queue(&left).await?;
-        let walked = (read.len() as i64) < limit;
-        step.advance(&read, chosen.len() as u64, walked).await?;
-        let lane = &self.lanes[f.lane];
-        metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name.clone())
-            .increment(chosen.len() as u64);
-        if queued > 0 {
-            lane.handed.notify_one();
-        }
-        Ok(!read.is_empty())
+        })
+        .unzip();
+    unused(events.len());
+    let delivered = send_replayed(ctx, f.lane, replay.id, events).await?;
+    let left: Vec<&Retained> = chosen
+        .iter()
+        .zip(&delivered)
+        .filter(|(_, ok)| !**ok)
+        .map(|(r, _)| *r)
+        .collect();
+    let queued = step.queue(&left).await?;
+    let walked = (read.len() as i64) < limit;
+    step.advance(&read, chosen.len() as u64, walked).await?;
+    let lane = &ctx.lanes[f.lane];
+    metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name.clone())
+        .increment(chosen.len() as u64);
+    if queued > 0 {
+        lane.handed.notify_one();
     }
+    Ok(!read.is_empty())
+}
 
-    /// Publishes `events` of `replay` to lane `d` as a batch of that lane alone (gate, breaker,
-    /// transform, rate limit; an event of an ordered key waits behind a pair of the same replay);
-    /// per event, whether it was delivered.
-    async fn send_replayed(
-        &self,
-        d: usize,
-        replay: Uuid,
-        events: &[OutboxEvent],
-    ) -> crate::error::Result<Vec<bool>> {
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let targets = events.iter().map(|_| vec![d]).collect();
-        let items = self.items_to(events, targets, Some(replay)).await?;
-        let (answers, _) = self.publish_whole(events, &items).await;
-        self.store_tripped().await;
-        Ok(answers
-            .iter()
-            .map(|a| matches!(a, Some((Outcome::Delivered, _))))
-            .collect())
+/// Publishes `events` of `replay` to lane `d` as a batch of that lane alone (gate, breaker,
+/// transform, rate limit; an event of an ordered key waits behind a pair of the same replay);
+/// per event, whether it was delivered.
+async fn send_replayed(
+    ctx: &Arc<Context>,
+    d: usize,
+    replay: Uuid,
+    events: Vec<OutboxEvent>,
+) -> crate::error::Result<Vec<bool>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
     }
+    let items = pipeline::items(ctx, &events, Targets::Lane(d), Some(replay)).await?;
+    let published = publish_whole(ctx, events, items).await;
+    let attempts = published.attempts.list;
+    ctx.settler.store_breakers(&ctx.lanes.gates()).await;
+    Ok(attempts.iter().map(|(_, a)| a.delivered()).collect())
 }

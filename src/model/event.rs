@@ -1,9 +1,7 @@
-//! A claimed outbox row as the relay and sinks see it.
+//! An outbox event as the relay and sinks see it, and how its stored headers read.
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
-use sqlx::postgres::PgRow;
-use sqlx::Row;
 use uuid::Uuid;
 
 /// One event read from the outbox table, ready to publish.
@@ -27,69 +25,7 @@ pub struct OutboxEvent {
     pub attempts: i32,
 }
 
-/// Where a result's event columns are. Found once per result ([`EventColumns::of`] its first
-/// row): finding a column by name hashes and compares the name, and a claim of 1,000 rows would
-/// do it 8,000 times (a sixth of decoding a claim, profiled).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventColumns {
-    /// `id`.
-    pub id: usize,
-    seq: usize,
-    topic: usize,
-    /// `key`.
-    pub key: usize,
-    payload: usize,
-    headers: usize,
-    created_at: usize,
-    attempts: usize,
-}
-
-impl EventColumns {
-    /// The event columns of `row`'s result.
-    pub fn of(row: &PgRow) -> Result<Self, sqlx::Error> {
-        let at = |name: &str| row.try_column(name).map(sqlx::Column::ordinal);
-        Ok(Self {
-            id: at("id")?,
-            seq: at("seq")?,
-            topic: at("topic")?,
-            key: at("key")?,
-            payload: at("payload")?,
-            headers: at("headers")?,
-            created_at: at("created_at")?,
-            attempts: at("attempts")?,
-        })
-    }
-}
-
 impl OutboxEvent {
-    /// Decodes a row selected with the table's event columns, which are `at` (found once for its
-    /// whole result).
-    pub fn from_row(row: &PgRow, at: &EventColumns) -> Result<Self, sqlx::Error> {
-        let payload: String = column(row, at.payload, "payload")?;
-        let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::ColumnDecode {
-            index: "payload".into(),
-            source: Box::new(e),
-        })?;
-        let headers: Option<&str> = column(row, at.headers, "headers")?;
-        let headers = match headers {
-            Some(text) => parse_headers(text).map_err(|message| sqlx::Error::ColumnDecode {
-                index: "headers".into(),
-                source: message.into(),
-            })?,
-            None => Vec::new(),
-        };
-        Ok(Self {
-            id: column(row, at.id, "id")?,
-            seq: column(row, at.seq, "seq")?,
-            topic: column(row, at.topic, "topic")?,
-            key: column(row, at.key, "key")?,
-            payload,
-            headers,
-            created_at: column(row, at.created_at, "created_at")?,
-            attempts: column(row, at.attempts, "attempts")?,
-        })
-    }
-
     /// The value of header `name`, if present.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -97,21 +33,6 @@ impl OutboxEvent {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
-}
-
-/// The value of column `name`, found at `at`: a decoding error names the column (what an operator
-/// reads in `last_error`), not its position.
-fn column<'r, T>(row: &'r PgRow, at: usize, name: &str) -> Result<T, sqlx::Error>
-where
-    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    row.try_get(at).map_err(|e| match e {
-        sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
-            index: name.into(),
-            source,
-        },
-        other => other,
-    })
 }
 
 /// Headers come from a jsonb object (JSON `null` counts as none). Anything else, written by hand in
@@ -146,7 +67,6 @@ pub(crate) fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String>
     }
 }
 
-/// Events for the unit tests of the modules that read them.
 /// How operator views show an event without a topic (a table that allows NULL topics may hold
 /// one; the relay dead-letters it with its reason).
 pub const NO_TOPIC: &str = "(no topic)";
@@ -177,23 +97,6 @@ impl StoredJson {
 impl serde::Serialize for StoredJson {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.0.serialize(s)
-    }
-}
-
-impl sqlx::Type<sqlx::Postgres> for StoredJson {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <String as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredJson {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let text = <String as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
-        Ok(Self(RawValue::from_string(text)?))
     }
 }
 

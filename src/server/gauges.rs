@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::engine::Relay;
+use crate::engine::RelayView;
 use crate::model::event::topic_label;
 use crate::model::metric::*;
 use crate::store::backlog::{Backlog, BacklogRow};
@@ -18,9 +18,8 @@ use crate::store::operators::StoredSample;
 /// rows not yet routed count for each destination of `relay` whose topics match (`(unrouted)`
 /// when none does).
 pub async fn backlog(
-    relay: &Relay,
+    relay: &RelayView,
 ) -> crate::Result<std::collections::HashMap<(String, String), Backlog>> {
-    let config = relay.config();
     let rows = crate::store::backlog::rows(relay.store()).await?;
     let mut merged: std::collections::HashMap<(String, String), Backlog> = Default::default();
     for BacklogRow {
@@ -33,12 +32,7 @@ pub async fn backlog(
         let destinations = match destination {
             Some(d) => vec![d],
             None => {
-                let routed: Vec<String> = relay
-                    .router()
-                    .by_topic(&topic)
-                    .into_iter()
-                    .filter_map(|i| config.destinations.get(i).map(|d| d.name.clone()))
-                    .collect();
+                let routed = relay.destinations_of_topic(&topic);
                 if routed.is_empty() {
                     vec!["(unrouted)".into()]
                 } else {
@@ -47,14 +41,7 @@ pub async fn backlog(
             }
         };
         for destination in destinations {
-            let e = merged.entry((destination, topic.clone())).or_default();
-            e.due += b.due;
-            e.backoff += b.backoff;
-            e.held += b.held;
-            e.in_flight += b.in_flight;
-            e.failing += b.failing;
-            e.dead += b.dead;
-            e.lag = e.lag.max(b.lag);
+            *merged.entry((destination, topic.clone())).or_default() += b;
         }
     }
     Ok(merged)
@@ -67,7 +54,7 @@ fn relay_name() -> String {
 }
 
 /// Stores `sample` for the chart every relay's console shows. A failure costs only that point.
-async fn share(relay: &Relay, me: &str, sample: &Sample) {
+async fn share(relay: &RelayView, me: &str, sample: &Sample) {
     let stored = crate::store::operators::NewSample {
         relay: me,
         at: sample.at,
@@ -174,11 +161,12 @@ impl Samples {
 /// Refreshes `relay`'s backlog gauges every `interval` until `stop`, and adds a [`Sample`] to
 /// `samples` each time.
 pub async fn refresh_gauges(
-    relay: Arc<Relay>,
+    relay: impl Into<RelayView>,
     interval: Duration,
     samples: Arc<Samples>,
     stop: CancellationToken,
 ) {
+    let relay = relay.into();
     let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
     let me = relay_name();
     let mut last = (Instant::now(), crate::model::metric::delivered_so_far());

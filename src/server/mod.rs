@@ -18,7 +18,6 @@ pub use metrics::install_recorder;
 pub use wal_gauges::refresh_wal_gauges;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -26,7 +25,7 @@ use axum::response::IntoResponse;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Relay;
+use crate::engine::RelayView;
 
 /// This machine's name (from the kernel, Linux), to name a relay among the relays sharing the
 /// chart and an operator in the audit log; `None` where it cannot be read.
@@ -39,7 +38,7 @@ pub fn host_name() -> Option<String> {
 #[derive(Clone)]
 struct ServerState {
     handle: PrometheusHandle,
-    relay: Arc<Relay>,
+    relay: RelayView,
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `stop`, and the operator console
@@ -47,10 +46,11 @@ struct ServerState {
 pub async fn serve(
     addr: SocketAddr,
     handle: PrometheusHandle,
-    relay: Arc<Relay>,
+    relay: impl Into<RelayView>,
     console: Option<crate::server::console::Console>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
+    let relay = relay.into();
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -102,7 +102,7 @@ async fn readyz_destination(
     ready_response(&s.relay, Some(&name)).await
 }
 
-async fn ready_response(relay: &Relay, only: Option<&str>) -> (StatusCode, String) {
+async fn ready_response(relay: &RelayView, only: Option<&str>) -> (StatusCode, String) {
     if let Some(name) = only {
         if !relay.has_destination(name) {
             return (

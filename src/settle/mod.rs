@@ -1,50 +1,38 @@
-//! Settle: recording what publishing did, in at most a few statements per batch.
+//! Settle: what a batch's attempts mean, and recording it in at most a few statements per batch.
 //!
-//! [`verdict`] decides what each pair's attempt means (the one place that does); [`plan`] gathers
-//! a batch's verdicts into the writes of one settle — successes per destination, every failure in
-//! one statement, split events' pairs fanned out to the deliveries table in the statement that
-//! settles their rows — and [`write`] writes them under the batch's claim.
+//! [`verdict`] judges each item (the one place that decides what an attempt means); [`plan`]
+//! gathers a batch's verdicts into the writes of one settle — successes per destination, every
+//! failure in one statement, split events' pairs fanned out to the deliveries table in the
+//! statement that settles their rows — by one constructor per kind of batch; the [`Settler`] has
+//! the store write them under the batch's claim ([`crate::store::settle`]), stores the breakers
+//! its answers opened, and counts the outcomes.
 
 pub mod plan;
-pub mod report;
+mod settler;
 pub mod verdict;
-pub mod write;
 
-use crate::store::outbox::Delivered;
+use crate::model::event::OutboxEvent;
+use crate::model::retry::RetryPolicy;
+use crate::sinks::gate::Gate;
 
-pub use plan::{DeliveredRows, SettlePlan};
-pub use report::BatchReport;
-pub use write::{apply, apply_deliveries, write_delivered, SettleReport};
+pub use plan::{Batch, Origin, PairsPlan, Planned};
+pub use settler::{Pairs, Settled, Settler};
+pub use verdict::{judge, Attempt, Attempts, Judged, Verdict, Verdicts};
 
-/// What settling a delivered event does to its outbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SettleMode {
-    /// Keep it in the outbox, marked published (cleanup deletes it row by row after `retention`).
-    Mark,
-    /// Delete it (`retention = "0s"`).
-    Delete,
-    /// Move it to the partitioned history (`history = "partitions"`; cleanup drops partitions).
-    Move,
-}
+/// The lanes as settling sees them, by the index routing gave each: its destination's name,
+/// retry policy, key order and gate. The engine's lanes answer it.
+pub trait Lanes: Sync {
+    /// The destination's name.
+    fn name(&self, lane: usize) -> &str;
 
-impl SettleMode {
-    /// What the store does with delivered rows in this mode.
-    pub fn rows(self) -> Delivered {
-        match self {
-            Self::Mark => Delivered::Mark,
-            Self::Delete => Delivered::Delete,
-            Self::Move => Delivered::Move,
-        }
-    }
+    /// Its retry policy.
+    fn policy(&self, lane: usize) -> &RetryPolicy;
 
-    /// The configuration's mode: retention zero deletes, else `history` decides.
-    pub fn of(config: &crate::config::Config) -> Self {
-        if config.retention.is_zero() {
-            Self::Delete
-        } else if config.history == crate::config::History::Partitions {
-            Self::Move
-        } else {
-            Self::Mark
-        }
+    /// Whether it keeps the order of `event`'s key.
+    fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool;
+
+    /// Every lane's gate (the settler stores the breakers their answers opened).
+    fn gates(&self) -> Vec<&Gate> {
+        Vec::new()
     }
 }

@@ -1,127 +1,317 @@
-//! A settle plan: what one settle writes, gathered from its pairs' verdicts.
+//! The settle plans of batches: a batch's attempts judged ([`judge`]), then gathered by one
+//! constructor per kind of batch into what one settle writes ([`SettlePlan`], which the store
+//! writes in one unit of work).
 //!
-//! An event settled on its own row ([`SettlePlan::single`]) becomes delivered, failed or held in
-//! one statement each for the whole batch; a split event (several destinations, or a pair that
-//! must go on alone) has its row settled and each undelivered pair written to the deliveries
-//! table ([`SettlePlan::pair`]) in the same statement. A batch of pairs claimed from the
-//! deliveries table is planned the same way, pair by pair with [`SettlePlan::single`].
+//! A batch of events ([`Planned::batch`]): an event settled on its own row becomes delivered,
+//! failed or held in one statement each for the whole batch; a split event (several
+//! destinations, or a pair that must go on alone) has its row settled and each undelivered pair
+//! written to the deliveries table in the same statement. What a batch handed over with its
+//! request out is planned when the answers came ([`Planned::late`]), and a batch of pairs claimed
+//! from the deliveries table pair by pair ([`PairsPlan::of`]).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashSet};
 
-use chrono::{DateTime, Utc};
-use rand::Rng;
 use uuid::Uuid;
 
-use super::verdict::{truncate, verdict, Attempt, Pair, Verdict};
-use crate::gate::Counted;
+use super::verdict::{judge, truncate, Attempt, Attempts, Judged, Verdict, Verdicts};
+use super::Lanes;
+use crate::error::Result;
 use crate::model::event::OutboxEvent;
-use crate::model::outcome::Outcome;
-use crate::model::retry::RetryPolicy;
-use crate::store::deliveries::PairRow;
+use crate::model::report::BatchReport;
+use crate::store::deliveries::{PairRow, PairState};
 use crate::store::held_batches::HeldBatch;
-use crate::store::outbox::FailedRow;
+use crate::store::settle::{FailedRow, SettlePlan};
 use crate::store::waiting::HeldRow;
+use crate::store::Lease;
 
-/// What a batch's settle writes.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct SettlePlan {
-    /// Delivered event ids (or pairs, in a deliveries batch), per destination name.
-    pub delivered: BTreeMap<String, Vec<Uuid>>,
-    /// Failures, retried or dead.
-    pub failed: Vec<FailedRow>,
-    /// Events held for their destination.
-    pub held: Vec<HeldRow>,
-    /// Split events: settled, their undelivered pairs going to the deliveries table.
-    pub fanned: Vec<Uuid>,
-    /// The undelivered pairs of the split events.
-    pub pairs: Vec<PairRow>,
-    /// The split events' delivered pairs, per destination (metrics; nothing to write).
-    pub pairs_delivered: BTreeMap<String, Vec<Uuid>>,
-    /// Held pairs of split events written in bulk: one held batch per destination instead of a
-    /// row each. Only pairs that need no per-key order.
-    pub bundles: Vec<HeldBatch>,
-    /// The lease token of pairs handed over with their request still out.
-    pub in_flight: Option<Uuid>,
-    /// Delivered events that have no table row (WAL `emit()` messages): counted, never written.
-    pub rowless: std::collections::HashSet<Uuid>,
-    /// WAL: the delivered rows are not written with the rest of the plan but handed back
-    /// ([`SettlePlan::delivered_rows`]) and written later with other batches'
-    /// ([`super::write_delivered`]).
-    pub defer_delivered: bool,
+/// Where a batch of events came from, which decides how they settle.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    /// Claimed from the table: an event nobody answered is given back as it was, and an event of
+    /// one destination whose request is out when its lane is handed over keeps its state on its
+    /// row, leased.
+    Claimed,
+    /// Read from the WAL: nothing is given back (the slot moves past it), every event that was
+    /// not delivered everywhere goes on as pairs; `rowless` events (`emit()`) have no row, and
+    /// delivered rows are written later, with other batches'.
+    Wal {
+        /// Its events that have no table row.
+        rowless: &'a HashSet<Uuid>,
+    },
 }
 
-/// Rows that WAL batches delivered everywhere, per destination, gathered from several batches to be
-/// deleted (or marked published) in one statement per destination: a slot's events each cost one
-/// row write instead of one settle transaction per batch (see `wal::Confirmer`).
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct DeliveredRows(pub(crate) BTreeMap<String, Vec<Uuid>>);
+/// A batch of events as its settle sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Its events, in order.
+    pub events: &'a [OutboxEvent],
+    /// Rows that could not be read as events, with the reason: dead-lettered.
+    pub poison: &'a [(Uuid, String)],
+    /// Rows an ordered claim took and cut off behind their key's first row that is not due:
+    /// given back.
+    pub cut_off: &'a [Uuid],
+    /// Where it came from.
+    pub origin: Origin<'a>,
+    /// The lease of what it hands over with its request still out.
+    pub lease: Lease,
+}
 
-impl DeliveredRows {
-    /// How many rows.
-    pub fn len(&self) -> usize {
-        self.0.values().map(Vec::len).sum()
+/// A batch's settle, planned.
+#[derive(Debug)]
+pub struct Planned {
+    /// What to write.
+    pub plan: SettlePlan,
+    /// Rows given back as they were (nobody answered them, or cut off behind their key).
+    pub untouched: Vec<Uuid>,
+    /// Counts of the pairs of split events, for the report.
+    pub pairs: BatchReport,
+    /// Claimed events of one destination whose request was still out when their lane was handed
+    /// over: their rows go under the batch's lease, and are settled when the answer comes.
+    pub leased_rows: Vec<Uuid>,
+    /// That lease (and the in-flight pairs').
+    pub lease: Lease,
+}
+
+impl Planned {
+    /// Plans the settle of `batch` from what publishing left of its items (`attempts`), judged
+    /// here: each event on its own row, or split into pairs, as its origin and its items ask.
+    pub fn batch(batch: &Batch<'_>, attempts: Attempts, lanes: &dyn Lanes) -> Result<Self> {
+        let verdicts = judge(batch.events, attempts, lanes);
+        let wal = matches!(batch.origin, Origin::Wal { .. });
+        let (rowless, materialize) = match batch.origin {
+            Origin::Wal { rowless } => rowless_rows(batch.events, &verdicts, rowless),
+            Origin::Claimed => (HashSet::new(), Vec::new()),
+        };
+        let mut planned = Planned {
+            plan: SettlePlan {
+                rowless,
+                materialize,
+                defer_delivered: wal,
+                ..SettlePlan::default()
+            },
+            untouched: Vec::new(),
+            pairs: BatchReport::default(),
+            leased_rows: Vec::new(),
+            lease: batch.lease,
+        };
+        for (id, reason) in batch.poison {
+            planned.plan.failed.push(unreadable(*id, None, reason));
+        }
+        // Per lane: its held pairs that go into one held batch.
+        let mut bundled: BTreeMap<usize, Vec<&OutboxEvent>> = BTreeMap::new();
+        for (e, event) in batch.events.iter().enumerate() {
+            let items = verdicts.of_event(e);
+            match settles_as(items, wal) {
+                Settles::Leased => planned.leased_rows.push(event.id),
+                Settles::Untouched => planned.untouched.push(event.id),
+                Settles::Row(judged) => {
+                    let destination = judged.item.lane.map(|d| lanes.name(d));
+                    if !planned
+                        .plan
+                        .single(event, destination, judged.verdict.clone())
+                    {
+                        planned.untouched.push(event.id);
+                    }
+                }
+                Settles::Split => {
+                    planned.plan.fanned.push(event.id);
+                    for judged in items {
+                        let Some(d) = judged.item.lane else { continue };
+                        count_pair(&mut planned.pairs, &judged.verdict);
+                        match &judged.verdict {
+                            // No per-key order to keep: with the others of its batch, in one row.
+                            Verdict::Held(_) if !lanes.keeps_order_of(d, event) => {
+                                bundled.entry(d).or_default().push(event)
+                            }
+                            v => planned
+                                .plan
+                                .pair(event, lanes.name(d), v.clone(), batch.lease),
+                        }
+                    }
+                }
+            }
+        }
+        for (d, held) in bundled {
+            planned
+                .plan
+                .bundles
+                .push(HeldBatch::encode(lanes.name(d), &held)?);
+        }
+        if planned
+            .plan
+            .pairs
+            .iter()
+            .any(|p| p.state == PairState::InFlight)
+        {
+            planned.plan.in_flight = Some(batch.lease.token);
+        }
+        planned.untouched.extend(batch.cut_off);
+        Ok(planned)
     }
 
-    /// No rows.
-    pub fn is_empty(&self) -> bool {
-        self.0.values().all(Vec::is_empty)
+    /// Plans the settle of the items a batch handed over with their request out, judged here
+    /// once their answers came (or the budget ended): those of events in `leased_rows` on their
+    /// rows, the others on their pairs.
+    pub fn late(
+        events: &[OutboxEvent],
+        attempts: Attempts,
+        leased_rows: &[Uuid],
+        lanes: &dyn Lanes,
+    ) -> Late {
+        let verdicts = judge(events, attempts, lanes);
+        let mut late = Late::default();
+        for judged in &verdicts.list {
+            let Some(d) = judged.item.lane else { continue };
+            let event = &events[judged.item.event];
+            let name = lanes.name(d);
+            if leased_rows.contains(&event.id) {
+                if !late.rows.single(event, Some(name), judged.verdict.clone()) {
+                    late.untouched_rows.push(event.id);
+                }
+            } else if !late.pairs.single(event, Some(name), judged.verdict.clone()) {
+                late.untouched_pairs.push((event.id, name.to_owned()));
+            }
+        }
+        late
     }
+}
 
-    /// Adds `other`'s rows.
-    pub fn append(&mut self, other: DeliveredRows) {
-        for (destination, mut ids) in other.0 {
-            self.0.entry(destination).or_default().append(&mut ids);
+/// WAL: of `rowless` events, those delivered everywhere (they never get a row) and the others
+/// (they get one first, in the settle's transaction, for their pairs and dead letters).
+fn rowless_rows(
+    events: &[OutboxEvent],
+    verdicts: &Verdicts,
+    rowless: &HashSet<Uuid>,
+) -> (HashSet<Uuid>, Vec<OutboxEvent>) {
+    let mut done = HashSet::new();
+    let mut materialize = Vec::new();
+    for (e, event) in events.iter().enumerate() {
+        if !rowless.contains(&event.id) {
+            continue;
+        }
+        if verdicts.of_event(e).iter().all(|j| j.attempt.delivered()) {
+            done.insert(event.id);
+        } else {
+            materialize.push(event.clone());
         }
     }
+    (done, materialize)
 }
 
-/// How long a pair handed over with its request still out is leased to the batch that sent it.
-#[derive(Debug, Clone, Copy)]
-pub struct InFlightLease(pub Duration);
+/// How one event of a batch settles.
+enum Settles<'a> {
+    /// On its own row, by the verdict of its one item.
+    Row(&'a Judged),
+    /// Its row is settled and its undelivered pairs go on alone.
+    Split,
+    /// Claimed, one destination, its request out when its lane was handed over: its row waits
+    /// under the batch's lease.
+    Leased,
+    /// Claimed and not one destination answered before the batch's time ran out: as it was.
+    Untouched,
+}
+
+/// How an event whose items were judged `items` settles (`wal`: read from the WAL, where nothing
+/// is given back). A claimed event of one destination keeps its state on its row when its lane is
+/// handed over (given back if unsent, leased if its request is out); anything else that must go
+/// on alone becomes pairs.
+fn settles_as(items: &[Judged], wal: bool) -> Settles<'_> {
+    let [only] = items else {
+        return split_or_untouched(items, wal);
+    };
+    let done = matches!(only.attempt, Attempt::Unroutable) || only.attempt.delivered();
+    let behind = matches!(only.attempt, Attempt::Behind);
+    if behind || (wal && (!done || only.attempt.handed_over())) {
+        return split_or_untouched(items, wal);
+    }
+    match only.attempt {
+        Attempt::InFlight => Settles::Leased,
+        _ => Settles::Row(only),
+    }
+}
+
+/// A split event, unless it was claimed and none of its items was answered or handed over.
+fn split_or_untouched(items: &[Judged], wal: bool) -> Settles<'_> {
+    let mut sent = items.iter().filter(|j| j.attempt.was_sent()).peekable();
+    if !wal && sent.peek().is_some() && sent.all(|j| matches!(j.attempt, Attempt::NotSent)) {
+        Settles::Untouched
+    } else {
+        Settles::Split
+    }
+}
+
+/// The two settles of what a batch handed over with its request out.
+#[derive(Debug, Default)]
+pub struct Late {
+    /// Events of one destination whose rows wait under the batch's lease.
+    pub rows: SettlePlan,
+    /// Of those, the rows given back (unanswered).
+    pub untouched_rows: Vec<Uuid>,
+    /// Pairs of split events leased to the batch.
+    pub pairs: SettlePlan,
+    /// Of those, the pairs given back (event id, destination).
+    pub untouched_pairs: Vec<(Uuid, String)>,
+}
+
+/// The settle of a batch of pairs claimed from the deliveries table.
+#[derive(Debug, Default)]
+pub struct PairsPlan {
+    /// What to write.
+    pub plan: SettlePlan,
+    /// Pairs given back as they were (event id, destination).
+    pub untouched: Vec<(Uuid, String)>,
+}
+
+impl PairsPlan {
+    /// Plans the settle of pairs of `events` from their `attempts`, judged here, each on its own
+    /// pair row, and of `poison` pairs (event id, destination, why) that cannot be read as events.
+    pub fn of(
+        events: &[OutboxEvent],
+        attempts: Attempts,
+        poison: &[(Uuid, String, String)],
+        lanes: &dyn Lanes,
+    ) -> Self {
+        let verdicts = judge(events, attempts, lanes);
+        let mut planned = Self::default();
+        for (id, destination, reason) in poison {
+            let row = unreadable(*id, Some(destination.clone()), reason);
+            planned.plan.failed.push(row);
+        }
+        for judged in &verdicts.list {
+            let Some(d) = judged.item.lane else { continue };
+            let event = &events[judged.item.event];
+            if !planned
+                .plan
+                .single(event, Some(lanes.name(d)), judged.verdict.clone())
+            {
+                planned.untouched.push((event.id, lanes.name(d).to_owned()));
+            }
+        }
+        planned
+    }
+}
 
 impl SettlePlan {
-    /// The delivered events that have a row, for [`super::write_delivered`].
-    pub fn delivered_rows(&self) -> DeliveredRows {
-        DeliveredRows(
-            self.delivered
-                .iter()
-                .map(|(destination, ids)| {
-                    let ids = ids.iter().filter(|id| !self.rowless.contains(id));
-                    (destination.clone(), ids.copied().collect::<Vec<_>>())
-                })
-                .filter(|(_, ids)| !ids.is_empty())
-                .collect(),
-        )
+    /// The plan of one event settled alone on its row (or one pair on its pair row) with verdict
+    /// `v` for `destination`: a probe's.
+    pub fn of_one(event: &OutboxEvent, destination: &str, v: Verdict) -> Self {
+        let mut plan = Self::default();
+        plan.single(event, Some(destination), v);
+        plan
     }
 
-    /// Nothing for [`super::apply`] to write (delivered rows aside when they are deferred).
-    pub(crate) fn writes_nothing(&self) -> bool {
-        (self.defer_delivered || self.delivered_rows().is_empty())
-            && self.failed.is_empty()
-            && self.held.is_empty()
-            && self.fanned.iter().all(|id| self.rowless.contains(id))
-    }
-
-    /// Number of delivered events.
-    pub fn delivered_count(&self) -> usize {
-        self.delivered.values().map(Vec::len).sum()
-    }
-
-    /// Number of events dead-lettered by this plan.
-    pub fn dead_count(&self) -> usize {
-        self.failed.iter().filter(|f| f.dead).count()
-    }
-
-    /// Number of events scheduled for another attempt.
-    pub fn retry_count(&self) -> usize {
-        self.failed.len() - self.dead_count()
+    /// The dead letter of a row (`destination`: a pair) that cannot be read as an event.
+    pub fn of_unreadable(id: Uuid, destination: Option<&str>, reason: &str) -> Self {
+        Self {
+            failed: vec![unreadable(id, destination.map(str::to_owned), reason)],
+            ..Self::default()
+        }
     }
 
     /// Records the verdict of an event settled on its own row (or of a pair claimed from the
     /// deliveries table, settled on its pair row): delivered, failed or held. Returns `false`
     /// when nothing is written for it: it is given back as it was (the caller releases it).
-    pub fn single(&mut self, event: &OutboxEvent, destination: Option<&str>, v: Verdict) -> bool {
+    fn single(&mut self, event: &OutboxEvent, destination: Option<&str>, v: Verdict) -> bool {
         match v {
             Verdict::Delivered => {
                 let destination = destination.unwrap_or_default();
@@ -154,66 +344,55 @@ impl SettlePlan {
     /// Records the verdict of one pair of a split event (whose row this settle settles):
     /// delivered (nothing to write), or a row in the deliveries table — failed, held, waiting, or
     /// in flight under `lease` (the batch's token, [`SettlePlan::in_flight`]).
-    pub fn pair(
-        &mut self,
-        event: &OutboxEvent,
-        destination: &str,
-        v: Verdict,
-        lease: InFlightLease,
-    ) {
-        if matches!(v, Verdict::Delivered) {
-            // The common case, once per destination per event: no String per pair.
-            match self.pairs_delivered.get_mut(destination) {
-                Some(ids) => ids.push(event.id),
-                None => {
-                    self.pairs_delivered
-                        .insert(destination.to_owned(), vec![event.id]);
-                }
-            }
-            return;
-        }
+    fn pair(&mut self, event: &OutboxEvent, destination: &str, v: Verdict, lease: Lease) {
         let mut row = PairRow {
             event_id: event.id,
             destination: destination.to_owned(),
             attempts: event.attempts,
             delay_secs: 0.0,
             error: None,
-            dead: false,
-            held: false,
-            failed: false,
-            leased: false,
+            state: PairState::Waiting,
         };
         match v {
-            Verdict::Delivered => return,
+            Verdict::Delivered => {
+                // The common case, once per destination per event: no String per pair.
+                match self.pairs_delivered.get_mut(destination) {
+                    Some(ids) => ids.push(event.id),
+                    None => {
+                        self.pairs_delivered
+                            .insert(destination.to_owned(), vec![event.id]);
+                    }
+                }
+                return;
+            }
             Verdict::Failed(f) => {
                 row.attempts += i32::from(f.counted);
                 row.delay_secs = f.delay_secs;
                 row.error = Some(f.error);
-                row.dead = f.dead;
-                row.failed = true;
+                row.state = PairState::Failed { dead: f.dead };
             }
             Verdict::Held(note) => {
-                row.held = true;
+                row.state = PairState::Held;
                 row.error = note;
             }
             Verdict::Waiting(note) => row.error = note.map(truncate),
             Verdict::InFlight => {
-                row.leased = true;
-                row.delay_secs = lease.0.as_secs_f64();
+                row.state = PairState::InFlight;
+                row.delay_secs = lease.length.as_secs_f64();
             }
         }
         self.pairs.push(row);
     }
+}
 
-    /// Dead-letters a row the relay could not read (a poison row), with the reason.
-    pub fn poison(&mut self, id: Uuid, reason: &str) {
-        self.failed.push(unreadable(id, None, reason));
-    }
-
-    /// Dead-letters a pair of the deliveries table that cannot be read as an event.
-    pub fn poison_pair(&mut self, id: Uuid, destination: &str, reason: &str) {
-        self.failed
-            .push(unreadable(id, Some(destination.to_owned()), reason));
+/// Counts one pair's verdict into a report.
+fn count_pair(report: &mut BatchReport, v: &Verdict) {
+    match v {
+        Verdict::Delivered => report.delivered += 1,
+        Verdict::Failed(f) if f.dead => report.dead += 1,
+        Verdict::Failed(_) => report.retried += 1,
+        Verdict::Held(_) => report.held += 1,
+        Verdict::Waiting(_) | Verdict::InFlight => {}
     }
 }
 
@@ -230,32 +409,14 @@ fn unreadable(id: Uuid, destination: Option<String>, reason: &str) -> FailedRow 
     }
 }
 
-/// The destination an event was routed to, with its policy; `None` for an unroutable event.
-pub type Routed<'a> = Option<(&'a str, &'a RetryPolicy)>;
-
-/// Turns the answers of events that were each sent to one destination (or to none) into writes.
-pub fn plan<'a>(
-    answered: impl IntoIterator<Item = (&'a OutboxEvent, Routed<'a>, &'a Outcome)>,
-    now: DateTime<Utc>,
-    rng: &mut impl Rng,
-) -> SettlePlan {
-    let mut plan = SettlePlan::default();
-    for (event, destination, outcome) in answered {
-        let attempt = match destination {
-            Some(_) => Attempt::Answered(outcome, Counted::Attempt),
-            None => Attempt::Unroutable,
-        };
-        let v = verdict(Pair { event, destination }, attempt, now, rng);
-        plan.single(event, destination.map(|(d, _)| d), v);
-    }
-    plan
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
+    use crate::model::outcome::Outcome;
+    use crate::model::retry::RetryPolicy;
+    use crate::route::{Dispatch, Item};
+    use crate::sinks::gate::Counted;
+    use chrono::Utc;
     use serde_json::value::RawValue;
     use std::time::Duration;
 
@@ -272,6 +433,20 @@ mod tests {
         }
     }
 
+    struct OneLane(RetryPolicy);
+
+    impl Lanes for OneLane {
+        fn name(&self, _: usize) -> &str {
+            "billing"
+        }
+        fn policy(&self, _: usize) -> &RetryPolicy {
+            &self.0
+        }
+        fn keeps_order_of(&self, _: usize, _: &OutboxEvent) -> bool {
+            false
+        }
+    }
+
     #[test]
     fn outcomes_become_one_plan() {
         let policy = RetryPolicy {
@@ -281,23 +456,57 @@ mod tests {
             jitter: 0.0,
         };
         let events = [event(0), event(0), event(2), event(0), event(0)];
-        let route = Some(("billing", &policy));
-        let routes = vec![route, route, route, route, None];
-        let outcomes = vec![
-            Outcome::Delivered,
-            Outcome::retry("HTTP 503"),
-            Outcome::retry("HTTP 503"),
-            Outcome::Rejected {
+        let outcomes = [
+            Some(Outcome::Delivered),
+            Some(Outcome::retry("HTTP 503")),
+            Some(Outcome::retry("HTTP 503")),
+            Some(Outcome::Rejected {
                 reason: "HTTP 400: bad".into(),
-            },
-            Outcome::Delivered,
+            }),
+            None,
         ];
-        let attempted = events
+        let attempts = outcomes
             .iter()
-            .zip(routes)
-            .zip(&outcomes)
-            .map(|((e, r), o)| (e, r, o));
-        let plan = plan(attempted, Utc::now(), &mut StdRng::seed_from_u64(1));
+            .enumerate()
+            .map(|(e, outcome)| match outcome {
+                Some(o) => (
+                    Item {
+                        event: e,
+                        lane: Some(0),
+                        dispatch: Dispatch::Send,
+                    },
+                    Attempt::Answered(o.clone(), Counted::Attempt),
+                ),
+                None => (
+                    Item {
+                        event: e,
+                        lane: None,
+                        dispatch: Dispatch::Unroutable,
+                    },
+                    Attempt::Unroutable,
+                ),
+            })
+            .collect();
+        let lanes = OneLane(policy);
+        let spans = (0..events.len()).map(|e| e..e + 1).collect();
+        let attempts = Attempts {
+            list: attempts,
+            spans,
+        };
+        let lease = Lease {
+            token: Uuid::nil(),
+            length: Duration::ZERO,
+        };
+        let batch = Batch {
+            events: &events,
+            poison: &[],
+            cut_off: &[],
+            origin: Origin::Claimed,
+            lease,
+        };
+        let plan = Planned::batch(&batch, attempts, &lanes)
+            .expect("planned")
+            .plan;
         assert_eq!(plan.delivered["billing"], vec![events[0].id]);
         assert_eq!(plan.failed.len(), 4);
         assert_eq!(

@@ -1,25 +1,30 @@
 //! What one attempt means for one (event, destination) pair: the one place that decides it.
 //!
 //! Every path that settles — a claimed batch's rows, a split event's pairs, a batch of pairs from
-//! the deliveries table, a probe, a batch read from the WAL — describes what happened to each pair
-//! as an [`Attempt`] and asks [`verdict`] what follows: delivered, failed (retried after a delay,
-//! or dead), held for its destination, waiting without an attempt counted, or in flight. Where the
-//! verdict is written (the event's row, a pair, a held batch) is the caller's business.
+//! the deliveries table, a probe, a batch read from the WAL — describes what happened to each item
+//! as an [`Attempt`] (built in one place, at the end of publishing) and has [`judge`] ask
+//! [`verdict`] what follows: delivered, failed (retried after a delay, or dead), held
+//! for its destination, waiting without an attempt counted, or in flight. Where the verdict is
+//! written (the event's row, a pair, a held batch) is the plan's business ([`super::plan`]).
+
+use std::ops::Range;
 
 use chrono::{DateTime, Utc};
 use rand::Rng;
 
-use crate::gate::Counted;
+use super::Lanes;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::retry::{Decision, Failure, RetryPolicy};
+use crate::route::Item;
+use crate::sinks::gate::Counted;
 
 /// Longest `last_error` kept, so a chatty receiver cannot bloat the table.
 const MAX_ERROR_LEN: usize = 1024;
 
 /// What happened to one pair in a batch.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Attempt<'a> {
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attempt {
     /// No destination takes the event.
     Unroutable,
     /// The pair's destination is no longer configured.
@@ -28,12 +33,98 @@ pub enum Attempt<'a> {
     Held,
     /// An earlier event of its key still waits for this (ordered) destination: not sent.
     Behind,
-    /// Not sent (the budget ran out first, shutdown, or its lane stopped before it started).
+    /// Not sent (the budget ran out first, or shutdown): given back as it was.
     NotSent,
+    /// Not sent: its lane was handed over before its request started; it goes on as a pair.
+    HandedOver,
     /// Handed over while its request is still out: the answer is awaited.
     InFlight,
     /// The destination answered, counted by its breaker as given.
-    Answered(&'a Outcome, Counted),
+    Answered(Outcome, Counted),
+}
+
+impl Attempt {
+    /// Whether the item was to be published (answered or not).
+    pub fn was_sent(&self) -> bool {
+        matches!(
+            self,
+            Self::NotSent | Self::HandedOver | Self::InFlight | Self::Answered(..)
+        )
+    }
+
+    /// Whether its lane was handed over before it was answered.
+    pub fn handed_over(&self) -> bool {
+        matches!(self, Self::HandedOver | Self::InFlight)
+    }
+
+    /// Whether it was delivered.
+    pub fn delivered(&self) -> bool {
+        matches!(self, Self::Answered(Outcome::Delivered, _))
+    }
+}
+
+/// One item judged: the item, what happened to it and what follows for its pair.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judged {
+    /// The item: its event's index in the batch, its lane, what routing did with it.
+    pub item: Item,
+    /// What happened to it.
+    pub attempt: Attempt,
+    /// What follows.
+    pub verdict: Verdict,
+}
+
+/// What publishing left of a batch's items, grouped by event as its items were: each item with
+/// its attempt. What the publish stage hands on, and what [`judge`] takes.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    /// Every item with its attempt, in the items' order.
+    pub list: Vec<(Item, Attempt)>,
+    /// Per event: its items (contiguous); empty when the items are not a whole batch's (the
+    /// late answers of a batch that handed lanes over).
+    pub spans: Vec<Range<usize>>,
+}
+
+/// A batch's items judged, grouped by event as its items were.
+#[derive(Debug, Default)]
+pub struct Verdicts {
+    /// Every item's verdict, in the items' order.
+    pub list: Vec<Judged>,
+    /// Per event: its items (contiguous).
+    pub spans: Vec<Range<usize>>,
+}
+
+impl Verdicts {
+    /// The judged items of event `e`.
+    pub fn of_event(&self, e: usize) -> &[Judged] {
+        &self.list[self.spans[e].clone()]
+    }
+}
+
+/// Judges a batch's items now: each item of `events` with its attempt, by [`verdict`] under its
+/// lane's retry policy. The one place a batch's attempts become verdicts.
+pub fn judge(events: &[OutboxEvent], attempts: Attempts, lanes: &dyn Lanes) -> Verdicts {
+    let Attempts { list, spans } = attempts;
+    // Send, unlike ThreadRng: a batch's future crosses threads.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
+    let now = Utc::now();
+    let list = list
+        .into_iter()
+        .map(|(item, attempt)| {
+            let pair = Pair {
+                event: &events[item.event],
+                destination: item.lane.map(|d| (lanes.name(d), lanes.policy(d))),
+            };
+            let verdict = verdict(pair, &attempt, now, &mut rng);
+            log_failed(&pair, &verdict);
+            Judged {
+                item,
+                attempt,
+                verdict,
+            }
+        })
+        .collect();
+    Verdicts { list, spans }
 }
 
 /// A failed attempt's consequence.
@@ -75,10 +166,27 @@ pub struct Pair<'a> {
     pub destination: Option<(&'a str, &'a RetryPolicy)>,
 }
 
+/// Logs a failed attempt, at debug: per-event failures would make the log scale with traffic;
+/// every attempt is in the attempt history, and each destination's failures are summed up in one
+/// line an interval (the engine's destinations loop).
+fn log_failed(pair: &Pair<'_>, v: &Verdict) {
+    if let Verdict::Failed(f) = v {
+        tracing::debug!(
+            event_id = %pair.event.id,
+            topic = %pair.event.topic,
+            destination = pair.destination.map_or("-", |(d, _)| d),
+            attempt = pair.event.attempts + 1,
+            dead = f.dead,
+            error = %f.error,
+            "publish failed"
+        );
+    }
+}
+
 /// What `attempt` means for `pair` at `now`.
 pub fn verdict(
     pair: Pair<'_>,
-    attempt: Attempt<'_>,
+    attempt: &Attempt,
     now: DateTime<Utc>,
     rng: &mut impl Rng,
 ) -> Verdict {
@@ -102,7 +210,7 @@ pub fn verdict(
             "waiting for an earlier event of key {:?} to reach {destination}",
             event.key.as_deref().unwrap_or_default()
         ))),
-        Attempt::NotSent => Verdict::Waiting(None),
+        Attempt::NotSent | Attempt::HandedOver => Verdict::Waiting(None),
         Attempt::InFlight => Verdict::InFlight,
         Attempt::Answered(outcome, _) => match decide(event, destination, policy, outcome, now, rng) {
             None => Verdict::Delivered,
@@ -256,46 +364,46 @@ mod tests {
             InFlight,
         }
         use Want as W;
-        let cases: Vec<(OutboxEvent, Attempt<'_>, Want)> = vec![
+        let cases: Vec<(OutboxEvent, Attempt, Want)> = vec![
             (
                 event(0, 1, None),
-                Attempt::Answered(&Outcome::Delivered, Counted::Attempt),
+                Attempt::Answered(Outcome::Delivered, Counted::Attempt),
                 W::Delivered,
             ),
             (
                 event(0, 1, None),
-                Attempt::Answered(&retry, Counted::Attempt),
+                Attempt::Answered(retry.clone(), Counted::Attempt),
                 W::Failed(1.0, false, true, "attempt 1 to d: HTTP 503"),
             ),
             (
                 event(1, 1, None),
-                Attempt::Answered(&retry, Counted::Tripped),
+                Attempt::Answered(retry.clone(), Counted::Tripped),
                 W::Failed(30.0, false, true, "attempt 2 to d"),
             ),
             (
                 event(2, 1, None),
-                Attempt::Answered(&retry, Counted::Attempt),
+                Attempt::Answered(retry.clone(), Counted::Attempt),
                 W::Failed(0.0, true, true, "max_attempts = 3"),
             ),
             (
                 event(0, 1, None),
-                Attempt::Answered(&rejected, Counted::Attempt),
+                Attempt::Answered(rejected.clone(), Counted::Attempt),
                 W::Failed(0.0, true, true, "HTTP 400: bad [dead: permanent failure]"),
             ),
             (
                 event(0, 1, None),
-                Attempt::Answered(&throttled, Counted::Attempt),
+                Attempt::Answered(throttled.clone(), Counted::Attempt),
                 W::Failed(7.0, false, true, "HTTP 429"),
             ),
             (
                 event(0, 7200, None),
-                Attempt::Answered(&retry, Counted::Attempt),
+                Attempt::Answered(retry.clone(), Counted::Attempt),
                 W::Failed(0.0, true, true, "max_age"),
             ),
             // A failure after the breaker opened is held, not counted.
             (
                 event(0, 1, None),
-                Attempt::Answered(&retry, Counted::Held),
+                Attempt::Answered(retry.clone(), Counted::Held),
                 W::Held(Some(
                     "HTTP 503 [held: d is unavailable, not counted as an attempt]",
                 )),
@@ -333,7 +441,7 @@ mod tests {
                 event: e,
                 destination: Some(("d", &policy)),
             };
-            let got = verdict(pair, *attempt, Utc::now(), &mut rng);
+            let got = verdict(pair, attempt, Utc::now(), &mut rng);
             let ok = match (&got, want) {
                 (Verdict::Delivered, W::Delivered) | (Verdict::InFlight, W::InFlight) => true,
                 (Verdict::Failed(f), W::Failed(delay, dead, counted, says)) => {
@@ -353,7 +461,7 @@ mod tests {
                 event: &event(0, 1, None),
                 destination: None,
             },
-            Attempt::Answered(&Outcome::Delivered, Counted::Attempt),
+            &Attempt::Answered(Outcome::Delivered, Counted::Attempt),
             Utc::now(),
             &mut rng,
         );

@@ -9,6 +9,7 @@ pub mod aws;
 pub mod body;
 #[cfg(feature = "eventbridge")]
 pub mod eventbridge;
+pub mod gate;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(any(

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::gate::{Counted, Gate, Permit};
+use super::gate::{Counted, Gate, Permit};
 use crate::model::outcome::Outcome;
 
 /// Time kept between a request's own timeout and the budget's deadline, so that a request cut by
@@ -48,6 +48,14 @@ impl Budget {
         Self {
             probe: true,
             ..Self::until(deadline)
+        }
+    }
+
+    /// A fresh budget like this one: the same deadline, nothing started or stopped yet.
+    pub fn copy(&self) -> Self {
+        Self {
+            probe: self.probe,
+            ..Self::until(self.deadline)
         }
     }
 
@@ -255,11 +263,11 @@ impl Latency {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::BreakerConfig;
+    use crate::model::breaker::BreakerPolicy;
 
     #[tokio::test]
     async fn a_share_waits_for_room_under_concurrency_and_stops_when_told() {
-        let gate = Gate::new("d", BreakerConfig::default(), Some(1));
+        let gate = Gate::new("d", BreakerPolicy::default(), Some(1));
         let budget = Budget::until(Instant::now() + Duration::from_secs(5));
         let slots: Vec<Slot> = (0..3).map(|_| Slot::default()).collect();
         let at = [0, 1, 2];
@@ -286,7 +294,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_that_cannot_end_in_time_does_not_start_but_the_first_always_does() {
-        let gate = Gate::new("d", BreakerConfig::default(), None);
+        let gate = Gate::new("d", BreakerPolicy::default(), None);
         let budget = Budget::until(Instant::now() + Duration::from_millis(100));
         let slots: Vec<Slot> = (0..2).map(|_| Slot::default()).collect();
         let at = [0, 1];

@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::store::deliveries::{self, ClaimPairs, ClaimedPair};
 use crate::store::outbox::{self, Claim, Guard, OrderedClaim};
-use crate::store::Store;
+use crate::store::{Lease, Store};
 
 /// A batch of claimed events and what holds them.
 pub struct ClaimedBatch {
@@ -28,9 +28,9 @@ pub struct ClaimedBatch {
     /// Rows that could not be read as events (a NULL where a value is needed, headers that are not
     /// an object…), with the reason: the settle dead-letters them, so they never block a claim.
     pub poison: Vec<(Uuid, String)>,
-    /// Ordered mode: rows claimed behind a key's first not-due or dead row, not to be published
-    /// now (given back at settle: the transaction ends, or the lease is released).
-    pub behind: Vec<Uuid>,
+    /// Ordered mode: rows claimed and cut off behind a key's first not-due or dead row, not to be
+    /// published now (given back at settle: the transaction ends, or the lease is released).
+    pub cut_off: Vec<Uuid>,
     /// The claim to settle under.
     pub guard: Guard,
     /// Ordered mode: heads and followers the claim found (before the batch-size cut).
@@ -89,7 +89,10 @@ pub async fn claim_due(
     });
     let lease = match options.mode {
         ClaimMode::Transaction => None,
-        ClaimMode::Lease => Some((options.lease, Uuid::new_v4())),
+        ClaimMode::Lease => Some(Lease {
+            length: options.lease,
+            token: Uuid::new_v4(),
+        }),
     };
     let claim = Claim {
         limit: options.limit,
@@ -99,21 +102,21 @@ pub async fn claim_due(
     };
     let (claimed, guard) = match lease {
         None => {
-            let mut tx = store.pool().begin().await?;
-            let claimed = outbox::claim(store, &mut tx, &claim).await?;
-            (claimed, Guard::Transaction(tx))
+            let mut unit = store.begin().await?;
+            let claimed = outbox::claim(store, &mut unit, &claim).await?;
+            (claimed, Guard::Transaction(unit))
         }
-        Some((_, token)) => {
-            let mut conn = store.pool().acquire().await?;
+        Some(Lease { token, .. }) => {
+            let mut unit = store.connect().await?;
             (
-                outbox::claim(store, &mut conn, &claim).await?,
+                outbox::claim(store, &mut unit, &claim).await?,
                 Guard::Lease(token),
             )
         }
     };
     let mut events = Vec::with_capacity(claimed.rows.len());
     let mut poison = Vec::new();
-    let mut behind = Vec::new();
+    let mut cut_off = Vec::new();
     // Ordered mode: a key's chain stops at its first row that is not due or dead; the rows behind
     // it must wait for it, whatever their own state.
     let mut stopped_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -124,7 +127,7 @@ pub async fn claim_due(
                 if let Some(k) = row.key {
                     stopped_keys.insert(k);
                 }
-                behind.push(row.id);
+                cut_off.push(row.id);
                 continue;
             }
         }
@@ -144,7 +147,7 @@ pub async fn claim_due(
     Ok(ClaimedBatch {
         events,
         poison,
-        behind,
+        cut_off,
         guard,
         found: claimed.found,
     })
@@ -153,11 +156,11 @@ pub async fn claim_due(
 /// Gives a claimed batch back untouched: rolls the claiming transaction back, or ends the lease.
 pub async fn release(store: &Store, guard: Guard, ids: &[Uuid]) -> Result<()> {
     match guard {
-        Guard::Transaction(tx) => tx.rollback().await?,
+        Guard::Transaction(unit) => unit.rollback().await?,
         Guard::Nothing => {}
         Guard::Lease(token) => {
-            let mut conn = store.pool().acquire().await?;
-            outbox::release_lease(store, &mut conn, ids, token).await?;
+            let mut unit = store.connect().await?;
+            outbox::release_lease(store, &mut unit, ids, token).await?;
         }
     }
     Ok(())
@@ -194,7 +197,10 @@ pub async fn claim_deliveries(
         &ClaimPairs {
             destination: &destination.name,
             limit,
-            lease: (lease, token),
+            lease: Lease {
+                length: lease,
+                token,
+            },
             ordered: destination.ordering == Ordering::Key,
             dead_blocks: destination.dead_blocks(),
         },
@@ -210,7 +216,11 @@ pub async fn claim_delivery_probe(
     lease: Duration,
 ) -> Result<ClaimedDeliveries> {
     let token = Uuid::new_v4();
-    let pairs = deliveries::claim_probe(store, destination, (lease, token)).await?;
+    let lease = Lease {
+        length: lease,
+        token,
+    };
+    let pairs = deliveries::claim_probe(store, destination, lease).await?;
     Ok(delivery_rows(pairs, token))
 }
 

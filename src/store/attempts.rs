@@ -1,9 +1,8 @@
 //! `<table>_attempts`: the history of failed attempts (the console's event view, `dead show`).
 
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::Store;
+use super::{Store, Unit};
 use crate::error::Result;
 use crate::table::OutboxTable;
 
@@ -43,7 +42,7 @@ pub struct Attempt<'a> {
 /// are none.
 pub async fn log(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     attempts: impl IntoIterator<Item = Attempt<'_>>,
 ) -> Result<()> {
     let (mut ids, mut destinations, mut errors, mut dead) = (vec![], vec![], vec![], vec![]);
@@ -61,7 +60,7 @@ pub async fn log(
         .bind(destinations)
         .bind(errors)
         .bind(dead)
-        .execute(conn)
+        .execute(unit.conn())
         .await?;
     Ok(())
 }

@@ -104,6 +104,19 @@ pub struct Backlog {
     pub lag: f64,
 }
 
+impl std::ops::AddAssign for Backlog {
+    /// Counts summed; the lag is the oldest of the two.
+    fn add_assign(&mut self, b: Self) {
+        self.due += b.due;
+        self.backoff += b.backoff;
+        self.held += b.held;
+        self.in_flight += b.in_flight;
+        self.failing += b.failing;
+        self.dead += b.dead;
+        self.lag = self.lag.max(b.lag);
+    }
+}
+
 /// One row of ObserveBacklog: a (destination, topic) from one of its parts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BacklogRow {

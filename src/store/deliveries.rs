@@ -8,12 +8,13 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::{Column, PgConnection, Row};
+use sqlx::{Column, Row};
 use uuid::Uuid;
 
 use super::held_batches::HeldBatch;
-use super::outbox::{claimed_row, ClaimColumns, ClaimedRow, Delivered};
-use super::Store;
+use super::outbox::{claimed_row, ClaimColumns, ClaimedRow};
+use super::SettleMode;
+use super::{Lease, Store, Unit};
 use crate::error::Result;
 use crate::table::OutboxTable;
 
@@ -264,22 +265,40 @@ pub struct PairRow {
     pub delay_secs: f64,
     /// Its last error, if any.
     pub error: Option<String>,
+    /// What it waits for.
+    pub state: PairState,
+}
+
+/// What an undelivered pair of a split event waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairState {
+    /// Its next attempt (due after `delay_secs`): not sent yet, or behind an earlier event of its
+    /// key.
+    Waiting,
+    /// This settle counted a failed attempt: due again after `delay_secs`, or dead.
+    Failed {
+        /// Dead-lettered.
+        dead: bool,
+    },
+    /// Its destination (paused, breaker open): due at 'infinity'.
+    Held,
+    /// The answer to its request, still out: leased (for `delay_secs`) to the batch that sent
+    /// it, under [`FanOut::in_flight`].
+    InFlight,
+}
+
+impl PairState {
     /// Dead-lettered.
-    pub dead: bool,
-    /// Held for its destination (paused, breaker open): due at 'infinity'.
-    pub held: bool,
-    /// This settle counted a failed attempt for it (metrics).
-    pub failed: bool,
-    /// Its request is still out: leased (for `delay_secs`) to the batch that sent it, under
-    /// [`FanOut::in_flight`].
-    pub leased: bool,
+    pub fn dead(self) -> bool {
+        self == Self::Failed { dead: true }
+    }
 }
 
 /// What a fan-out settle writes: the split event rows to settle and their undelivered pairs.
 #[derive(Debug, Clone, Copy)]
 pub struct FanOut<'a> {
     /// What the settled event rows become.
-    pub rows: Delivered,
+    pub rows: SettleMode,
     /// The split events (their rows are settled).
     pub events: &'a [Uuid],
     /// Their undelivered pairs, one row each.
@@ -294,16 +313,12 @@ pub struct FanOut<'a> {
 
 /// DeliveriesFanOut (or its Delete / Move form): settles split event rows and writes their
 /// pairs, in one statement. Returns the events settled and the pairs written.
-pub async fn fan_out(
-    store: &Store,
-    conn: &mut PgConnection,
-    fan_out: &FanOut<'_>,
-) -> Result<(i64, i64)> {
+pub async fn fan_out(store: &Store, unit: &mut Unit, fan_out: &FanOut<'_>) -> Result<(i64, i64)> {
     let sql = &store.sql.deliveries;
     let statement = match fan_out.rows {
-        Delivered::Mark => &sql.fan_out,
-        Delivered::Delete => &sql.fan_out_delete,
-        Delivered::Move => &sql.fan_out_move,
+        SettleMode::Mark => &sql.fan_out,
+        SettleMode::Delete => &sql.fan_out_delete,
+        SettleMode::Move => &sql.fan_out_move,
     };
     let (p, b) = (fan_out.pairs, fan_out.bundles);
     Ok(sqlx::query_as(statement)
@@ -313,17 +328,25 @@ pub async fn fan_out(
         .bind(p.iter().map(|r| r.attempts).collect::<Vec<_>>())
         .bind(p.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
         .bind(p.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
-        .bind(p.iter().map(|r| r.dead).collect::<Vec<_>>())
-        .bind(p.iter().map(|r| r.held).collect::<Vec<_>>())
+        .bind(p.iter().map(|r| r.state.dead()).collect::<Vec<_>>())
+        .bind(
+            p.iter()
+                .map(|r| r.state == PairState::Held)
+                .collect::<Vec<_>>(),
+        )
         .bind(fan_out.token)
         .bind(b.iter().map(|b| b.destination.as_str()).collect::<Vec<_>>())
         .bind(b.iter().map(|b| b.oldest).collect::<Vec<_>>())
         .bind(b.iter().map(|b| b.count).collect::<Vec<_>>())
         .bind(b.iter().map(|b| b.topics.as_str()).collect::<Vec<_>>())
         .bind(b.iter().map(|b| b.events.as_slice()).collect::<Vec<_>>())
-        .bind(p.iter().map(|r| r.leased).collect::<Vec<_>>())
+        .bind(
+            p.iter()
+                .map(|r| r.state == PairState::InFlight)
+                .collect::<Vec<_>>(),
+        )
         .bind(fan_out.in_flight)
-        .fetch_one(conn)
+        .fetch_one(unit.conn())
         .await?)
 }
 
@@ -343,8 +366,8 @@ pub struct ClaimPairs<'a> {
     pub destination: &'a str,
     /// Most pairs.
     pub limit: usize,
-    /// Lease length and token.
-    pub lease: (Duration, Uuid),
+    /// Their lease.
+    pub lease: Lease,
     /// Whether its pairs keep key order.
     pub ordered: bool,
     /// Whether its dead pairs hold back their key.
@@ -369,11 +392,10 @@ fn claimed_pairs(rows: &[PgRow]) -> Result<Vec<ClaimedPair>> {
 
 /// DeliveriesClaim: one destination's due pairs, leased.
 pub async fn claim(store: &Store, claim: &ClaimPairs<'_>) -> Result<Vec<ClaimedPair>> {
-    let (length, token) = claim.lease;
     let rows = sqlx::query(&store.sql.deliveries.claim)
         .bind(i64::try_from(claim.limit).unwrap_or(i64::MAX))
-        .bind(length.as_secs_f64())
-        .bind(token)
+        .bind(claim.lease.length.as_secs_f64())
+        .bind(claim.lease.token)
         .bind(claim.destination)
         .bind(claim.ordered)
         .bind(claim.dead_blocks)
@@ -386,29 +408,35 @@ pub async fn claim(store: &Store, claim: &ClaimPairs<'_>) -> Result<Vec<ClaimedP
 pub async fn claim_probe(
     store: &Store,
     destination: &str,
-    (length, token): (Duration, Uuid),
+    lease: Lease,
 ) -> Result<Vec<ClaimedPair>> {
     let rows = sqlx::query(&store.sql.deliveries.claim_probe)
         .bind(destination)
-        .bind(length.as_secs_f64())
-        .bind(token)
+        .bind(lease.length.as_secs_f64())
+        .bind(lease.token)
         .fetch_all(store.pool())
         .await?;
     claimed_pairs(&rows)
 }
 
-/// DeliveriesDelete: delivered pairs (event id, destination) leave the table, fenced by `token`.
-pub async fn delete(
-    store: &Store,
-    conn: &mut PgConnection,
-    pairs: (&[Uuid], &[&str]),
-    token: Option<Uuid>,
-) -> Result<u64> {
+/// Pairs named by their event and destination, side by side, fenced by a lease token if any.
+#[derive(Debug, Clone, Copy)]
+pub struct PairIds<'a> {
+    /// Their events.
+    pub events: &'a [Uuid],
+    /// Their destinations, one per event.
+    pub destinations: &'a [&'a str],
+    /// The lease token they are held by, if any.
+    pub token: Option<Uuid>,
+}
+
+/// DeliveriesDelete: delivered pairs leave the table, fenced by their token.
+pub async fn delete(store: &Store, unit: &mut Unit, pairs: &PairIds<'_>) -> Result<u64> {
     let done = sqlx::query(&store.sql.deliveries.delete)
-        .bind(pairs.0)
-        .bind(pairs.1)
-        .bind(token)
-        .execute(conn)
+        .bind(pairs.events)
+        .bind(pairs.destinations)
+        .bind(pairs.token)
+        .execute(unit.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -454,7 +482,7 @@ pub struct PairUpdate<'a> {
 /// DeliveriesSettle: failed, held and released pairs in one statement, fenced by `token`.
 pub async fn settle(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     updates: &[PairUpdate<'_>],
     token: Option<Uuid>,
 ) -> Result<u64> {
@@ -467,24 +495,32 @@ pub async fn settle(
         .bind(u.iter().map(|s| s.delay_secs).collect::<Vec<_>>())
         .bind(u.iter().map(|s| s.dead).collect::<Vec<_>>())
         .bind(token)
-        .execute(conn)
+        .execute(unit.conn())
         .await?;
     Ok(done.rows_affected())
 }
 
+/// What DeliveriesKeysWaiting asks.
+#[derive(Debug, Clone, Copy)]
+pub struct KeysWaiting<'a> {
+    /// The ordered destinations, one per key.
+    pub destinations: &'a [&'a str],
+    /// The keys.
+    pub keys: &'a [&'a str],
+    /// The destinations whose dead pairs hold back their key.
+    pub blocking: &'a [String],
+    /// Whose stream: live pairs (`None`) or the replay's.
+    pub replay: Option<Uuid>,
+}
+
 /// DeliveriesKeysWaiting: which of the (destination, key) pairs still have an undelivered pair
-/// of the same stream: live pairs (`replay` `None`) or the replay's.
-pub async fn keys_waiting(
-    store: &Store,
-    (destinations, keys): (&[&str], &[&str]),
-    blocking: &[String],
-    replay: Option<Uuid>,
-) -> Result<Vec<(String, String)>> {
+/// of the same stream.
+pub async fn keys_waiting(store: &Store, q: &KeysWaiting<'_>) -> Result<Vec<(String, String)>> {
     Ok(sqlx::query_as(&store.sql.deliveries.keys_waiting)
-        .bind(destinations)
-        .bind(keys)
-        .bind(blocking)
-        .bind(replay)
+        .bind(q.destinations)
+        .bind(q.keys)
+        .bind(q.blocking)
+        .bind(q.replay)
         .fetch_all(store.pool())
         .await?)
 }

@@ -31,13 +31,15 @@ pub mod outbox;
 pub mod rates;
 pub mod replays;
 pub mod server;
+pub mod settle;
 pub mod slot;
 pub mod status;
 pub mod waiting;
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::table::OutboxTable;
 
@@ -62,6 +64,7 @@ struct Statements {
     inspect: inspect::Sql,
     operators: operators::Sql,
     outbox: outbox::Sql,
+    settle: settle::Sql,
     rates: rates::Sql,
     replays: replays::Sql,
     status: status::Sql,
@@ -82,6 +85,7 @@ impl Statements {
             inspect: inspect::Sql::render(table),
             operators: operators::Sql::render(table),
             outbox: outbox::Sql::render(table),
+            settle: settle::Sql::render(table),
             rates: rates::Sql::render(table),
             replays: replays::Sql::render(table),
             status: status::Sql::render(table),
@@ -105,6 +109,18 @@ impl Store {
     /// The outbox table.
     pub fn table(&self) -> &OutboxTable {
         &self.table
+    }
+
+    /// A unit of work in one transaction: its statements commit together ([`Unit::commit`]), or
+    /// not at all.
+    pub async fn begin(&self) -> crate::error::Result<Unit> {
+        Ok(Unit(Connection::Transaction(self.pool.begin().await?)))
+    }
+
+    /// A unit of work on one connection with no transaction: each statement commits by itself
+    /// (writes fenced by a lease token need no more).
+    pub async fn connect(&self) -> crate::error::Result<Unit> {
+        Ok(Unit(Connection::Plain(self.pool.acquire().await?)))
     }
 
     /// Whether the database answers (readiness): one trivial statement.
@@ -134,6 +150,76 @@ async fn delete_in_chunks(
         chunks += 1;
         if deleted < chunk_rows {
             return Ok((rows, chunks));
+        }
+    }
+}
+
+/// What settling a delivered event does to its outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleMode {
+    /// Keep it in the outbox, marked published (cleanup deletes it row by row after `retention`).
+    Mark,
+    /// Delete it (`retention = "0s"`).
+    Delete,
+    /// Move it to the partitioned history (`history = "partitions"`; cleanup drops partitions).
+    Move,
+}
+
+impl SettleMode {
+    /// The configuration's mode: retention zero deletes, else `history` decides.
+    pub fn of(config: &crate::config::Config) -> Self {
+        if config.retention.is_zero() {
+            Self::Delete
+        } else if config.history == crate::config::History::Partitions {
+            Self::Move
+        } else {
+            Self::Mark
+        }
+    }
+}
+
+/// A lease: rows or pairs pushed out of the due range until its end, with a fencing token that
+/// every later write of them must present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// How long it holds.
+    pub length: std::time::Duration,
+    /// Its fencing token.
+    pub token: uuid::Uuid,
+}
+
+/// A unit of work: statements on one connection of the store's pool, in one transaction
+/// ([`Store::begin`]) or each on its own ([`Store::connect`]). Only the store opens one; the
+/// layers above hand it back to the store's statements and end it.
+pub struct Unit(Connection);
+
+enum Connection {
+    Transaction(Transaction<'static, Postgres>),
+    Plain(PoolConnection<Postgres>),
+}
+
+impl Unit {
+    /// Commits the unit's transaction (a unit with none has nothing left to commit).
+    pub async fn commit(self) -> crate::error::Result<()> {
+        if let Connection::Transaction(tx) = self.0 {
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// Rolls the unit's transaction back: none of its statements took effect.
+    pub async fn rollback(self) -> crate::error::Result<()> {
+        if let Connection::Transaction(tx) = self.0 {
+            tx.rollback().await?;
+        }
+        Ok(())
+    }
+
+    /// The connection its statements run on.
+    fn conn(&mut self) -> &mut PgConnection {
+        match &mut self.0 {
+            Connection::Transaction(tx) => tx,
+            Connection::Plain(conn) => conn,
         }
     }
 }

@@ -9,13 +9,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
-use sqlx::{Column, PgConnection, Postgres, Row, Transaction};
+use sqlx::{Column, Row};
 use uuid::Uuid;
 
-use super::Store;
+use super::{Lease, Store, Unit};
 use crate::error::Result;
-use crate::model::event::{EventColumns, OutboxEvent};
+use crate::model::event::{parse_headers, OutboxEvent, StoredJson};
 use crate::table::OutboxTable;
 
 /// Columns the relay reads for each claimed event, in the order [`crate::OutboxEvent`] decodes them.
@@ -155,50 +156,6 @@ leased AS (
 SELECT picked.*, (SELECT count(*) FROM heads) AS heads_found, (SELECT count(*) FROM followers) AS followers_found
 FROM picked ORDER BY seq";
 
-/// OutboxSetPublishedMany. Primary-key lookups; the row leaves the pending index. `$3` is the
-/// lease token in lease mode (NULL in transaction mode, where the row lock already fences).
-const SET_PUBLISHED_MANY: &str = "
-UPDATE {outbox}
-SET published_at = statement_timestamp(), destination = $2, lease_token = NULL
-WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)";
-
-/// OutboxDeleteMany. Primary-key lookups; used when retention is zero, the cheapest settle.
-const DELETE_MANY: &str = "
-DELETE FROM {outbox}
-WHERE id = ANY($1) AND ($2::uuid IS NULL OR lease_token = $2)";
-
-/// OutboxMoveMany. `history = "partitions"`: the rows leave the outbox as in OutboxDeleteMany (no
-/// dead row version left behind for vacuum beyond the delete) and are appended to the current
-/// partition of `{qname:history}`, which cleanup drops whole. Binds as OutboxSetPublishedMany;
-/// the count is the rows moved.
-const MOVE_MANY: &str = "
-WITH moved AS (
-    DELETE FROM {outbox}
-    WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)
-    RETURNING id, seq, topic, key, payload, headers, created_at, attempts, last_error
-)
-INSERT INTO {qname:history} (id, seq, topic, key, payload, headers, created_at, published_at,
-                             destination, attempts, last_error)
-SELECT id, seq, topic, key, payload, headers, created_at, statement_timestamp(), $2, attempts,
-       last_error
-FROM moved";
-
-/// OutboxSetFailedMany. One statement for every failure of a batch: the delay and the dead flag
-/// are decided by the retry policy in Rust, the clock is the database's. `statement_timestamp()`,
-/// not `now()`: in transaction mode `now()` is the claim's start, before the publish, and a delay
-/// must count from the failure.
-const SET_FAILED_MANY: &str = "
-UPDATE {outbox} AS o
-SET attempts = o.attempts + 1,
-    last_error = f.error,
-    destination = f.destination,
-    next_attempt_at = statement_timestamp() + make_interval(secs => f.delay_secs),
-    dead_at = CASE WHEN f.dead THEN statement_timestamp() END,
-    lease_token = NULL
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::float8[], $5::bool[])
-     AS f(id, error, destination, delay_secs, dead)
-WHERE o.id = f.id AND ($6::uuid IS NULL OR o.lease_token = $6)";
-
 /// OutboxReleaseLease. Primary-key lookups, fenced by the token; used on shutdown so another
 /// relay need not wait for the lease to expire.
 const RELEASE_LEASE: &str = "
@@ -240,10 +197,6 @@ pub(super) struct Sql {
     claim_lease: String,
     claim_due_ordered: String,
     claim_lease_ordered: String,
-    set_published_many: String,
-    delete_many: String,
-    move_many: String,
-    set_failed_many: String,
     release_lease: String,
     lease_many: String,
     wal_materialize: String,
@@ -260,10 +213,6 @@ impl Sql {
             claim_lease: r(CLAIM_LEASE),
             claim_due_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_DUE_ORDERED}")),
             claim_lease_ordered: r(&format!("{ORDERED_PICK}\n{CLAIM_LEASE_ORDERED}")),
-            set_published_many: r(SET_PUBLISHED_MANY),
-            delete_many: r(DELETE_MANY),
-            move_many: r(MOVE_MANY),
-            set_failed_many: r(SET_FAILED_MANY),
             release_lease: r(RELEASE_LEASE),
             lease_many: r(LEASE_MANY),
             wal_materialize: r(WAL_MATERIALIZE),
@@ -275,25 +224,12 @@ impl Sql {
 /// What keeps a claimed batch this relay's until it is settled.
 pub enum Guard {
     /// The open claiming transaction, holding the row locks.
-    Transaction(Transaction<'static, Postgres>),
+    Transaction(Unit),
     /// The lease's fencing token.
     Lease(Uuid),
     /// Nothing holds the rows (WAL batches: no claim took them): a settle that has something to
     /// write opens a transaction of its own.
     Nothing,
-}
-
-/// One claimed row: its event, or why it cannot be read as one.
-#[derive(Debug)]
-pub struct ClaimedRow {
-    /// The primary key (it always decodes).
-    pub id: Uuid,
-    /// The key, when it could be read (ordered claims cut a key's chain at a bad row).
-    pub key: Option<String>,
-    /// Ordered claims: whether the row is due now (a follower may be in backoff or dead).
-    pub due: bool,
-    /// The event, or the reason the row cannot be read as one.
-    pub event: std::result::Result<OutboxEvent, String>,
 }
 
 /// What a claim asks for.
@@ -303,8 +239,8 @@ pub struct Claim<'a> {
     pub limit: usize,
     /// `Some`: per-key ordered (heads and their followers).
     pub ordered: Option<OrderedClaim<'a>>,
-    /// `Some((length, token))`: leased (committed at once) rather than held by the transaction.
-    pub lease: Option<(Duration, Uuid)>,
+    /// `Some`: leased (committed at once) rather than held by the transaction.
+    pub lease: Option<Lease>,
     /// Where the walk of the due range starts (see [`watermark`]); `None`: from the start.
     pub watermark: Option<DateTime<Utc>>,
 }
@@ -358,8 +294,8 @@ pub async fn watermark(
 }
 
 /// OutboxClaimDue, OutboxClaimLease, OutboxClaimDueOrdered or OutboxClaimLeaseOrdered, as
-/// `claim` asks, on `conn` (the claiming transaction, or any connection for a lease).
-pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) -> Result<Claimed> {
+/// `claim` asks, in `unit` (the claiming transaction, or a plain connection for a lease).
+pub async fn claim(store: &Store, unit: &mut Unit, claim: &Claim<'_>) -> Result<Claimed> {
     let sql = &store.sql.outbox;
     let limit = to_i64(claim.limit);
     let rows = match (claim.ordered, claim.lease) {
@@ -367,16 +303,16 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
             sqlx::query(&sql.claim_due)
                 .bind(limit)
                 .bind(claim.watermark)
-                .fetch_all(conn)
+                .fetch_all(unit.conn())
                 .await?
         }
-        (None, Some((length, token))) => {
+        (None, Some(lease)) => {
             sqlx::query(&sql.claim_lease)
                 .bind(limit)
-                .bind(length.as_secs_f64())
-                .bind(token)
+                .bind(lease.length.as_secs_f64())
+                .bind(lease.token)
                 .bind(claim.watermark)
-                .fetch_all(conn)
+                .fetch_all(unit.conn())
                 .await?
         }
         (Some(o), lease) => {
@@ -392,12 +328,12 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
                 .bind(o.window)
                 .bind(claim.watermark);
             match lease {
-                None => query.fetch_all(conn).await?,
-                Some((length, token)) => {
+                None => query.fetch_all(unit.conn()).await?,
+                Some(Lease { length, token }) => {
                     query
                         .bind(length.as_secs_f64())
                         .bind(token)
-                        .fetch_all(conn)
+                        .fetch_all(unit.conn())
                         .await?
                 }
             }
@@ -420,6 +356,99 @@ pub async fn claim(store: &Store, conn: &mut PgConnection, claim: &Claim<'_>) ->
         None => Vec::new(),
     };
     Ok(Claimed { rows, found })
+}
+
+/// One claimed row: its event, or why it cannot be read as one.
+#[derive(Debug)]
+pub struct ClaimedRow {
+    /// The primary key (it always decodes).
+    pub id: Uuid,
+    /// The key, when it could be read (ordered claims cut a key's chain at a bad row).
+    pub key: Option<String>,
+    /// Ordered claims: whether the row is due now (a follower may be in backoff or dead).
+    pub due: bool,
+    /// The event, or the reason the row cannot be read as one.
+    pub event: std::result::Result<OutboxEvent, String>,
+}
+
+/// Where a result's event columns are. Found once per result ([`EventColumns::of`] its first
+/// row): finding a column by name hashes and compares the name, and a claim of 1,000 rows would
+/// do it 8,000 times (a sixth of decoding a claim, profiled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EventColumns {
+    /// `id`.
+    pub(super) id: usize,
+    seq: usize,
+    topic: usize,
+    /// `key`.
+    pub(super) key: usize,
+    payload: usize,
+    headers: usize,
+    created_at: usize,
+    attempts: usize,
+}
+
+impl EventColumns {
+    /// The event columns of `row`'s result.
+    pub(super) fn of(row: &PgRow) -> std::result::Result<Self, sqlx::Error> {
+        let at = |name: &str| row.try_column(name).map(sqlx::Column::ordinal);
+        Ok(Self {
+            id: at("id")?,
+            seq: at("seq")?,
+            topic: at("topic")?,
+            key: at("key")?,
+            payload: at("payload")?,
+            headers: at("headers")?,
+            created_at: at("created_at")?,
+            attempts: at("attempts")?,
+        })
+    }
+}
+
+/// Decodes a row selected with the table's event columns, which are `at` (found once for its
+/// whole result).
+pub(super) fn event(
+    row: &PgRow,
+    at: &EventColumns,
+) -> std::result::Result<OutboxEvent, sqlx::Error> {
+    let payload: String = column(row, at.payload, "payload")?;
+    let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::ColumnDecode {
+        index: "payload".into(),
+        source: Box::new(e),
+    })?;
+    let headers: Option<&str> = column(row, at.headers, "headers")?;
+    let headers = match headers {
+        Some(text) => parse_headers(text).map_err(|message| sqlx::Error::ColumnDecode {
+            index: "headers".into(),
+            source: message.into(),
+        })?,
+        None => Vec::new(),
+    };
+    Ok(OutboxEvent {
+        id: column(row, at.id, "id")?,
+        seq: column(row, at.seq, "seq")?,
+        topic: column(row, at.topic, "topic")?,
+        key: column(row, at.key, "key")?,
+        payload,
+        headers,
+        created_at: column(row, at.created_at, "created_at")?,
+        attempts: column(row, at.attempts, "attempts")?,
+    })
+}
+
+/// The value of column `name`, found at `at`: a decoding error names the column (what an operator
+/// reads in `last_error`), not its position.
+fn column<'r, T>(row: &'r PgRow, at: usize, name: &str) -> std::result::Result<T, sqlx::Error>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(at).map_err(|e| match e {
+        sqlx::Error::ColumnDecode { source, .. } => sqlx::Error::ColumnDecode {
+            index: name.into(),
+            source,
+        },
+        other => other,
+    })
 }
 
 /// Where a claim's columns are, found once per result (see [`EventColumns`]).
@@ -452,107 +481,51 @@ pub(super) fn claimed_row(row: &PgRow, at: &ClaimColumns) -> Result<ClaimedRow> 
             Some(due) => row.try_get(due)?,
             None => true,
         },
-        event: OutboxEvent::from_row(row, &at.event).map_err(|e| crate::error_chain(&e)),
+        event: event(row, &at.event).map_err(|e| crate::error_chain(&e)),
     })
 }
 
-/// What delivered rows become.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivered {
-    /// Marked published (kept for `retention`).
-    Mark,
-    /// Deleted (`retention = "0s"`).
-    Delete,
-    /// Moved to the partitioned history.
-    Move,
+impl sqlx::Type<sqlx::Postgres> for StoredJson {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
 }
 
-/// OutboxSetPublishedMany, OutboxDeleteMany or OutboxMoveMany (as `how` says): `ids`, delivered to
-/// `destination`, fenced by the lease `token` if any. Returns the rows written.
-pub async fn settle_delivered(
-    store: &Store,
-    conn: &mut PgConnection,
-    how: Delivered,
-    (destination, ids): (&str, &[Uuid]),
-    token: Option<Uuid>,
-) -> Result<u64> {
-    let sql = &store.sql.outbox;
-    let query = match how {
-        Delivered::Delete => sqlx::query(&sql.delete_many).bind(ids),
-        Delivered::Mark => sqlx::query(&sql.set_published_many)
-            .bind(ids)
-            .bind(destination),
-        Delivered::Move => sqlx::query(&sql.move_many).bind(ids).bind(destination),
-    };
-    Ok(query.bind(token).execute(conn).await?.rows_affected())
-}
-
-/// One failed event's new state.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FailedRow {
-    /// The event.
-    pub id: Uuid,
-    /// What went wrong, for `last_error`.
-    pub error: String,
-    /// The destination that failed, if the event was routed.
-    pub destination: Option<String>,
-    /// Delay until the next attempt (ignored when dead).
-    pub delay_secs: f64,
-    /// Dead-lettered instead of retried.
-    pub dead: bool,
-}
-
-/// OutboxSetFailedMany: every failure of a batch in one statement, fenced by `token` if any.
-pub async fn set_failed_many(
-    store: &Store,
-    conn: &mut PgConnection,
-    failed: &[FailedRow],
-    token: Option<Uuid>,
-) -> Result<u64> {
-    let f = failed;
-    let done = sqlx::query(&store.sql.outbox.set_failed_many)
-        .bind(f.iter().map(|r| r.id).collect::<Vec<_>>())
-        .bind(f.iter().map(|r| r.error.as_str()).collect::<Vec<_>>())
-        .bind(
-            f.iter()
-                .map(|r| r.destination.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(f.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
-        .bind(f.iter().map(|r| r.dead).collect::<Vec<_>>())
-        .bind(token)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected())
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredJson {
+    fn decode(
+        value: sqlx::postgres::PgValueRef<'r>,
+    ) -> std::result::Result<Self, sqlx::error::BoxDynError> {
+        let text = <String as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(StoredJson::parse(text)?)
+    }
 }
 
 /// OutboxReleaseLease: leased rows given back, due now (fenced by their `token`).
 pub async fn release_lease(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     ids: &[Uuid],
     token: Uuid,
 ) -> Result<u64> {
     let done = sqlx::query(&store.sql.outbox.release_lease)
         .bind(ids)
         .bind(token)
-        .execute(conn)
+        .execute(unit.conn())
         .await?;
     Ok(done.rows_affected())
 }
 
-/// OutboxLeaseMany: rows go under a lease of `length` with `token` (in the claim's transaction).
-pub async fn lease_many(
-    store: &Store,
-    conn: &mut PgConnection,
-    ids: &[Uuid],
-    (length, token): (Duration, Uuid),
-) -> Result<()> {
+/// OutboxLeaseMany: rows go under `lease` (in the claim's transaction).
+pub async fn lease_many(store: &Store, unit: &mut Unit, ids: &[Uuid], lease: Lease) -> Result<()> {
     sqlx::query(&store.sql.outbox.lease_many)
         .bind(ids)
-        .bind(length.as_secs_f64())
-        .bind(token)
-        .execute(conn)
+        .bind(lease.length.as_secs_f64())
+        .bind(lease.token)
+        .execute(unit.conn())
         .await?;
     Ok(())
 }
@@ -561,7 +534,7 @@ pub async fn lease_many(
 /// the settle's transaction (see the statements). A row already there is kept.
 pub async fn wal_materialize(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     events: &[&OutboxEvent],
 ) -> Result<()> {
     let headers: Vec<String> = events
@@ -583,12 +556,12 @@ pub async fn wal_materialize(
         .bind(events.iter().map(|e| e.payload.get()).collect::<Vec<_>>())
         .bind(headers)
         .bind(events.iter().map(|e| e.created_at).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
+        .fetch_all(unit.conn())
         .await?;
     if !inserted.is_empty() {
         sqlx::query(&store.sql.outbox.wal_unmark)
             .bind(&inserted)
-            .execute(conn)
+            .execute(unit.conn())
             .await?;
     }
     Ok(())

@@ -15,9 +15,10 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::outbox::{self, EventColumns};
 use super::Store;
 use crate::error::Result;
-use crate::model::event::{EventColumns, OutboxEvent};
+use crate::model::event::OutboxEvent;
 pub use crate::model::replay::{Change, Cursor, NewReplay, Replay, Selection, REPLAY_HEADER};
 use crate::table::OutboxTable;
 
@@ -324,26 +325,33 @@ fn retained(row: &PgRow, at: &EventColumns) -> Result<Retained> {
             seq: row.try_get("seq")?,
             id: row.try_get("id")?,
         },
-        event: OutboxEvent::from_row(row, at).map_err(|e| crate::error_chain(&e)),
+        event: outbox::event(row, at).map_err(|e| crate::error_chain(&e)),
         headers: row.try_get("headers")?,
     })
 }
 
-/// ReplayRead outside a step: up to `limit` retained events of `selection` published up to
-/// `upto` after `cursor` (from the start when `None`), in walk order (`--dry-run`).
-pub async fn read(
-    store: &Store,
-    (selection, upto): (&Selection, Option<DateTime<Utc>>),
-    cursor: Option<Cursor>,
-    limit: i64,
-) -> Result<Vec<Retained>> {
+/// One page of a walk of the retained events outside a step (a dry run).
+#[derive(Debug, Clone, Copy)]
+pub struct Page<'a> {
+    /// Which events.
+    pub selection: &'a Selection,
+    /// Published up to when (`None`: any time).
+    pub upto: Option<DateTime<Utc>>,
+    /// After which event (`None`: from the start).
+    pub after: Option<Cursor>,
+    /// Most events.
+    pub limit: i64,
+}
+
+/// ReplayRead outside a step: one `page` of retained events, in walk order (`--dry-run`).
+pub async fn read(store: &Store, page: &Page<'_>) -> Result<Vec<Retained>> {
     let query = bind_selection(
         sqlx::query(&store.sql.replays.read),
-        selection,
-        cursor,
-        upto,
+        page.selection,
+        page.after,
+        page.upto,
     );
-    let rows = query.bind(limit).fetch_all(store.pool()).await?;
+    let rows = query.bind(page.limit).fetch_all(store.pool()).await?;
     retained_all(&rows)
 }
 

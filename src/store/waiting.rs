@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::outbox::{claimed_row, ClaimColumns, ClaimedRow, EVENT_COLUMNS};
-use super::{deliveries, held_batches, Store};
+use super::outbox::EVENT_COLUMNS;
+use super::outbox::{claimed_row, ClaimColumns, ClaimedRow};
+use super::{deliveries, held_batches, Store, Unit};
 use crate::error::Result;
 use crate::table::OutboxTable;
 
@@ -134,7 +134,7 @@ pub struct HeldRow {
 /// OutboxHoldMany: events wait at 'infinity' for their destination, fenced by `token` if any.
 pub async fn hold_many(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     held: &[HeldRow],
     token: Option<Uuid>,
 ) -> Result<u64> {
@@ -144,7 +144,7 @@ pub async fn hold_many(
         .bind(h.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
         .bind(h.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
         .bind(token)
-        .execute(conn)
+        .execute(unit.conn())
         .await?;
     Ok(done.rows_affected())
 }
@@ -153,14 +153,14 @@ pub async fn hold_many(
 /// behind dead rows of the `blocking` destinations, until released.
 pub async fn park_followers(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     ids: &[Uuid],
     blocking: &[String],
 ) -> Result<()> {
     sqlx::query(&store.sql.waiting.park_followers)
         .bind(ids)
         .bind(blocking)
-        .execute(conn)
+        .execute(unit.conn())
         .await?;
     Ok(())
 }
@@ -173,15 +173,15 @@ pub async fn unpark_rows(store: &Store) -> Result<u64> {
     Ok(done.rows_affected())
 }
 
-/// OutboxClaimProbe: the held row a probe of `destination` sends, locked in `conn`'s transaction.
+/// OutboxClaimProbe: the held row a probe of `destination` sends, locked in `unit`'s transaction.
 pub async fn claim_probe(
     store: &Store,
-    conn: &mut PgConnection,
+    unit: &mut Unit,
     destination: &str,
 ) -> Result<Option<ClaimedRow>> {
     let row = sqlx::query(&store.sql.waiting.claim_probe)
         .bind(destination)
-        .fetch_optional(conn)
+        .fetch_optional(unit.conn())
         .await?;
     row.map(|row| claimed_row(&row, &ClaimColumns::of(&row, false)?))
         .transpose()

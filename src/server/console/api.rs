@@ -75,8 +75,8 @@ struct AdminView {
 /// A destination's configuration as the overview shows it.
 fn destination_settings(d: &crate::config::DestinationConfig) -> serde_json::Value {
     serde_json::json!({
-        "topics": d.topics,
-        "filter": d.filter.as_ref().map(|f| f.as_str()),
+        "topics": d.subscription.topics,
+        "filter": d.subscription.filter.as_ref().map(|f| f.as_str()),
         "ordering": format!("{:?}", d.ordering).to_lowercase(),
         "max_attempts": d.retry.max_attempts,
         "max_age_seconds": d.retry.max_age.map(|a| a.as_secs_f64()),

@@ -36,13 +36,13 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{AdminConfig, Role};
-use crate::engine::Relay;
+use crate::engine::RelayView;
 use crate::server::Samples;
 
 /// What the console's handlers share.
 #[derive(Clone)]
 pub struct Console {
-    relay: Arc<Relay>,
+    relay: RelayView,
     samples: Arc<Samples>,
     /// Every token: its holder's name, its role and its SHA-256 digest.
     tokens: Arc<Vec<(String, Role, [u8; 32])>>,
@@ -55,7 +55,8 @@ pub struct Console {
 impl Console {
     /// A console over `relay`, charting `samples`, guarded by `config`'s tokens and `Host` names
     /// (by default the relay's listen address and the loopback names).
-    pub fn new(relay: Arc<Relay>, samples: Arc<Samples>, config: &AdminConfig) -> Self {
+    pub fn new(relay: impl Into<RelayView>, samples: Arc<Samples>, config: &AdminConfig) -> Self {
+        let relay = relay.into();
         let hosts = if config.allowed_hosts.iter().any(|h| h == "*") {
             None
         } else {

@@ -8,7 +8,7 @@ use pgwire_replication::Lsn;
 use tokio::sync::watch;
 
 use super::WalEngine;
-use crate::settle::DeliveredRows;
+use crate::model::report::DeliveredRows;
 
 /// Settled batches' delivered rows, gathered and written together (one statement for many
 /// batches instead of a settle transaction each: what the relay costs the database per event is

@@ -37,7 +37,7 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::model::event::OutboxEvent;
 use crate::model::metric;
-use crate::settle::{BatchReport, DeliveredRows};
+use crate::model::report::{BatchReport, DeliveredRows};
 use crate::store::Store;
 use decode::{Decoded, Decoder};
 use slot::Names;

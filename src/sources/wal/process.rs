@@ -12,8 +12,8 @@ use tracing::{debug, warn};
 use super::decode::Decoded;
 use super::WalEngine;
 use crate::model::metric;
-use crate::settle::BatchReport;
-use crate::settle::DeliveredRows;
+use crate::model::report::BatchReport;
+use crate::model::report::DeliveredRows;
 
 use super::confirm::Confirmer;
 use super::{Item, WalBatch, HEARTBEAT_PREFIX};

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::config::BreakerConfig;
+use crate::model::breaker::BreakerPolicy;
 use crate::model::outcome::Outcome;
 use crate::store::destinations::DestinationState;
 
@@ -146,7 +146,7 @@ struct Local {
 #[derive(Debug)]
 pub struct Gate {
     name: String,
-    config: BreakerConfig,
+    policy: BreakerPolicy,
     concurrency: usize,
     local: Mutex<Local>,
     /// Woken whenever a request may have become startable (or never will).
@@ -171,10 +171,10 @@ impl Drop for Permit<'_> {
 
 impl Gate {
     /// A closed, running destination that takes `concurrency` requests at once (`None`: no limit).
-    pub fn new(name: &str, config: BreakerConfig, concurrency: Option<usize>) -> Self {
+    pub fn new(name: &str, policy: BreakerPolicy, concurrency: Option<usize>) -> Self {
         Self {
             name: name.to_owned(),
-            config,
+            policy,
             concurrency: concurrency.unwrap_or(usize::MAX).max(1),
             local: Mutex::new(Local::default()),
             changed: Notify::new(),
@@ -190,9 +190,9 @@ impl Gate {
         &self.name
     }
 
-    /// Its breaker settings.
-    pub fn config(&self) -> &BreakerConfig {
-        &self.config
+    /// Its breaker policy.
+    pub fn policy(&self) -> &BreakerPolicy {
+        &self.policy
     }
 
     /// Whether its events go out now (not paused, breaker closed).
@@ -225,7 +225,7 @@ impl Gate {
             in_flight: l.in_flight,
             concurrency: self.concurrency,
             failures_in_a_row: l.failures_in_a_row,
-            breaker_failures: self.config.failures,
+            breaker_failures: self.policy.failures,
             proven: l.proven,
             held: l.paused || l.breaker != BreakerState::Closed,
         };
@@ -298,7 +298,7 @@ impl Gate {
                         l.failures_in_a_row = l.failures_in_a_row.saturating_add(1);
                         l.summary.failed += 1;
                         l.summary.last_error = Some(reason.clone());
-                        if self.config.failures > 0 && l.failures_in_a_row >= self.config.failures {
+                        if self.policy.failures > 0 && l.failures_in_a_row >= self.policy.failures {
                             l.breaker = BreakerState::Open;
                             l.since = Some(Utc::now());
                             l.last_error = Some(reason.clone());
@@ -374,10 +374,10 @@ impl Gate {
     /// The wait before the probe after `failed_probes` failed ones: doubling, capped.
     pub fn probe_delay(&self, failed_probes: i32) -> Duration {
         let doublings = u32::try_from(failed_probes.clamp(0, 30)).unwrap_or(0);
-        self.config
+        self.policy
             .probe_interval
             .saturating_mul(1u32 << doublings.min(20))
-            .min(self.config.max_probe_interval)
+            .min(self.policy.max_probe_interval)
     }
 }
 
@@ -388,9 +388,9 @@ mod tests {
     fn gate(failures: u32, concurrency: Option<usize>) -> Gate {
         Gate::new(
             "d",
-            BreakerConfig {
+            BreakerPolicy {
                 failures,
-                ..BreakerConfig::default()
+                ..BreakerPolicy::default()
             },
             concurrency,
         )

@@ -1,46 +1,54 @@
-//! A batch being published: its items, the slot each item's outcome goes into as soon as its
-//! destination answers, and each lane's budget in the batch.
+//! Watching a batch while its lanes publish: waiting for the publish, for shutdown, or for lanes
+//! to hand over ([`drive`]).
 //!
-//! While the lanes publish, the engine watches them ([`Watch`]) and decides in one pure function
-//! ([`lagging`]) which lanes to hand over: a lane that has not finished when another lane of the
-//! batch has, within as long again as that lane took (and at least [`MIN_LINGER`]), or a lane
-//! whose last few requests stalled. A lane handed over stops starting requests; the batch
-//! settles without waiting for it, its unsent items and its requests still out becoming pairs of
-//! the deliveries table.
+//! The watch ([`Watch`]) decides in one pure function ([`lagging`]) which lanes to hand over: a
+//! lane that has not finished when another lane of the batch has, within as long again as that
+//! lane took (and at least [`MIN_LINGER`]), or a lane whose last few requests stalled. A lane
+//! handed over stops starting requests; the batch settles without waiting for it, its unsent
+//! items and its requests still out becoming pairs of the deliveries table. And as soon as one
+//! lane of the batch is done while another is not, the claim loop may go on to its next batch.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use super::items::{Dispatch, Items};
-use super::lane::Lane;
-use crate::gate::Counted;
-use crate::model::event::OutboxEvent;
-use crate::model::outcome::Outcome;
-use crate::sinks::{Budget, Slot};
+use crate::route::Items;
 
 /// How often a batch looks at its lanes' progress.
-pub(super) const WATCH_EVERY: Duration = Duration::from_millis(10);
+const WATCH_EVERY: Duration = Duration::from_millis(10);
+
+/// How long past the batch's deadline a pair (or row) handed over with its request out stays
+/// leased to the batch: the request ends by the deadline, and its settle needs a moment.
+const IN_FLIGHT_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long what a batch with budget until `deadline` hands over with its request out stays
+/// leased to it.
+pub(super) fn in_flight_lease(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()) + IN_FLIGHT_MARGIN
+}
 
 /// The least a lane that is behind is waited for once another lane of its batch finished: a
 /// destination a little slower than another is not handed over for a few milliseconds.
-pub(super) const MIN_LINGER: Duration = Duration::from_millis(50);
+const MIN_LINGER: Duration = Duration::from_millis(50);
 
 /// How long a lane's last answer must be past before its last few unanswered items count as
 /// stalled (a request that hangs, a slow answer).
-pub(super) const STRAGGLER_PATIENCE: Duration = Duration::from_millis(200);
+const STRAGGLER_PATIENCE: Duration = Duration::from_millis(200);
 
 /// One lane's progress in a batch, as [`lagging`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct LaneProgress {
+struct LaneProgress {
     /// Items it has to publish in the batch.
-    pub(super) items: usize,
+    items: usize,
     /// Items answered so far.
-    pub(super) answered: usize,
+    answered: usize,
     /// When its last item was answered (all of them).
-    pub(super) done_at: Option<Instant>,
+    done_at: Option<Instant>,
     /// When its last answer came.
-    pub(super) last_answer_at: Option<Instant>,
+    last_answer_at: Option<Instant>,
 }
 
 impl LaneProgress {
@@ -57,7 +65,7 @@ impl LaneProgress {
 /// another lane finished and they have had as long again as it took (at least [`MIN_LINGER`]);
 /// and a lane whose few remaining items (at most one in twenty) have had no answer for
 /// [`STRAGGLER_PATIENCE`].
-pub(super) fn lagging(lanes: &[LaneProgress], started: Instant, now: Instant) -> Vec<usize> {
+fn lagging(lanes: &[LaneProgress], started: Instant, now: Instant) -> Vec<usize> {
     let first_done = lanes
         .iter()
         .filter(|l| l.done())
@@ -83,135 +91,46 @@ pub(super) fn lagging(lanes: &[LaneProgress], started: Instant, now: Instant) ->
         .collect()
 }
 
-/// One batch being published.
-pub(super) struct Run<'a> {
-    /// The batch's events.
-    pub(super) events: &'a [OutboxEvent],
-    /// Its items.
-    pub(super) items: &'a Items,
-    /// Per item: its outcome once answered, and whether its request started.
-    pub(super) slots: Vec<Slot>,
-    /// Per lane: its budget in this batch.
-    pub(super) budgets: Vec<Budget>,
-    /// When publishing began.
-    pub(super) started: Instant,
-}
-
-impl<'a> Run<'a> {
-    /// A batch of `items` over `lanes` lanes, publishing until `deadline`.
-    pub(super) fn new(
-        events: &'a [OutboxEvent],
-        items: &'a Items,
-        lanes: usize,
-        deadline: Instant,
-    ) -> Self {
-        Self {
-            events,
-            items,
-            slots: items.list.iter().map(|_| Slot::default()).collect(),
-            budgets: (0..lanes).map(|_| Budget::until(deadline)).collect(),
-            started: Instant::now(),
-        }
-    }
-
-    /// A probe's run: its one item goes whatever the breaker says.
-    pub(super) fn probe(
-        events: &'a [OutboxEvent],
-        items: &'a Items,
-        lanes: usize,
-        deadline: Instant,
-    ) -> Self {
-        Self {
-            budgets: (0..lanes).map(|_| Budget::probe(deadline)).collect(),
-            ..Self::new(events, items, lanes, deadline)
-        }
-    }
-
-    /// The event of item `i`.
-    pub(super) fn event(&self, i: usize) -> &'a OutboxEvent {
-        &self.events[self.items.list[i].event]
-    }
-
-    /// Stops the lanes `lanes`: none of their requests starts from now on.
-    pub(super) fn stop(&self, lanes: &[usize], gates: &[Lane]) {
-        for &d in lanes {
-            self.budgets[d].stop();
-            gates[d].gate.wake();
-        }
-    }
-
-    /// Which lanes have stopped.
-    pub(super) fn stopped(&self) -> Vec<bool> {
-        self.budgets.iter().map(Budget::is_stopped).collect()
-    }
-
-    /// The answers so far, and which items' requests started.
-    pub(super) fn snapshot(&self) -> (Vec<Option<(Outcome, Counted)>>, Vec<bool>) {
-        (
-            self.slots.iter().map(|s| s.answer().cloned()).collect(),
-            self.slots.iter().map(Slot::started).collect(),
-        )
-    }
-
-    /// The answers at the end. A lane that started requests and got no answer at all within the
-    /// whole budget is not making progress: its unanswered requests count as failed (counted on
-    /// its breaker), or it would be retried at no cost forever — unless shutdown cut the batch
-    /// short or the lane was handed over.
-    pub(super) fn finish(
-        &self,
-        aborted: bool,
-        lanes: &[Lane],
-        publish_timeout: Duration,
-    ) -> (Vec<Option<(Outcome, Counted)>>, Vec<bool>) {
-        let (mut answers, started) = self.snapshot();
-        let stopped = self.stopped();
-        let mine = |d: usize| {
-            let items = &self.items.list;
-            (0..items.len())
-                .filter(move |&i| items[i].lane == Some(d) && items[i].dispatch == Dispatch::Send)
-        };
-        let stalled = (0..lanes.len()).filter(|&d| {
-            !aborted
-                && !stopped[d]
-                && mine(d).any(|i| started[i])
-                && mine(d).all(|i| answers[i].is_none())
-        });
-        for d in stalled.collect::<Vec<_>>() {
-            for i in mine(d).filter(|&i| started[i]) {
-                let outcome = Outcome::retry(format!(
-                    "no answer within publish_timeout ({})",
-                    humantime::format_duration(publish_timeout)
-                ));
-                let counted = lanes[d].gate.answered(&outcome);
-                answers[i] = Some((outcome, counted));
-            }
-        }
-        (answers, started)
-    }
-}
-
 /// What a batch has seen of its lanes, kept up to date at each look ([`Watch::look`]).
-pub(super) struct Watch {
+struct Watch {
     lanes: Vec<LaneProgress>,
 }
 
+/// What the watch reads of a batch being published: its items, over how many lanes, when it
+/// began, and which of its items have an answer so far.
+pub(super) trait Watched {
+    /// The batch's items.
+    fn items(&self) -> &Items;
+
+    /// How many lanes it spans.
+    fn lanes(&self) -> usize;
+
+    /// When publishing began.
+    fn started(&self) -> Instant;
+
+    /// Whether item `i` has its answer.
+    fn answered(&self, i: usize) -> bool;
+}
+
 impl Watch {
-    /// The watch of `run` over `lanes` lanes.
-    pub(super) fn new(run: &Run<'_>, lanes: usize) -> Self {
-        let mut progress = vec![LaneProgress::default(); lanes];
-        for i in run.items.sendable() {
-            if let Some(d) = run.items.list[i].lane {
+    /// The watch of `batch`.
+    fn new(batch: &impl Watched) -> Self {
+        let mut progress = vec![LaneProgress::default(); batch.lanes()];
+        let items = batch.items();
+        for i in items.sendable() {
+            if let Some(d) = items.list[i].lane {
                 progress[d].items += 1;
             }
         }
         Self { lanes: progress }
     }
 
-    /// Updates the lanes' progress from `run`'s slots at `now`.
-    pub(super) fn look(&mut self, run: &Run<'_>, now: Instant) {
+    /// Updates the lanes' progress from `batch`'s answers at `now`.
+    fn look(&mut self, batch: &impl Watched, now: Instant) {
         let mut answered = vec![0; self.lanes.len()];
-        for i in run.items.sendable() {
-            if let (Some(d), Some(_)) = (run.items.list[i].lane, run.slots[i].answer()) {
+        let items = batch.items();
+        for i in items.sendable() {
+            if let (Some(d), true) = (items.list[i].lane, batch.answered(i)) {
                 answered[d] += 1;
             }
         }
@@ -227,13 +146,62 @@ impl Watch {
     }
 
     /// Whether some lane finished while another has not.
-    pub(super) fn some_lane_behind(&self) -> bool {
+    fn some_lane_behind(&self) -> bool {
         self.lanes.iter().any(LaneProgress::done) && self.lanes.iter().any(LaneProgress::unfinished)
     }
 
     /// The lanes to hand over now (see [`lagging`]).
-    pub(super) fn lagging(&self, started: Instant, now: Instant) -> Vec<usize> {
+    fn lagging(&self, started: Instant, now: Instant) -> Vec<usize> {
         lagging(&self.lanes, started, now)
+    }
+}
+
+/// Why [`drive`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// Every lane finished, or the budget ran out.
+    Done,
+    /// The shutdown grace period is over.
+    Aborted,
+    /// These lanes lag behind the others: hand them over.
+    HandOver(Vec<usize>),
+}
+
+/// Waits for `publish` (the publishing of `batch`) to end, for `abort`, or for lanes to hand over.
+/// `detach` is called once some lane of the batch is done while another is not: the claim loop
+/// may then claim its next batch while this one waits.
+pub(super) async fn drive<F: Future + ?Sized>(
+    batch: &impl Watched,
+    mut publish: Pin<&mut F>,
+    abort: &CancellationToken,
+    mut detach: impl FnMut(),
+) -> Stop {
+    let mut watch = Watch::new(batch);
+    loop {
+        tokio::select! {
+            _ = &mut publish => return Stop::Done,
+            _ = abort.cancelled() => return Stop::Aborted,
+            _ = tokio::time::sleep(WATCH_EVERY) => {
+                let now = Instant::now();
+                watch.look(batch, now);
+                if watch.some_lane_behind() {
+                    detach();
+                }
+                let lagging = watch.lagging(batch.started(), now);
+                if !lagging.is_empty() {
+                    return Stop::HandOver(lagging);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for `publish` (bounded by its budget) or `abort`, watching nothing: a batch that hands
+/// nothing over, or the requests still out after a hand-over. `true` when shutdown cut it short.
+pub(super) async fn drive_rest<F: Future>(publish: F, abort: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = publish => false,
+        _ = abort.cancelled() => true,
     }
 }
 

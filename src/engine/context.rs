@@ -1,0 +1,160 @@
+//! What every part of the engine shares: the store and configuration, the router and the lanes,
+//! the settler, how claims are made, and the shutdown signals. One value, built once, that each
+//! loop and each batch stage takes instead of long parameter lists.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::lane::{Destination, Lanes};
+use crate::config::Config;
+use crate::model::metric;
+use crate::route::Router;
+use crate::settle::Settler;
+use crate::sources::poll::ClaimOptions;
+use crate::store::SettleMode;
+use crate::store::Store;
+
+/// What the engine's loops and stages share.
+pub(super) struct Context {
+    /// The database and its statements.
+    pub(super) store: Store,
+    /// The configuration the relay was built from.
+    pub(super) config: Config,
+    /// Which destinations take an event.
+    pub(super) router: Router,
+    /// One lane per destination, in the order routing names them.
+    pub(super) lanes: Lanes,
+    /// Writes what batches did.
+    pub(super) settler: Settler,
+    /// How claims are made (transaction or lease, ordered or not).
+    pub(super) claim: ClaimOptions,
+    /// Names of the destinations whose dead events hold back their key (ordered, `on_dead =
+    /// "block"`).
+    pub(super) blocking: Vec<String>,
+    /// Cancelled when the shutdown grace period is over: in-flight batches are released.
+    pub(super) abort: CancellationToken,
+    /// Cancelled when shutdown begins: lanes stop waiting for rate-limit tokens (what they had
+    /// not sent is handed on) so that in-flight batches end within the grace period.
+    pub(super) stopping: CancellationToken,
+    /// When this relay last claimed or settled anything (readiness sees a stall by it).
+    pub(super) progress: Progress,
+    /// Set when a worker died: `/healthz` reports it.
+    pub(super) failure: Mutex<Option<String>>,
+}
+
+impl Context {
+    /// The context of a relay of `config` around `destinations`, on `store`.
+    pub(super) fn new(store: Store, config: &Config, destinations: Vec<Destination>) -> Self {
+        // Counters that may never move still show up at zero, so dashboards and alerts see them.
+        metrics::counter!(metric::DB_ERRORS_TOTAL).absolute(0);
+        for d in &destinations {
+            for name in [
+                metric::SINK_RECONNECTS_TOTAL,
+                metric::HELD_TOTAL,
+                metric::RATE_LIMIT_WAITS_TOTAL,
+                metric::REPLAYED_TOTAL,
+            ] {
+                metrics::counter!(name, "destination" => d.name.clone()).absolute(0);
+            }
+        }
+        let lanes = Lanes::new(destinations, &config.destinations, &store);
+        let blocking = lanes.blocking();
+        let ordered = lanes.ordered();
+        let settings = &config.relay;
+        Self {
+            router: Router::new(&config.destinations),
+            settler: Settler::new(
+                store.clone(),
+                SettleMode::of(config),
+                ordered.then(|| blocking.clone()),
+            ),
+            claim: ClaimOptions {
+                mode: settings.claim,
+                limit: settings.batch_size,
+                lease: settings.lease(),
+                ordered,
+                heads: 0,
+                followers: 0,
+                window: 0,
+            },
+            blocking,
+            lanes,
+            store,
+            config: config.clone(),
+            abort: CancellationToken::new(),
+            stopping: CancellationToken::new(),
+            progress: Progress::default(),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Marks progress: events claimed or settled.
+    pub(super) fn progressed(&self) {
+        self.progress.mark();
+    }
+
+    /// Records why a worker died: `/healthz` reports it.
+    pub(super) fn fail(&self, why: &str) {
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
+    }
+
+    /// Why a worker died, if one did.
+    pub(super) fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// When the relay last made progress (claimed events or settled some), and for the WAL source
+/// since when events read wait for the slot's confirmed position to move.
+#[derive(Debug)]
+pub(super) struct Progress {
+    started: Instant,
+    /// Milliseconds after `started`.
+    last: AtomicU64,
+    wal_waiting: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            last: AtomicU64::new(0),
+            wal_waiting: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl Progress {
+    /// Something was claimed or settled just now.
+    pub(super) fn mark(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// WAL source: events read wait since `since` (`None`: nothing waits).
+    pub(super) fn wal_waiting(&self, since: Option<Instant>) {
+        if let Ok(mut w) = self.wal_waiting.lock() {
+            *w = since;
+        }
+    }
+
+    /// WAL source: how long events read have waited for the confirmed position to move.
+    pub(super) fn wal_waited(&self) -> Option<Duration> {
+        self.wal_waiting
+            .lock()
+            .ok()
+            .and_then(|w| w.map(|since| since.elapsed()))
+    }
+
+    /// How long ago the last progress was (since start when there was none).
+    pub(super) fn since(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+}
