@@ -5,7 +5,7 @@
 //! A relay takes a tenth of a second's tokens at a time and keeps what it does not use at once
 //! for [`KEEP`]; tokens unused by then are dropped, so the destination is sent less than its
 //! limit, never more. Events waiting for tokens are not attempts: what a lane could not send by
-//! its batch's deadline is handed on as for any lane that falls behind.
+//! its batch's deadline goes on later, as for a lane handed over.
 
 use std::sync::Mutex;
 

@@ -105,7 +105,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     if !args.dry_run {
         // Rows waiting behind a dead event that this cleanup removed (or on a destination that is
         // back) are due again, as the long-running relay's cleanup would make them.
-        let released = pgoutbox::store::waiting::unpark_followers(&store).await?;
+        let released = pgoutbox::store::held::unpark_followers(&store).await?;
         if released > 0 {
             println!("{released} rows no longer held back are due again");
         }

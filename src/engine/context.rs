@@ -37,7 +37,7 @@ pub(super) struct Context {
     /// Cancelled when the shutdown grace period is over: in-flight batches are released.
     pub(super) abort: CancellationToken,
     /// Cancelled when shutdown begins: lanes stop waiting for rate-limit tokens (what they had
-    /// not sent is handed on) so that in-flight batches end within the grace period.
+    /// not sent goes on later) so that in-flight batches end within the grace period.
     pub(super) stopping: CancellationToken,
     /// When this relay last claimed or settled anything (readiness sees a stall by it).
     pub(super) progress: Progress,
@@ -117,7 +117,7 @@ pub(super) struct Progress {
     started: Instant,
     /// Milliseconds after `started`.
     last: AtomicU64,
-    wal_waiting: std::sync::Mutex<Option<Instant>>,
+    wal_unconfirmed: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Default for Progress {
@@ -125,7 +125,7 @@ impl Default for Progress {
         Self {
             started: Instant::now(),
             last: AtomicU64::new(0),
-            wal_waiting: std::sync::Mutex::new(None),
+            wal_unconfirmed: std::sync::Mutex::new(None),
         }
     }
 }
@@ -138,15 +138,15 @@ impl Progress {
     }
 
     /// WAL source: events read wait since `since` (`None`: nothing waits).
-    pub(super) fn wal_waiting(&self, since: Option<Instant>) {
-        if let Ok(mut w) = self.wal_waiting.lock() {
+    pub(super) fn wal_unconfirmed(&self, since: Option<Instant>) {
+        if let Ok(mut w) = self.wal_unconfirmed.lock() {
             *w = since;
         }
     }
 
     /// WAL source: how long events read have waited for the confirmed position to move.
-    pub(super) fn wal_waited(&self) -> Option<Duration> {
-        self.wal_waiting
+    pub(super) fn wal_unconfirmed_for(&self) -> Option<Duration> {
+        self.wal_unconfirmed
             .lock()
             .ok()
             .and_then(|w| w.map(|since| since.elapsed()))

@@ -21,9 +21,9 @@ use crate::model::metric;
 use crate::model::outcome::Outcome;
 use crate::settle::{judge, Attempt, Lanes as _, Verdict};
 use crate::sinks::gate::BreakerState;
-use crate::sources::poll::claim_delivery_probe;
+use crate::sources::poll::claim_probe_pair;
 use crate::store::outbox::Guard;
-use crate::store::{destinations, waiting};
+use crate::store::{destinations, held};
 
 /// How often each relay re-reads the shared destination state.
 const SYNC_INTERVAL: Duration = Duration::from_secs(1);
@@ -72,7 +72,7 @@ pub(super) async fn sync(ctx: &Context) -> Result<()> {
             .set(if paused { 1.0 } else { 0.0 });
     }
     if freed {
-        waiting::unpark_followers(&ctx.store).await?;
+        held::unpark_followers(&ctx.store).await?;
         for lane in ctx.lanes.iter() {
             lane.handed.notify_one();
         }
@@ -96,7 +96,7 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
             continue;
         }
         // Held batches written by a batch that began before its destination came back.
-        if let Err(e) = waiting::unbundle(&ctx.store, None, None).await {
+        if let Err(e) = held::unbundle(&ctx.store, None, None).await {
             warn!(error = %crate::error_chain(&e), "cannot release held batches; will try again");
         }
         for (d, lane) in ctx.lanes.iter().enumerate() {
@@ -154,7 +154,7 @@ async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
     // A fresh connection: whatever the sink kept may be the failed one.
     lane.sink.reconnect();
     let mut unit = ctx.store.begin().await?;
-    let row = waiting::claim_probe(&ctx.store, &mut unit, &lane.name).await?;
+    let row = held::claim_probe(&ctx.store, &mut unit, &lane.name).await?;
     let event = match row.map(|row| (row.id, row.event)) {
         Some((_, Ok(event))) => event,
         Some((id, Err(reason))) => {
@@ -186,10 +186,10 @@ async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
 async fn probe_pair(ctx: &Arc<Context>, d: usize, failed_probes: i32) -> Result<()> {
     let lane = &ctx.lanes[d];
     let lease = ctx.claim.lease;
-    let mut claimed = claim_delivery_probe(&ctx.store, &lane.name, lease).await?;
-    if claimed.deliveries.is_empty() && claimed.poison.is_empty() {
-        waiting::unbundle(&ctx.store, Some((&lane.name, 1)), None).await?;
-        claimed = claim_delivery_probe(&ctx.store, &lane.name, lease).await?;
+    let mut claimed = claim_probe_pair(&ctx.store, &lane.name, lease).await?;
+    if claimed.events.is_empty() && claimed.poison.is_empty() {
+        held::unbundle(&ctx.store, Some((&lane.name, 1)), None).await?;
+        claimed = claim_probe_pair(&ctx.store, &lane.name, lease).await?;
     }
     let guard = Guard::Lease(claimed.token);
     if let Some((id, name, reason)) = claimed.poison.into_iter().next() {
@@ -198,11 +198,10 @@ async fn probe_pair(ctx: &Arc<Context>, d: usize, failed_probes: i32) -> Result<
             .await?;
         return probe_skipped(ctx, d, failed_probes).await;
     }
-    let Some(delivery) = claimed.deliveries.into_iter().next() else {
+    let Some(event) = claimed.events.into_iter().next() else {
         // Nothing held yet: the next events routed to the destination will be.
         return probe_skipped(ctx, d, failed_probes).await;
     };
-    let event = delivery.event;
     match probe_once(ctx, d, &event).await {
         Some(v @ (Verdict::Delivered | Verdict::Failed(_))) => {
             ctx.settler.one(&event, &lane.name, v, guard).await?;
@@ -248,7 +247,7 @@ async fn probe_answered(ctx: &Context, d: usize) -> Result<()> {
     let lane = &ctx.lanes[d];
     lane.gate.close();
     destinations::close(&ctx.store, &lane.name).await?;
-    let released = waiting::unpark_followers(&ctx.store).await?;
+    let released = held::unpark_followers(&ctx.store).await?;
     lane.handed.notify_one();
     info!(destination = %lane.name, released, "probe answered: circuit breaker closed, held events are due again");
     Ok(())

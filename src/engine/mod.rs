@@ -7,7 +7,7 @@
 //! ([`lane`]): its sink, behind its gate — pause, circuit breaker, and `concurrency` for the whole
 //! process ([`crate::sinks::gate`]). Lanes publish side by side, each at its own pace ([`publish`]).
 //! When they all finish, each item is judged and the batch settles in a few statements
-//! ([`crate::settle`]). When one lane falls behind the others ([`watch`]), it is handed over: the
+//! ([`crate::settle`]). When one lane lags behind the others ([`watch`]), it is handed over: the
 //! batch settles without it, what it had not finished becoming that pair's state in the
 //! deliveries table, and the claim loop goes on. Each lane's retry loop ([`retries`]) claims its
 //! own due pairs from there, so a slow, paused, failing or ordered destination never sets
@@ -132,7 +132,7 @@ impl Relay {
 
     /// Claims, publishes and settles one batch of due pairs of every lane, one lane after the
     /// other (`relay --once`, tests).
-    pub async fn run_deliveries_batch(&self) -> Result<BatchReport> {
+    pub async fn run_pairs_batch(&self) -> Result<BatchReport> {
         retries::every_lane_once(&self.ctx).await
     }
 

@@ -1,5 +1,5 @@
 //! The publish stage: a batch's items published lane by lane while the batch is watched (a lane
-//! that falls behind is handed over, [`super::watch`]), and what publishing left of each item —
+//! that lags behind the others is handed over, [`super::watch`]), and what publishing left of each item —
 //! its [`Attempt`] — built in one place ([`Answers::attempts`]).
 //!
 //! Each lane's unordered items go in one call to its sink, each ordered key's items as a chain,
@@ -46,7 +46,7 @@ pub(super) struct Published {
     rest: Rest,
 }
 
-/// Publishes `items` of `events` until `deadline`, watched: a lane that falls behind is handed
+/// Publishes `items` of `events` until `deadline`, watched: a lane that lags behind is handed
 /// over, and `detach` is called once some lane is done while another is not (the claim loop may
 /// go on).
 pub(super) async fn publish(
@@ -357,8 +357,8 @@ impl Run {
     /// Publishes `events` (the items `indexes` of lane `d`) as fast as the lane's `rate_limit`
     /// lets them: each slice of tokens taken goes out at once, beside the slices still in flight
     /// (the limit paces starts; `concurrency` still bounds requests in flight). What has no token
-    /// by the budget's deadline, or when shutdown begins, is left without an outcome: handed on,
-    /// not an attempt.
+    /// by the budget's deadline, or when shutdown begins, is left without an outcome: it goes on
+    /// later, not an attempt.
     async fn publish_paced(&self, d: usize, indexes: &[usize], events: &[&OutboxEvent]) {
         let Some(rate) = &self.ctx.lanes[d].rate else {
             return self.publish_events(d, indexes, events).await;

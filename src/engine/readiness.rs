@@ -35,7 +35,7 @@ impl Context {
     pub(super) async fn stall(&self) -> crate::Result<Option<String>> {
         let stall_after = self.config.relay.stall_after;
         let why = if self.config.source == Source::Wal {
-            self.progress.wal_waited().and_then(|waited| {
+            self.progress.wal_unconfirmed_for().and_then(|waited| {
                 (waited > stall_after).then(|| {
                     format!(
                         "stalled: events read from the slot {} s ago wait and its confirmed \

@@ -18,12 +18,11 @@ use super::pacing::{db_reachable, retry_claim, Pacing};
 use super::publish::publish_whole;
 use super::watch::Stop;
 use crate::error::Result;
-use crate::model::event::OutboxEvent;
 use crate::model::metric;
 use crate::model::report::BatchReport;
 use crate::route::Items;
 use crate::settle::Pairs;
-use crate::sources::poll::claim_deliveries;
+use crate::sources::poll::claim_pairs;
 
 /// A retry loop's longest idle wait (or `poll_interval` if longer). Its rows are retries and
 /// held pairs, due after a backoff of seconds, and pairs handed over wake it directly, so it need
@@ -41,11 +40,11 @@ pub(super) async fn lane_batch(ctx: &Arc<Context>, d: usize) -> Result<BatchRepo
         lane.gate.concurrency(),
         lane.gate.in_flight(),
     );
-    let claimed = claim_deliveries(&ctx.store, &lane.config, limit, ctx.claim.lease).await?;
-    if claimed.deliveries.is_empty() && claimed.poison.is_empty() {
+    let claimed = claim_pairs(&ctx.store, &lane.config, limit, ctx.claim.lease).await?;
+    if claimed.events.is_empty() && claimed.poison.is_empty() {
         return Ok(BatchReport::default());
     }
-    let events: Vec<OutboxEvent> = claimed.deliveries.into_iter().map(|c| c.event).collect();
+    let events = claimed.events;
     let open = lane.gate.is_open();
     let items = Items::pairs(events.iter().map(|_| d), |_| open);
     let published = publish_whole(ctx, events, items).await;

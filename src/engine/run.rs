@@ -18,7 +18,7 @@ use super::{destinations, replays, retries, upkeep};
 use crate::config::Source;
 use crate::error::{Error, Result};
 use crate::model::report::BatchReport;
-use crate::store::waiting;
+use crate::store::held;
 
 /// Runs until `shutdown` is cancelled (see [`super::Relay::run`]).
 pub(super) async fn run(
@@ -107,7 +107,7 @@ pub(super) async fn prepare(ctx: &Context) {
         replays::create_backfills(ctx).await?;
         destinations::register(ctx).await?;
         destinations::sync(ctx).await?;
-        waiting::unpark_followers(&ctx.store).await
+        held::unpark_followers(&ctx.store).await
     };
     if let Err(e) = steps.await {
         warn!(error = %crate::error_chain(&e), "cannot read the destinations' state yet; will try again");
@@ -119,7 +119,7 @@ pub(super) async fn prepare(ctx: &Context) {
 pub(super) async fn run_once(ctx: &Arc<Context>, claimers: &Claimers) -> Result<BatchReport> {
     destinations::register(ctx).await?;
     destinations::sync(ctx).await?;
-    waiting::unpark_followers(&ctx.store).await?;
+    held::unpark_followers(&ctx.store).await?;
     upkeep::ensure_history(ctx).await;
     let mut total = BatchReport::default();
     let mut failed_before: HashSet<Uuid> = HashSet::new();

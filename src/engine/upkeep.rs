@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::context::Context;
 use crate::error::Result;
 use crate::store::SettleMode;
-use crate::store::{cleanup, deliveries, history, waiting};
+use crate::store::{cleanup, deliveries, held, history};
 
 /// How long past their due time pairs of an unconfigured destination must have waited, unclaimed,
 /// before cleanup dead-letters them: a relay that serves the destination claims its due pairs
@@ -49,10 +49,10 @@ async fn upkeep(ctx: &Context) {
         let Some(max_age) = lane.retry.max_age else {
             continue;
         };
-        let rows = waiting::expire_held(&ctx.store, &lane.name, max_age).await;
+        let rows = held::expire_held(&ctx.store, &lane.name, max_age).await;
         expired(&lane.name, rows, "held events");
         let expiring = Some((lane.name.as_str(), i64::MAX));
-        if let Err(e) = waiting::unbundle(&ctx.store, expiring, Some(max_age)).await {
+        if let Err(e) = held::unbundle(&ctx.store, expiring, Some(max_age)).await {
             warn!(error = %crate::error_chain(&e), "expiring held batches failed; will try again");
         }
         let pairs = deliveries::expire_held(&ctx.store, &lane.name, max_age).await;
@@ -71,7 +71,7 @@ async fn upkeep(ctx: &Context) {
     }
     // Rows whose wait is over (a dead row ahead was retried, discarded or cleaned up; an
     // `on_dead` that is now "skip"; a destination resumed) are due again.
-    match waiting::unpark_followers(&ctx.store).await {
+    match held::unpark_followers(&ctx.store).await {
         Ok(n) if n > 0 => info!(rows = n, "rows no longer held back are due again"),
         Ok(_) => {}
         Err(e) => warn!(error = %crate::error_chain(&e), "unparking failed; will try again"),

@@ -80,7 +80,7 @@ impl WalEngine for Context {
     }
 
     fn unconfirmed_since(&self, since: Option<Instant>) {
-        self.progress.wal_waiting(since);
+        self.progress.wal_unconfirmed(since);
     }
 }
 

@@ -12,7 +12,7 @@ pub mod metric;
 pub mod outcome;
 pub mod rate;
 pub mod replay;
-pub mod report;
+pub(crate) mod report;
 pub mod retry;
 pub mod secrets;
 pub mod subscription;

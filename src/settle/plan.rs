@@ -19,9 +19,9 @@ use crate::error::Result;
 use crate::model::event::OutboxEvent;
 use crate::model::report::BatchReport;
 use crate::store::deliveries::{PairRow, PairState};
+use crate::store::held::HeldRow;
 use crate::store::held_batches::HeldBatch;
 use crate::store::settle::{FailedRow, SettlePlan};
-use crate::store::waiting::HeldRow;
 use crate::store::Lease;
 
 /// Where a batch of events came from, which decides how they settle.

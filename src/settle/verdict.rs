@@ -75,7 +75,7 @@ pub struct Judged {
 }
 
 /// What publishing left of a batch's items, grouped by event as its items were: each item with
-/// its attempt. What the publish stage hands on, and what [`judge`] takes.
+/// its attempt. What the publish stage passes on, and what [`judge`] takes.
 #[derive(Debug, Default)]
 pub struct Attempts {
     /// Every item with its attempt, in the items' order.

@@ -166,31 +166,23 @@ pub async fn release(store: &Store, guard: Guard, ids: &[Uuid]) -> Result<()> {
     Ok(())
 }
 
-/// A claimed delivery: one (event, destination) pair from the deliveries table.
-pub struct ClaimedDelivery {
-    /// The destination's name.
-    pub destination: String,
-    /// The event (its `attempts` are the pair's).
-    pub event: OutboxEvent,
-}
-
-/// A batch of claimed deliveries, leased under one token.
-pub struct ClaimedDeliveries {
-    /// The pairs to publish, in seq order.
-    pub deliveries: Vec<ClaimedDelivery>,
+/// A batch of pairs of one destination claimed from the deliveries table, leased under one token.
+pub struct ClaimedPairs {
+    /// Their events, in seq order (each event's `attempts` are its pair's).
+    pub events: Vec<OutboxEvent>,
     /// Pairs that cannot be read as events (event id, destination, reason): dead-lettered.
     pub poison: Vec<(Uuid, String, String)>,
     /// The lease's fencing token.
     pub token: Uuid,
 }
 
-/// Claims up to `limit` due deliveries of one destination (DeliveriesClaim), leased for `lease`.
-pub async fn claim_deliveries(
+/// Claims up to `limit` due pairs of one destination (DeliveriesClaim), leased for `lease`.
+pub async fn claim_pairs(
     store: &Store,
     destination: &DestinationConfig,
     limit: usize,
     lease: Duration,
-) -> Result<ClaimedDeliveries> {
+) -> Result<ClaimedPairs> {
     let token = Uuid::new_v4();
     let pairs = deliveries::claim(
         store,
@@ -206,40 +198,37 @@ pub async fn claim_deliveries(
         },
     )
     .await?;
-    Ok(delivery_rows(pairs, token))
+    Ok(pair_rows(pairs, token))
 }
 
-/// Claims one held delivery of `destination` for its probe (DeliveriesClaimProbe).
-pub async fn claim_delivery_probe(
+/// Claims one held pair of `destination` for its probe (DeliveriesClaimProbe).
+pub async fn claim_probe_pair(
     store: &Store,
     destination: &str,
     lease: Duration,
-) -> Result<ClaimedDeliveries> {
+) -> Result<ClaimedPairs> {
     let token = Uuid::new_v4();
     let lease = Lease {
         length: lease,
         token,
     };
     let pairs = deliveries::claim_probe(store, destination, lease).await?;
-    Ok(delivery_rows(pairs, token))
+    Ok(pair_rows(pairs, token))
 }
 
-/// Sorts claimed pairs into deliveries and poison; `token` is their lease's.
-fn delivery_rows(pairs: Vec<ClaimedPair>, token: Uuid) -> ClaimedDeliveries {
-    let mut deliveries = Vec::with_capacity(pairs.len());
+/// Sorts claimed pairs into events and poison; `token` is their lease's.
+fn pair_rows(pairs: Vec<ClaimedPair>, token: Uuid) -> ClaimedPairs {
+    let mut events = Vec::with_capacity(pairs.len());
     let mut poison = Vec::new();
     for pair in pairs {
         match pair.row.event {
-            Ok(event) => deliveries.push(ClaimedDelivery {
-                destination: pair.destination,
-                event,
-            }),
+            Ok(event) => events.push(event),
             Err(reason) => poison.push((pair.row.id, pair.destination, reason)),
         }
     }
-    deliveries.sort_by_key(|d| d.event.seq);
-    ClaimedDeliveries {
-        deliveries,
+    events.sort_by_key(|e| e.seq);
+    ClaimedPairs {
+        events,
         poison,
         token,
     }

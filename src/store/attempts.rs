@@ -25,9 +25,9 @@ impl Sql {
     }
 }
 
-/// One failed attempt, for the history.
+/// A failed attempt of a pair, to record in the attempt history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attempt<'a> {
+pub struct Failure<'a> {
     /// The event.
     pub event_id: Uuid,
     /// The destination that failed, if the event was routed.
@@ -43,7 +43,7 @@ pub struct Attempt<'a> {
 pub async fn log(
     store: &Store,
     unit: &mut Unit,
-    attempts: impl IntoIterator<Item = Attempt<'_>>,
+    attempts: impl IntoIterator<Item = Failure<'_>>,
 ) -> Result<()> {
     let (mut ids, mut destinations, mut errors, mut dead) = (vec![], vec![], vec![], vec![]);
     for a in attempts {

@@ -242,7 +242,7 @@ async fn apply(
     }
     tx.commit().await?;
     // Ordered keys: rows parked behind these dead events are due again (retry: behind them).
-    crate::store::waiting::unpark_followers(store).await?;
+    crate::store::held::unpark_followers(store).await?;
     Ok(n)
 }
 

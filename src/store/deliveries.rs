@@ -130,7 +130,7 @@ USING unnest($1::uuid[], $2::text[]) AS p(event_id, destination)
 WHERE d.event_id = p.event_id AND d.destination = p.destination
   AND ($3::uuid IS NULL OR d.lease_token = $3)";
 
-/// DeliveriesSettle. Every other pair of a deliveries batch, one statement (primary key, fenced):
+/// DeliveriesSettle. Every other pair of a batch of pairs, one statement (primary key, fenced):
 /// `failed` counts an attempt and takes the backoff, or `dead`; `held` waits at 'infinity' with no
 /// attempt counted (destination paused or breaker open); `release` is due again as it was (not
 /// attempted before the batch's time ran out).
@@ -441,7 +441,7 @@ pub async fn delete(store: &Store, unit: &mut Unit, pairs: &PairIds<'_>) -> Resu
     Ok(done.rows_affected())
 }
 
-/// How a pair of a deliveries batch settles (DeliveriesSettle's `kind`).
+/// How a pair of a batch of pairs settles (DeliveriesSettle's `kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PairKind {
     /// An attempt failed: counted, with a backoff (or dead).

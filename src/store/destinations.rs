@@ -200,5 +200,5 @@ pub async fn resume(store: &Store, name: &str) -> Result<Option<u64>> {
     if done.rows_affected() == 0 {
         return Ok(None);
     }
-    Ok(Some(super::waiting::unpark_followers(store).await?))
+    Ok(Some(super::held::unpark_followers(store).await?))
 }

@@ -131,12 +131,12 @@ pub struct EventDetail {
     pub deliveries: Vec<EventRow>,
     /// Its failed attempts, oldest first, as far back as `attempts_retention` (a delivery
     /// records none).
-    pub attempts: Vec<Attempt>,
+    pub attempts: Vec<RecordedAttempt>,
 }
 
-/// One failed attempt of an event at a destination.
+/// One failed attempt of an event at a destination, as the attempt history recorded it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct Attempt {
+pub struct RecordedAttempt {
     /// The destination tried.
     pub destination: Option<String>,
     /// When the attempt was settled.
@@ -543,7 +543,7 @@ pub async fn show(store: &Store, id: Uuid) -> Result<Option<EventDetail>> {
         .bind(id)
         .fetch_all(store.pool())
         .await?;
-    let attempts: Vec<Attempt> = sqlx::query_as(&sql.show_attempts)
+    let attempts: Vec<RecordedAttempt> = sqlx::query_as(&sql.show_attempts)
         .bind(id)
         .fetch_all(store.pool())
         .await?;

@@ -8,7 +8,7 @@
 //! in `pgoutbox-core`.
 //!
 //! A file per table or concern. The relay's own: the [`outbox`] table, the split events'
-//! [`deliveries`], the [`held_batches`], the rows [`waiting`] to be released, the
+//! [`deliveries`], the [`held_batches`], the rows and pairs [`held`] at 'infinity', the
 //! [`destinations`]' shared state and the failed [`attempts`]. The operator's: [`dead`] letters,
 //! the event search ([`inspect`]), the [`status`] and [`backlog`] counts, [`cleanup`] and the
 //! partitioned [`history`]. Then the statements about the server rather than the outbox table,
@@ -23,6 +23,7 @@ pub mod dead;
 pub mod deliveries;
 pub mod demo;
 pub mod destinations;
+pub mod held;
 pub mod held_batches;
 pub mod history;
 pub mod inspect;
@@ -34,7 +35,6 @@ pub mod server;
 pub mod settle;
 pub mod slot;
 pub mod status;
-pub mod waiting;
 
 use std::sync::Arc;
 
@@ -68,7 +68,7 @@ struct Statements {
     rates: rates::Sql,
     replays: replays::Sql,
     status: status::Sql,
-    waiting: waiting::Sql,
+    held: held::Sql,
 }
 
 impl Statements {
@@ -89,7 +89,7 @@ impl Statements {
             rates: rates::Sql::render(table),
             replays: replays::Sql::render(table),
             status: status::Sql::render(table),
-            waiting: waiting::Sql::render(table),
+            held: held::Sql::render(table),
         }
     }
 }

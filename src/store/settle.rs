@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use uuid::Uuid;
 
-use super::attempts::{self, Attempt};
+use super::attempts::{self, Failure};
 use super::deliveries::{self, PairIds, PairKind, PairRow, PairState, PairUpdate};
+use super::held::{self, HeldRow};
 use super::held_batches::HeldBatch;
 use super::outbox::{self, Guard};
-use super::waiting::{self, HeldRow};
 use super::{SettleMode, Store, Unit};
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
@@ -162,7 +162,7 @@ pub async fn set_failed_many(
 /// What a batch's settle writes.
 #[derive(Debug, Default, Clone)]
 pub struct SettlePlan {
-    /// Delivered event ids (or pairs, in a deliveries batch), per destination name.
+    /// Delivered event ids (or pairs, in a batch of pairs), per destination name.
     pub delivered: BTreeMap<String, Vec<Uuid>>,
     /// Failures, retried or dead.
     pub failed: Vec<FailedRow>,
@@ -212,7 +212,7 @@ impl SettlePlan {
             && self.fanned.iter().all(|id| self.rowless.contains(id))
     }
 
-    /// Whether it writes anything to the deliveries table (a deliveries batch's plan).
+    /// Whether it writes anything to the deliveries table (a batch of pairs' plan).
     pub(crate) fn has_pairs(&self) -> bool {
         !self.failed.is_empty() || !self.delivered.is_empty() || !self.held.is_empty()
     }
@@ -371,12 +371,12 @@ async fn park_followers(
         .map(|f| f.id)
         .chain(plan.held.iter().map(|h| h.id))
         .collect();
-    waiting::park_followers(store, unit, &ids, blocking).await
+    held::park_followers(store, unit, &ids, blocking).await
 }
 
-/// A failure as a row of the attempt history.
-fn attempt(f: &FailedRow) -> Attempt<'_> {
-    Attempt {
+/// A failed row or pair as an entry of the attempt history.
+fn failure(f: &FailedRow) -> Failure<'_> {
+    Failure {
         event_id: f.id,
         destination: f.destination.as_deref(),
         error: &f.error,
@@ -384,7 +384,7 @@ fn attempt(f: &FailedRow) -> Attempt<'_> {
     }
 }
 
-/// Writes a deliveries batch's `plan` under its lease `token`: delivered pairs are deleted, failed
+/// Writes a batch of pairs' `plan` under its lease `token`: delivered pairs are deleted, failed
 /// and held ones updated, `untouched` ones (event id, destination) given back due now. Returns how
 /// the settle went (pairs the token no longer holds are fenced).
 pub async fn apply_pairs(
@@ -439,7 +439,7 @@ pub async fn apply_pairs(
     if !settle.is_empty() {
         rows += deliveries::settle(store, &mut unit, &settle, Some(token)).await?;
     }
-    attempts::log(store, &mut unit, plan.failed.iter().map(attempt)).await?;
+    attempts::log(store, &mut unit, plan.failed.iter().map(failure)).await?;
     let expected = (ids.len() + settle.len()) as u64;
     Ok(SettleReport {
         rows,
@@ -460,7 +460,7 @@ async fn write(
     }
     if !plan.failed.is_empty() {
         rows += set_failed_many(store, unit, &plan.failed, token).await?;
-        attempts::log(store, unit, plan.failed.iter().map(attempt)).await?;
+        attempts::log(store, unit, plan.failed.iter().map(failure)).await?;
     }
     let fanned: Vec<Uuid> = plan
         .fanned
@@ -489,7 +489,7 @@ async fn write(
             .iter()
             .filter(|r| r.state != PairState::Held && r.attempts > 0);
         let failed = failed.filter_map(|r| {
-            Some(Attempt {
+            Some(Failure {
                 event_id: r.event_id,
                 destination: Some(r.destination.as_str()),
                 error: r.error.as_deref()?,
@@ -499,7 +499,7 @@ async fn write(
         attempts::log(store, unit, failed).await?;
     }
     if !plan.held.is_empty() {
-        rows += waiting::hold_many(store, unit, &plan.held, token).await?;
+        rows += held::hold_many(store, unit, &plan.held, token).await?;
     }
     Ok(rows)
 }

@@ -44,11 +44,11 @@ use slot::Names;
 
 /// What a batch's settle answers: its report, and the rows it delivered everywhere (written later
 /// with other batches' rows, [`WalEngine::write_rows`]).
-pub type WalSettled = crate::error::Result<(BatchReport, DeliveredRows)>;
+pub(crate) type WalSettled = crate::error::Result<(BatchReport, DeliveredRows)>;
 
 /// What the WAL source hands its batches to (the engine), so that the source knows nothing of
 /// routing, sinks or settling.
-pub trait WalEngine: Send + Sync + 'static {
+pub(crate) trait WalEngine: Send + Sync + 'static {
     /// The configuration: the table, `[wal]`, `[relay]`.
     fn config(&self) -> &Config;
 
@@ -85,7 +85,7 @@ pub const HEARTBEAT_PREFIX: &str = "pgoutbox-heartbeat";
 
 /// One batch of events read from the slot, in commit order.
 #[derive(Debug, Default)]
-pub struct WalBatch {
+pub(crate) struct WalBatch {
     /// The events, in commit order (and statement order within a transaction).
     pub events: Vec<OutboxEvent>,
     /// Outbox rows that cannot be read as events: dead-lettered.
@@ -123,7 +123,7 @@ enum End {
 
 /// Runs the WAL source until `shutdown`: one streaming session at a time, reconnecting (or
 /// waiting on standby) when a session ends.
-pub async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> BatchReport {
+pub(crate) async fn run<E: WalEngine>(engine: Arc<E>, shutdown: CancellationToken) -> BatchReport {
     let config = engine.config().clone();
     let names = Names::of(&config.wal, &config.table);
     let mut total = BatchReport::default();

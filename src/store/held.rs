@@ -1,5 +1,5 @@
-//! Rows and pairs waiting at 'infinity' (held for their destination, or parked behind an earlier
-//! row of their key) released once nothing holds them back.
+//! Rows and pairs held at 'infinity': held for their destination (paused, breaker open), or
+//! parked behind an earlier row of their key; and releasing them once nothing holds them back.
 
 use std::time::Duration;
 
@@ -139,7 +139,7 @@ pub async fn hold_many(
     token: Option<Uuid>,
 ) -> Result<u64> {
     let h = held;
-    let done = sqlx::query(&store.sql.waiting.hold_many)
+    let done = sqlx::query(&store.sql.held.hold_many)
         .bind(h.iter().map(|r| r.id).collect::<Vec<_>>())
         .bind(h.iter().map(|r| r.destination.as_str()).collect::<Vec<_>>())
         .bind(h.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
@@ -157,7 +157,7 @@ pub async fn park_followers(
     ids: &[Uuid],
     blocking: &[String],
 ) -> Result<()> {
-    sqlx::query(&store.sql.waiting.park_followers)
+    sqlx::query(&store.sql.held.park_followers)
         .bind(ids)
         .bind(blocking)
         .execute(unit.conn())
@@ -167,7 +167,7 @@ pub async fn park_followers(
 
 /// OutboxUnparkFollowers: rows whose wait is over are due again; returns how many.
 pub async fn unpark_rows(store: &Store) -> Result<u64> {
-    let done = sqlx::query(&store.sql.waiting.unpark_followers)
+    let done = sqlx::query(&store.sql.held.unpark_followers)
         .execute(store.pool())
         .await?;
     Ok(done.rows_affected())
@@ -179,7 +179,7 @@ pub async fn claim_probe(
     unit: &mut Unit,
     destination: &str,
 ) -> Result<Option<ClaimedRow>> {
-    let row = sqlx::query(&store.sql.waiting.claim_probe)
+    let row = sqlx::query(&store.sql.held.claim_probe)
         .bind(destination)
         .fetch_optional(unit.conn())
         .await?;
@@ -189,7 +189,7 @@ pub async fn claim_probe(
 
 /// OutboxExpireHeld: rows held for `destination` longer than `max_age` are dead-lettered.
 pub async fn expire_held(store: &Store, destination: &str, max_age: Duration) -> Result<u64> {
-    let done = sqlx::query(&store.sql.waiting.expire_held)
+    let done = sqlx::query(&store.sql.held.expire_held)
         .bind(destination)
         .bind(max_age.as_secs_f64())
         .execute(store.pool())
