@@ -169,14 +169,26 @@ async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
         }
     };
     match probe_once(ctx, d, &event).await {
-        Some(v @ (Verdict::Delivered | Verdict::Failed(_))) => {
+        Probed::Answered(v) => {
             let guard = Guard::Transaction(unit);
             ctx.settler.one(&event, &lane.name, v, guard).await?;
             probe_answered(ctx, d).await
         }
-        failed => {
+        Probed::Failed {
+            reason,
+            expired: Some(dead),
+        } => {
+            let guard = Guard::Transaction(unit);
+            ctx.settler.one(&event, &lane.name, dead, guard).await?;
+            probe_failed(ctx, d, failed_probes, Some(reason)).await
+        }
+        Probed::Failed { reason, .. } => {
             unit.rollback().await?;
-            probe_failed(ctx, d, failed_probes, failed).await
+            probe_failed(ctx, d, failed_probes, Some(reason)).await
+        }
+        Probed::Silent => {
+            unit.rollback().await?;
+            probe_failed(ctx, d, failed_probes, None).await
         }
     }
 }
@@ -203,35 +215,70 @@ async fn probe_pair(ctx: &Arc<Context>, d: usize, failed_probes: i32) -> Result<
         return probe_skipped(ctx, d, failed_probes).await;
     };
     match probe_once(ctx, d, &event).await {
-        Some(v @ (Verdict::Delivered | Verdict::Failed(_))) => {
+        Probed::Answered(v) => {
             ctx.settler.one(&event, &lane.name, v, guard).await?;
             probe_answered(ctx, d).await
+        }
+        Probed::Failed {
+            reason,
+            expired: Some(dead),
+        } => {
+            ctx.settler.one(&event, &lane.name, dead, guard).await?;
+            probe_failed(ctx, d, failed_probes, Some(reason)).await
         }
         failed => {
             // Back to held, no attempt counted.
             let held = Verdict::Held(None);
             ctx.settler.one(&event, &lane.name, held, guard).await?;
-            probe_failed(ctx, d, failed_probes, failed).await
+            let reason = match failed {
+                Probed::Failed { reason, .. } => Some(reason),
+                _ => None,
+            };
+            probe_failed(ctx, d, failed_probes, reason).await
         }
     }
 }
 
+/// What a probe came to.
+enum Probed {
+    /// The destination answered (a delivery, or a permanent rejection): the verdict settles the
+    /// event, and the breaker closes.
+    Answered(Verdict),
+    /// The request failed (`reason`), no attempt counted; `expired` is the verdict that
+    /// dead-letters the event when it is past its `max_age`.
+    Failed {
+        reason: String,
+        expired: Option<Verdict>,
+    },
+    /// No answer within `publish_timeout`.
+    Silent,
+}
+
 /// Publishes `event` to lane `d` as a probe (whatever its breaker says) within one
-/// `publish_timeout`, and judges it. `Some(Delivered | Failed)`: the destination answered (a
-/// delivery, or a permanent rejection); `Some(Held(reason))`: a failure, not counted; `None`: no
-/// answer.
-async fn probe_once(ctx: &Arc<Context>, d: usize, event: &OutboxEvent) -> Option<Verdict> {
+/// `publish_timeout`, and judges its answer as any attempt's: a failure while the breaker is open
+/// counts no attempt, and holds the event unless it is past its `max_age`.
+async fn probe_once(ctx: &Arc<Context>, d: usize, event: &OutboxEvent) -> Probed {
     let attempts = publish::probe(ctx, event.clone(), d).await;
-    match attempts.list.first().map(|(_, attempt)| attempt) {
-        Some(Attempt::Answered(Outcome::Retry { reason, .. }, _)) => {
-            Some(Verdict::Held(Some(reason.clone())))
-        }
-        Some(Attempt::Answered(..)) => {
-            let events = std::slice::from_ref(event);
-            let verdicts = judge(events, attempts, &ctx.lanes);
-            verdicts.list.into_iter().next().map(|j| j.verdict)
-        }
-        _ => None,
+    let failed = match attempts.list.first().map(|(_, attempt)| attempt) {
+        Some(Attempt::Answered(Outcome::Retry { reason, .. }, _)) => Some(reason.clone()),
+        Some(Attempt::Answered(..)) => None,
+        _ => return Probed::Silent,
+    };
+    let events = std::slice::from_ref(event);
+    let verdicts = judge(events, attempts, &ctx.lanes);
+    let Some(verdict) = verdicts.list.into_iter().next().map(|j| j.verdict) else {
+        return Probed::Silent;
+    };
+    match (failed, verdict) {
+        (None, verdict) => Probed::Answered(verdict),
+        (Some(reason), dead @ Verdict::Failed(_)) => Probed::Failed {
+            reason,
+            expired: Some(dead),
+        },
+        (Some(reason), _) => Probed::Failed {
+            reason,
+            expired: None,
+        },
     }
 }
 
@@ -253,19 +300,16 @@ async fn probe_answered(ctx: &Context, d: usize) -> Result<()> {
     Ok(())
 }
 
-/// The probe failed (`Some(Held(reason))`) or got no answer (`None`): the breaker stays open,
-/// the next probe later.
+/// The probe failed (`Some(reason)`) or got no answer (`None`): the breaker stays open, the
+/// next probe later.
 async fn probe_failed(
     ctx: &Context,
     d: usize,
     failed_probes: i32,
-    failed: Option<Verdict>,
+    failed: Option<String>,
 ) -> Result<()> {
     let lane = &ctx.lanes[d];
-    let reason = match failed {
-        Some(Verdict::Held(Some(reason))) => reason,
-        _ => "no answer within publish_timeout".to_owned(),
-    };
+    let reason = failed.unwrap_or_else(|| "no answer within publish_timeout".to_owned());
     let delay = lane.gate.probe_delay(failed_probes + 1);
     info!(destination = %lane.name, error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
     destinations::probe_failed(&ctx.store, &lane.name, Some(&reason), delay).await
