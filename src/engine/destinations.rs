@@ -168,29 +168,7 @@ async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
             return probe_pair(ctx, d, failed_probes).await;
         }
     };
-    match probe_once(ctx, d, &event).await {
-        Probed::Answered(v) => {
-            let guard = Guard::Transaction(unit);
-            ctx.settler.one(&event, &lane.name, v, guard).await?;
-            probe_answered(ctx, d).await
-        }
-        Probed::Failed {
-            reason,
-            expired: Some(dead),
-        } => {
-            let guard = Guard::Transaction(unit);
-            ctx.settler.one(&event, &lane.name, dead, guard).await?;
-            probe_failed(ctx, d, failed_probes, Some(reason)).await
-        }
-        Probed::Failed { reason, .. } => {
-            unit.rollback().await?;
-            probe_failed(ctx, d, failed_probes, Some(reason)).await
-        }
-        Probed::Silent => {
-            unit.rollback().await?;
-            probe_failed(ctx, d, failed_probes, None).await
-        }
-    }
+    sent(ctx, d, event, Guard::Transaction(unit), failed_probes).await
 }
 
 /// The probe of lane `d` found no held event row: it takes a held pair from the deliveries table
@@ -214,29 +192,39 @@ async fn probe_pair(ctx: &Arc<Context>, d: usize, failed_probes: i32) -> Result<
         // Nothing held yet: the next events routed to the destination will be.
         return probe_skipped(ctx, d, failed_probes).await;
     };
-    match probe_once(ctx, d, &event).await {
+    sent(ctx, d, event, guard, failed_probes).await
+}
+
+/// Probes lane `d` with `event`, held under `guard` (a held row's transaction, or a held pair's
+/// lease), and settles what it came to: the answer's verdict (and the breaker closes), the dead
+/// letter of an event past its `max_age`, or the event back to held (the row's transaction rolls
+/// back; the pair is written held again). Either way the next probe is scheduled.
+async fn sent(
+    ctx: &Arc<Context>,
+    d: usize,
+    event: OutboxEvent,
+    guard: Guard,
+    failed_probes: i32,
+) -> Result<()> {
+    let lane = &ctx.lanes[d];
+    let (verdict, reason) = match probe_once(ctx, d, &event).await {
         Probed::Answered(v) => {
             ctx.settler.one(&event, &lane.name, v, guard).await?;
-            probe_answered(ctx, d).await
+            return probe_answered(ctx, d).await;
         }
-        Probed::Failed {
-            reason,
-            expired: Some(dead),
-        } => {
-            ctx.settler.one(&event, &lane.name, dead, guard).await?;
-            probe_failed(ctx, d, failed_probes, Some(reason)).await
-        }
-        failed => {
-            // Back to held, no attempt counted.
+        Probed::Failed { reason, expired } => (expired, Some(reason)),
+        Probed::Silent => (None, None),
+    };
+    match (verdict, guard) {
+        (Some(dead), guard) => ctx.settler.one(&event, &lane.name, dead, guard).await?,
+        (None, Guard::Transaction(unit)) => unit.rollback().await?,
+        // Back to held, no attempt counted.
+        (None, guard) => {
             let held = Verdict::Held(None);
-            ctx.settler.one(&event, &lane.name, held, guard).await?;
-            let reason = match failed {
-                Probed::Failed { reason, .. } => Some(reason),
-                _ => None,
-            };
-            probe_failed(ctx, d, failed_probes, reason).await
+            ctx.settler.one(&event, &lane.name, held, guard).await?
         }
     }
+    probe_failed(ctx, d, failed_probes, reason).await
 }
 
 /// What a probe came to.

@@ -262,19 +262,7 @@ impl Settler {
         // A probe that failed puts its event back as it was: nothing to count.
         let answered = !matches!(v, Verdict::Held(_));
         let plan = SettlePlan::of_one(event, destination, v);
-        match guard {
-            Guard::Lease(token) => {
-                write::apply_pairs(&self.store, token, &plan, &[]).await?;
-            }
-            guard => {
-                let rows = Rows {
-                    mode: self.mode,
-                    untouched: &[],
-                    park: None,
-                };
-                write::apply(&self.store, guard, &plan, rows).await?;
-            }
-        }
+        self.write_alone(&plan, guard).await?;
         if answered {
             record(std::slice::from_ref(event), &plan);
         }
@@ -291,9 +279,15 @@ impl Settler {
         guard: Guard,
     ) -> Result<()> {
         let plan = SettlePlan::of_unreadable(id, destination, reason);
+        self.write_alone(&plan, guard).await
+    }
+
+    /// Writes the plan of one event settled alone: on its pair row under a lease token (a probe
+    /// takes pairs leased), or on its row under the probe's transaction.
+    async fn write_alone(&self, plan: &SettlePlan, guard: Guard) -> Result<()> {
         match guard {
-            Guard::Lease(token) if destination.is_some() => {
-                write::apply_pairs(&self.store, token, &plan, &[]).await?;
+            Guard::Lease(token) => {
+                write::apply_pairs(&self.store, token, plan, &[]).await?;
             }
             guard => {
                 let rows = Rows {
@@ -301,7 +295,7 @@ impl Settler {
                     untouched: &[],
                     park: None,
                 };
-                write::apply(&self.store, guard, &plan, rows).await?;
+                write::apply(&self.store, guard, plan, rows).await?;
             }
         }
         Ok(())
