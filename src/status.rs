@@ -36,7 +36,7 @@ pub async fn read(store: &Store, routing: Option<(&Router, &[String])>) -> Resul
         ..StatusRow::default()
     };
     for row in &raw {
-        add(&mut totals, row);
+        totals += row;
     }
     let raw = match routing {
         None => raw,
@@ -71,7 +71,7 @@ pub async fn read(store: &Store, routing: Option<(&Router, &[String])>) -> Resul
             .iter_mut()
             .find(|r| r.destination == row.destination && r.topic == row.topic)
         {
-            Some(existing) => add(existing, &row),
+            Some(existing) => *existing += &row,
             None => rows.push(row),
         }
     }
@@ -83,23 +83,4 @@ pub async fn read(store: &Store, routing: Option<(&Router, &[String])>) -> Resul
         rows,
         destinations: crate::store::destinations::read(store).await?,
     })
-}
-
-fn add(into: &mut StatusRow, row: &StatusRow) {
-    into.due += row.due;
-    into.backoff += row.backoff;
-    into.held += row.held;
-    into.in_flight += row.in_flight;
-    into.failing += row.failing;
-    into.dead += row.dead;
-    into.published_last_minute += row.published_last_minute;
-    into.published_last_hour += row.published_last_hour;
-    into.published_retained += row.published_retained;
-    into.oldest_pending_age_seconds = match (
-        into.oldest_pending_age_seconds,
-        row.oldest_pending_age_seconds,
-    ) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
 }

@@ -115,6 +115,28 @@ pub struct StatusRow {
     pub published_retained: i64,
 }
 
+impl std::ops::AddAssign<&StatusRow> for StatusRow {
+    /// Counts summed; the lag is the oldest of the two.
+    fn add_assign(&mut self, row: &StatusRow) {
+        self.due += row.due;
+        self.backoff += row.backoff;
+        self.held += row.held;
+        self.in_flight += row.in_flight;
+        self.failing += row.failing;
+        self.dead += row.dead;
+        self.published_last_minute += row.published_last_minute;
+        self.published_last_hour += row.published_last_hour;
+        self.published_retained += row.published_retained;
+        self.oldest_pending_age_seconds = match (
+            self.oldest_pending_age_seconds,
+            row.oldest_pending_age_seconds,
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
 /// OutboxStatus: the counts as recorded, one row per (destination, topic) and part of the
 /// statement (the caller merges them).
 pub async fn rows(store: &Store) -> Result<Vec<StatusRow>> {
