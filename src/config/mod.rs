@@ -16,6 +16,7 @@ mod database;
 mod destination;
 mod duration;
 mod error;
+mod flat;
 mod observability;
 mod relay;
 mod secret;
@@ -36,6 +37,7 @@ pub use destination::{
 };
 pub use duration::{duration_str, opt_duration_str};
 pub use error::ConfigError;
+pub use flat::Flat;
 pub use observability::{AdminConfig, NamedToken, ObservabilityConfig, OtlpConfig, Role};
 pub use relay::{ClaimMode, History, RelayConfig, SettleCommit, Source};
 pub use secret::Secret;
