@@ -8,19 +8,15 @@
 //! goes on past a failed record, so a later one of the same key could overtake). Each record gets
 //! its own answer: the failed ones are retried alone, the delivered ones never sent again.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use serde::Deserialize;
 
-use super::aws::{self, Account, Limits};
+use super::aws::{self, AwsSettings, Limits};
 use super::body::{Binding, Body, Shape};
-use super::tls::TlsConfig;
 use super::SinkKind;
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -34,38 +30,24 @@ const LIMITS: Limits = Limits {
 /// Registry entry: `type = "kinesis"`.
 pub const KIND: SinkKind = SinkKind {
     name: "kinesis",
-    build: |_name, settings| {
-        let cfg: KinesisConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(KinesisSink::new(cfg)?)))
-    },
+    build: |_name, settings| aws::build(settings, KinesisSink::new),
 };
 
-/// Settings of `type = "kinesis"`.
+/// Settings of `type = "kinesis"`: [`KinesisSettings`] and the [`AwsSettings`] every AWS sink
+/// takes; `body` (what a record's data holds) is `envelope` by default.
+pub type KinesisConfig = Flat<KinesisSettings, AwsSettings>;
+
+/// The keys only `type = "kinesis"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KinesisConfig {
+pub struct KinesisSettings {
     /// The stream's name or ARN, a template.
     pub stream: Template,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
-    pub endpoint_url: Option<String>,
-    /// How long to wait for a connection and for each call's answer.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What a record's data holds: `envelope` (default), `payload` or `cloudevents`.
-    #[serde(default = "Body::envelope")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// Puts events on Kinesis data streams.
 pub struct KinesisSink {
-    cfg: KinesisConfig,
+    cfg: KinesisSettings,
     shape: Shape,
     client: aws::Connection<aws_sdk_kinesis::Client>,
 }
@@ -81,18 +63,13 @@ impl std::fmt::Debug for KinesisSink {
 impl KinesisSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: KinesisConfig) -> Result<Self, String> {
+        let (shape, client) = cfg
+            .common
+            .build(("Kinesis", Body::Envelope), aws_sdk_kinesis::Client::new)?;
         Ok(Self {
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "Kinesis")?,
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                aws_sdk_kinesis::Client::new,
-            ),
-            cfg,
+            cfg: cfg.own,
+            shape,
+            client,
         })
     }
 

@@ -6,19 +6,15 @@
 //! and `MessageDeduplicationId` its id. Subscribers see the attributes as sent when the
 //! subscription has raw message delivery on, and inside SNS's JSON notification otherwise.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use serde::Deserialize;
 
-use super::aws::{self, Account, Limits};
+use super::aws::{self, AwsSettings, Limits};
 use super::body::{Body, Shape};
 use super::reserved::Reserved;
-use super::tls::TlsConfig;
 use super::SinkKind;
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -32,38 +28,24 @@ const LIMITS: Limits = Limits {
 /// Registry entry: `type = "sns"`.
 pub const KIND: SinkKind = SinkKind {
     name: "sns",
-    build: |_name, settings| {
-        let cfg: SnsConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(SnsSink::new(cfg)?)))
-    },
+    build: |_name, settings| aws::build(settings, SnsSink::new),
 };
 
-/// Settings of `type = "sns"`.
+/// Settings of `type = "sns"`: [`SnsSettings`] and the [`AwsSettings`] every AWS sink takes; `body`
+/// (what a message holds) is `payload` by default.
+pub type SnsConfig = Flat<SnsSettings, AwsSettings>;
+
+/// The keys only `type = "sns"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SnsConfig {
+pub struct SnsSettings {
     /// The topic's ARN, a template: `arn:aws:sns:eu-west-1:123456789012:orders.fifo`.
     pub topic_arn: Template,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
-    pub endpoint_url: Option<String>,
-    /// How long to wait for a connection and for each call's answer.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What a message holds: `payload` (default), `envelope` or `cloudevents`.
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// Publishes events to SNS topics.
 pub struct SnsSink {
-    cfg: SnsConfig,
+    cfg: SnsSettings,
     shape: Shape,
     reserved: Reserved,
     client: aws::Connection<aws_sdk_sns::Client>,
@@ -80,19 +62,14 @@ impl std::fmt::Debug for SnsSink {
 impl SnsSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: SnsConfig) -> Result<Self, String> {
+        let (shape, client) = cfg
+            .common
+            .build(("SNS", Body::Payload), aws_sdk_sns::Client::new)?;
         Ok(Self {
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "SNS")?,
+            cfg: cfg.own,
+            shape,
             reserved: aws::reserved("sns"),
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                aws_sdk_sns::Client::new,
-            ),
-            cfg,
+            client,
         })
     }
 

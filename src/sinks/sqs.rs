@@ -8,19 +8,15 @@
 //! by side. Each entry of a batch gets its own answer: the failed ones are retried (or rejected)
 //! alone, the delivered ones are never sent again.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use serde::Deserialize;
 
-use super::aws::{self, Account, Limits};
+use super::aws::{self, AwsSettings, Limits};
 use super::body::{Body, Shape};
 use super::reserved::Reserved;
-use super::tls::TlsConfig;
 use super::SinkKind;
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -34,38 +30,24 @@ const LIMITS: Limits = Limits {
 /// Registry entry: `type = "sqs"`.
 pub const KIND: SinkKind = SinkKind {
     name: "sqs",
-    build: |_name, settings| {
-        let cfg: SqsConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(SqsSink::new(cfg)?)))
-    },
+    build: |_name, settings| aws::build(settings, SqsSink::new),
 };
 
-/// Settings of `type = "sqs"`.
+/// Settings of `type = "sqs"`: [`SqsSettings`] and the [`AwsSettings`] every AWS sink takes; `body`
+/// (what a message's body holds) is `payload` by default.
+pub type SqsConfig = Flat<SqsSettings, AwsSettings>;
+
+/// The keys only `type = "sqs"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SqsConfig {
+pub struct SqsSettings {
     /// The queue's URL, a template: `https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo`.
     pub queue_url: Template,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
-    pub endpoint_url: Option<String>,
-    /// How long to wait for a connection and for each call's answer.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What a message's body holds: `payload` (default), `envelope` or `cloudevents`.
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// Sends events to SQS queues.
 pub struct SqsSink {
-    cfg: SqsConfig,
+    cfg: SqsSettings,
     shape: Shape,
     reserved: Reserved,
     client: aws::Connection<aws_sdk_sqs::Client>,
@@ -82,19 +64,14 @@ impl std::fmt::Debug for SqsSink {
 impl SqsSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: SqsConfig) -> Result<Self, String> {
+        let (shape, client) = cfg
+            .common
+            .build(("SQS", Body::Payload), aws_sdk_sqs::Client::new)?;
         Ok(Self {
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "SQS")?,
+            cfg: cfg.own,
+            shape,
             reserved: aws::reserved("sqs"),
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                aws_sdk_sqs::Client::new,
-            ),
-            cfg,
+            client,
         })
     }
 

@@ -28,8 +28,9 @@
 
 mod answers;
 mod calls;
+mod settings;
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,10 +41,12 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
+use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
 pub(crate) use answers::{call_failed, entry_outcomes, positional};
 pub(crate) use calls::{by_target, group, publish_built, Limits};
+pub use settings::AwsSettings;
 
 use super::body::{Binding, Body, Shape};
 use super::reserved::Reserved;
@@ -100,6 +103,16 @@ impl<S: Batches> Sink for Batched<S> {
     async fn healthcheck(&self) -> Result<(), String> {
         self.0.ready().await
     }
+}
+
+/// An AWS sink's registry entry: the sink `new` makes of the destination's settings.
+pub(crate) fn build<C: DeserializeOwned, S: Batches>(
+    settings: &toml::Table,
+    new: fn(C) -> Result<S, String>,
+) -> Result<Arc<dyn Sink>, String> {
+    Ok(Arc::new(Batched(new(crate::config::sink_settings(
+        settings,
+    )?)?)))
 }
 
 /// The `body` of a sink of `service` that sends no CloudEvents binary mode (SQS and SNS take
