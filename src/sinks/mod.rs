@@ -7,6 +7,14 @@
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod body;
+#[cfg(any(
+    feature = "kafka",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "redis"
+))]
+pub mod broker;
 #[cfg(feature = "eventbridge")]
 pub mod eventbridge;
 #[cfg(feature = "kafka")]
