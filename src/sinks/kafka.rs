@@ -43,8 +43,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings};
-use super::kept::{Connection, Kept, Reconnects};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::{Sink, SinkKind};
 use crate::config::{Flat, Secret};

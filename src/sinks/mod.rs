@@ -19,14 +19,6 @@ pub mod broker;
 pub mod eventbridge;
 #[cfg(feature = "kafka")]
 pub mod kafka;
-#[cfg(any(
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "rabbitmq",
-    feature = "redis"
-))]
-mod kept;
 #[cfg(feature = "kinesis")]
 pub mod kinesis;
 #[cfg(feature = "mqtt")]

@@ -37,8 +37,7 @@ use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
 use super::body::{Binding, Message, Shape};
-use super::broker::{self, BrokerSettings};
-use super::kept::{Connection, Kept, Reconnects};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
 use super::{Sink, SinkKind};

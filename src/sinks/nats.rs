@@ -35,8 +35,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings};
-use super::kept::{Connection, Kept, Reconnects};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
 use super::{Sink, SinkKind};

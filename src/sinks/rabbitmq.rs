@@ -27,8 +27,7 @@ use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::Deserialize;
 
 use super::body::{Binding, Message, Shape};
-use super::broker::{self, BrokerSettings};
-use super::kept::{Connection, Kept, Reconnects};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::{Sink, SinkKind};
 use crate::config::Flat;

@@ -23,8 +23,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings};
-use super::kept::{Connection, Kept, Reconnects};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::{Sink, SinkKind};
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;

@@ -1,6 +1,9 @@
-//! The keys every broker sink (`nats`, `rabbitmq`, `kafka`, `redis`, `mqtt`) takes beside its
-//! own — how long to wait for the broker, TLS, and what a message's body holds — read with them
-//! from the destination's table ([`crate::config::Flat`]).
+//! What the broker sinks (`nats`, `rabbitmq`, `kafka`, `redis`, `mqtt`) share: the keys each
+//! takes beside its own — how long to wait for the broker, TLS, and what a message's body holds —
+//! read with them from the destination's table ([`crate::config::Flat`]), and the connection
+//! each keeps between publishes (`Kept`).
+
+mod kept;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +15,8 @@ use super::body::{Body, Shape};
 use super::tls::TlsConfig;
 use super::Sink;
 use crate::config::duration_str;
+
+pub(crate) use kept::{Connection, Kept, Reconnects};
 
 /// A broker sink's registry entry: the sink `new` makes of destination `name`'s settings.
 pub(crate) fn build<C: DeserializeOwned, S: Sink + 'static>(
