@@ -28,6 +28,8 @@
 
 mod answers;
 mod calls;
+#[cfg(any(feature = "sqs", feature = "sns"))]
+mod messages;
 mod settings;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,6 +48,10 @@ use tokio::sync::OnceCell;
 
 pub(crate) use answers::{call_failed, entry_outcomes, positional};
 pub(crate) use calls::{by_target, group, publish_built, Limits};
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub(crate) use messages::message_api;
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub use messages::{MessageApi, Messages};
 pub use settings::AwsSettings;
 
 use super::body::{Binding, Body, Shape};
@@ -137,14 +143,31 @@ where
     Fut: std::future::Future<Output = Result<T, SdkError<E, HttpResponse>>>,
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
+    ready_as(name, what, |name| async move {
+        check(name)
+            .await
+            .map(drop)
+            .map_err(|e| call_failed(service, &e))
+    })
+    .await
+}
+
+/// [`ready`], with `check` giving the outcome its failure comes to.
+pub(crate) async fn ready_as<'n, Fut>(
+    name: &'n Template,
+    what: &str,
+    check: impl FnOnce(&'n str) -> Fut,
+) -> Result<(), String>
+where
+    Fut: std::future::Future<Output = Result<(), Outcome>>,
+{
     if !name.is_constant() {
         return Ok(());
     }
     let name = name.as_str();
     check(name)
         .await
-        .map(|_| ())
-        .map_err(|e| unreachable(&format!("{what} {name}"), call_failed(service, &e)))
+        .map_err(|outcome| unreachable(&format!("{what} {name}"), outcome))
 }
 
 /// A readiness failure of `what` (`queue …`), from the outcome its check came to.
@@ -163,7 +186,7 @@ pub(crate) fn fifo(name: &str) -> bool {
 }
 
 /// One event as an SQS or SNS message (both take the same body and attributes).
-pub(crate) struct Message {
+pub struct Message {
     /// The body: the destination's `body` of the event.
     pub body: String,
     /// The message attributes ([`attributes`]), all of data type `String`.
