@@ -12,7 +12,7 @@ use aws_sdk_eventbridge::primitives::DateTime;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use serde::Deserialize;
 
-use super::aws::{self, AwsSettings, Limits};
+use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
 use super::SinkKind;
 use crate::config::Flat;
@@ -20,10 +20,14 @@ use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// What one `PutEvents` takes: ten entries, 256 KiB together.
-const LIMITS: Limits = Limits {
-    entries: 10,
-    bytes: 256 * 1024,
+/// What one `PutEvents` takes — ten entries, 256 KiB together — and EventBridge keeps no order:
+/// calls go side by side.
+const CALLS: Calls = Calls {
+    limits: Limits {
+        entries: 10,
+        bytes: 256 * 1024,
+    },
+    ordered: |_| false,
 };
 
 /// The `source` of a destination that sets none.
@@ -113,50 +117,19 @@ impl EventBridgeSink {
     /// Puts `entries` in one call (each names its bus).
     async fn send(&self, entries: Vec<PutEventsRequestEntry>) -> Vec<Outcome> {
         let len = entries.len();
-        let answer = self
-            .client
-            .get()
-            .await
-            .put_events()
-            .set_entries(Some(entries))
-            .send()
-            .await;
-        match answer {
-            Ok(out) => aws::positional(
-                "EventBridge",
-                len,
-                out.entries()
-                    .iter()
-                    .map(|r| (r.error_code(), r.error_message())),
-            ),
-            Err(e) => vec![aws::call_failed("EventBridge", &e); len],
-        }
+        let call = self.client.get().await.put_events();
+        let answer = call.set_entries(Some(entries)).send().await;
+        aws::in_order!("EventBridge", len, answer, entries)
     }
 }
 
 #[async_trait]
 impl aws::Batches for EventBridgeSink {
     async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
-        let buses: Vec<String> = events
-            .iter()
-            .map(|e| self.cfg.event_bus.render(e))
-            .collect();
-        let entries: Vec<_> = events
-            .iter()
-            .zip(&buses)
-            .map(|(e, bus)| Ok(self.entry(e, bus)))
-            .collect();
-        // EventBridge keeps no order: calls go side by side.
-        aws::publish_built(
-            events,
-            buses,
-            &entries,
-            LIMITS,
-            |_| false,
-            |_, built| self.send(built),
-            record,
-        )
-        .await;
+        let entry = |_, event: &OutboxEvent, bus: &str| Ok(self.entry(event, bus));
+        // Each entry names its bus: a call takes the entries of one bus all the same.
+        let send = |_, entries| self.send(entries);
+        aws::publish_each(events, &self.cfg.event_bus, CALLS, entry, send, record).await;
     }
 
     async fn ready(&self) -> Result<(), String> {

@@ -13,7 +13,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use serde::Deserialize;
 
-use super::aws::{self, AwsSettings, Limits};
+use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
 use super::SinkKind;
 use crate::config::Flat;
@@ -21,10 +21,14 @@ use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// What one `PutRecords` takes: 500 records, 5 MiB of data and partition keys together.
-const LIMITS: Limits = Limits {
-    entries: 500,
-    bytes: 5 * 1024 * 1024,
+/// What one `PutRecords` takes — 500 records, 5 MiB of data and partition keys together — and a
+/// stream keeps each shard's order: every stream is sent to in order.
+const CALLS: Calls = Calls {
+    limits: Limits {
+        entries: 500,
+        bytes: 5 * 1024 * 1024,
+    },
+    ordered: |_| true,
 };
 
 /// Registry entry: `type = "kinesis"`.
@@ -100,35 +104,16 @@ impl KinesisSink {
         } else {
             call.stream_name(stream)
         };
-        match call.send().await {
-            Ok(out) => aws::positional(
-                "Kinesis",
-                len,
-                out.records()
-                    .iter()
-                    .map(|r| (r.error_code(), r.error_message())),
-            ),
-            Err(e) => vec![aws::call_failed("Kinesis", &e); len],
-        }
+        aws::in_order!("Kinesis", len, call.send().await, records)
     }
 }
 
 #[async_trait]
 impl aws::Batches for KinesisSink {
     async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
-        let streams: Vec<String> = events.iter().map(|e| self.cfg.stream.render(e)).collect();
-        let records: Vec<_> = events.iter().map(|e| self.record(e)).collect();
-        // A stream keeps each shard's order: every stream is sent to in order.
-        aws::publish_built(
-            events,
-            streams,
-            &records,
-            LIMITS,
-            |_| true,
-            |stream, built| self.send(stream, built),
-            record,
-        )
-        .await;
+        let entry = |_, event: &OutboxEvent, _: &str| self.record(event);
+        let send = |stream, records| self.send(stream, records);
+        aws::publish_each(events, &self.cfg.stream, CALLS, entry, send, record).await;
     }
 
     async fn ready(&self) -> Result<(), String> {

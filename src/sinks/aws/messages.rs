@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use aws_config::SdkConfig;
 
 use super::{
-    fifo, group, message, publish_built, ready_as, reserved, AwsSettings, Batches, Connection,
-    Limits, Message, Record,
+    fifo, group, message, publish_each, ready_as, reserved, AwsSettings, Batches, Calls,
+    Connection, Limits, Message, Record,
 };
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -20,11 +20,14 @@ use crate::model::template::Template;
 use crate::sinks::body::{Body, Shape};
 use crate::sinks::reserved::Reserved;
 
-/// What one `SendMessageBatch` or `PublishBatch` takes: ten entries, 256 KiB of bodies and
-/// attributes together.
-const LIMITS: Limits = Limits {
-    entries: 10,
-    bytes: 256 * 1024,
+/// What one `SendMessageBatch` or `PublishBatch` takes — ten entries, 256 KiB of bodies and
+/// attributes together — and a FIFO queue or topic keeps each message group's order.
+const CALLS: Calls = Calls {
+    limits: Limits {
+        entries: 10,
+        bytes: 256 * 1024,
+    },
+    ordered: fifo,
 };
 
 /// An SDK client that sends batches of messages with attributes (SQS, SNS).
@@ -193,18 +196,12 @@ impl<A: MessageApi> Messages<A> {
 #[async_trait]
 impl<A: MessageApi> Batches for Messages<A> {
     async fn send_all(&self, events: &[&OutboxEvent], record: Record<'_>) {
-        let targets: Vec<String> = events.iter().map(|e| self.target.render(e)).collect();
-        let entries: Vec<_> = events
-            .iter()
-            .zip(&targets)
-            .enumerate()
-            .map(|(i, (e, t))| self.entry(i, e, t))
-            .collect();
+        let entry = |i, event: &OutboxEvent, target: &str| self.entry(i, event, target);
         let send = |target: String, built| async move {
             let client = self.client.get().await;
             client.send_batch(&target, built).await
         };
-        publish_built(events, targets, &entries, LIMITS, fifo, send, record).await;
+        publish_each(events, &self.target, CALLS, entry, send, record).await;
     }
 
     async fn ready(&self) -> Result<(), String> {

@@ -23,7 +23,7 @@
         feature = "eventbridge",
         feature = "s3"
     )),
-    allow(dead_code, unused_imports)
+    allow(dead_code, unused_imports, unused_macros)
 )]
 
 mod answers;
@@ -46,8 +46,8 @@ use aws_smithy_types::timeout::TimeoutConfig;
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
-pub(crate) use answers::{call_failed, entry_outcomes, positional};
-pub(crate) use calls::{by_target, group, publish_built, Limits};
+pub(crate) use answers::{call_failed, entry_outcomes, in_order, positional};
+pub(crate) use calls::{by_target, group, publish_each, Calls, Limits};
 #[cfg(any(feature = "sqs", feature = "sns"))]
 pub(crate) use messages::message_api;
 #[cfg(any(feature = "sqs", feature = "sns"))]
