@@ -67,14 +67,10 @@ pub struct EventBridgeSink {
     client: aws::Connection<aws_sdk_eventbridge::Client>,
 }
 
-impl std::fmt::Debug for EventBridgeSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventBridgeSink")
-            .field("event_bus", &self.cfg.event_bus)
-            .field("source", &self.source)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(EventBridgeSink {
+    event_bus: cfg.event_bus,
+    source: source
+});
 
 impl EventBridgeSink {
     /// Validates the settings; connects on the first publish.

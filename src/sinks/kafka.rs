@@ -167,14 +167,10 @@ impl Drop for KeptProducer {
 // The last clone's drop shuts the producer down, in the background (see `Drop`).
 impl Connection for Arc<KeptProducer> {}
 
-impl std::fmt::Debug for KafkaSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaSink")
-            .field("brokers", &self.cfg.brokers)
-            .field("topic", &self.cfg.topic)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(KafkaSink {
+    brokers: cfg.brokers,
+    topic: cfg.topic
+});
 
 impl KafkaSink {
     /// Validates the settings of destination `destination`; the producer (and its connections)

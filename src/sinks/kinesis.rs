@@ -56,13 +56,7 @@ pub struct KinesisSink {
     client: aws::Connection<aws_sdk_kinesis::Client>,
 }
 
-impl std::fmt::Debug for KinesisSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KinesisSink")
-            .field("stream", &self.cfg.stream)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(KinesisSink { stream: cfg.stream });
 
 impl KinesisSink {
     /// Validates the settings; connects on the first publish.

@@ -64,6 +64,24 @@ pub(crate) fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
+/// `Debug` for a sink: its type and the settings that tell its destinations apart (`name: path`
+/// of each, from `self`), never a secret nor a client.
+// A build without the sinks that use it leaves it unused.
+#[allow(unused_macros)]
+macro_rules! sink_debug {
+    ($sink:ident { $($name:ident: $($path:ident).+),+ $(,)? }) => {
+        impl std::fmt::Debug for $sink {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($sink))
+                    $(.field(stringify!($name), &self.$($path).+))+
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use sink_debug;
+
 /// A destination events are published to.
 #[async_trait]
 pub trait Sink: Send + Sync {

@@ -97,13 +97,7 @@ pub struct MqttSink {
     reconnects: Arc<Reconnects>,
 }
 
-impl std::fmt::Debug for MqttSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MqttSink")
-            .field("topic", &self.cfg.topic)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(MqttSink { topic: cfg.topic });
 
 /// One connection: the client that queues publishes and the waiters the event loop resolves.
 struct Session {

@@ -141,13 +141,9 @@ struct Conn {
 // next reconnect gets through: the attempts an outage would have cost anyway, and no more.
 impl Connection for Conn {}
 
-impl std::fmt::Debug for NatsSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsSink")
-            .field("subject", &self.cfg.subject)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(NatsSink {
+    subject: cfg.subject
+});
 
 impl NatsSink {
     /// Validates the settings of destination `destination`; connects on the first publish.

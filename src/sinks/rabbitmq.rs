@@ -102,14 +102,10 @@ impl Connection for Arc<Link> {
     }
 }
 
-impl std::fmt::Debug for RabbitMqSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitMqSink")
-            .field("exchange", &self.cfg.exchange)
-            .field("routing_key", &self.cfg.routing_key)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(RabbitMqSink {
+    exchange: cfg.exchange,
+    routing_key: cfg.routing_key
+});
 
 impl RabbitMqSink {
     /// Validates the settings of destination `destination`; connects on the first publish.

@@ -70,14 +70,10 @@ pub struct RedisSink {
 // Dropping the manager ends its tasks (a reconnect under way first finishes): nothing to wait for.
 impl Connection for ConnectionManager {}
 
-impl std::fmt::Debug for RedisSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSink")
-            .field("stream", &self.cfg.stream)
-            .field("maxlen", &self.cfg.maxlen)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(RedisSink {
+    stream: cfg.stream,
+    maxlen: cfg.maxlen
+});
 
 impl RedisSink {
     /// Validates the settings of destination `destination`; connects on the first publish.

@@ -57,14 +57,10 @@ pub struct S3Sink {
     client: aws::Connection<aws_sdk_s3::Client>,
 }
 
-impl std::fmt::Debug for S3Sink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Sink")
-            .field("bucket", &self.cfg.bucket)
-            .field("prefix", &self.cfg.prefix)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(S3Sink {
+    bucket: cfg.bucket,
+    prefix: cfg.prefix
+});
 
 /// The folder of the objects holding events of `topic` written on `day`: `<prefix>/<yyyy>/<mm>/<dd>/<topic>`.
 fn folder(prefix: &str, day: DateTime<Utc>, topic: &str) -> String {
