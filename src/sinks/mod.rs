@@ -151,29 +151,31 @@ pub type BuildSink =
 
 /// Every sink type this build has. Adding a sink: one file in this folder and one line here.
 pub fn registry() -> Vec<SinkKind> {
-    #[allow(unused_mut)]
-    let mut kinds = vec![webhook::KIND, stdout::KIND, null::KIND];
-    #[cfg(feature = "nats")]
-    kinds.push(nats::KIND);
-    #[cfg(feature = "rabbitmq")]
-    kinds.push(rabbitmq::KIND);
-    #[cfg(feature = "kafka")]
-    kinds.push(kafka::KIND);
-    #[cfg(feature = "redis")]
-    kinds.push(redis::KIND);
-    #[cfg(feature = "mqtt")]
-    kinds.push(mqtt::KIND);
-    #[cfg(feature = "sqs")]
-    kinds.push(sqs::KIND);
-    #[cfg(feature = "sns")]
-    kinds.push(sns::KIND);
-    #[cfg(feature = "kinesis")]
-    kinds.push(kinesis::KIND);
-    #[cfg(feature = "eventbridge")]
-    kinds.push(eventbridge::KIND);
-    #[cfg(feature = "s3")]
-    kinds.push(s3::KIND);
-    kinds
+    vec![
+        webhook::KIND,
+        stdout::KIND,
+        null::KIND,
+        #[cfg(feature = "nats")]
+        nats::KIND,
+        #[cfg(feature = "rabbitmq")]
+        rabbitmq::KIND,
+        #[cfg(feature = "kafka")]
+        kafka::KIND,
+        #[cfg(feature = "redis")]
+        redis::KIND,
+        #[cfg(feature = "mqtt")]
+        mqtt::KIND,
+        #[cfg(feature = "sqs")]
+        sqs::KIND,
+        #[cfg(feature = "sns")]
+        sns::KIND,
+        #[cfg(feature = "kinesis")]
+        kinesis::KIND,
+        #[cfg(feature = "eventbridge")]
+        eventbridge::KIND,
+        #[cfg(feature = "s3")]
+        s3::KIND,
+    ]
 }
 
 /// Builds every configured destination's sink, once each, checking its type and settings; the
