@@ -1,6 +1,7 @@
-//! What the AWS sinks (`sqs`, `sns`, `kinesis`, `eventbridge`, `s3`) share: the account settings
-//! every one of them takes, the SDK configuration made from them, how an AWS error is classified,
-//! and how a batch is cut into the calls a batch API takes.
+//! What the AWS sinks (`sqs`, `sns`, `kinesis`, `eventbridge`, `s3`) share: the settings every one
+//! of them takes ([`AwsSettings`]), the SDK configuration made from them, how an AWS error is
+//! classified, how a batch is cut into the calls a batch API takes, and the one sink `sqs` and
+//! `sns` both are (`Messages`, over either SDK).
 //!
 //! Credentials come from the SDK's standard provider chain (environment, shared profile, web
 //! identity / IRSA, ECS and instance metadata), never from the relay's file. `region` falls back
