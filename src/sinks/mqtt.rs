@@ -333,14 +333,9 @@ impl Sink for MqttSink {
                     }));
                     continue;
                 }
-                if payload.len() > self.cfg.max_message_bytes {
-                    pending.push(Err(Outcome::Rejected {
-                        reason: format!(
-                            "payload of {} bytes is over max_message_bytes ({})",
-                            payload.len(),
-                            self.cfg.max_message_bytes
-                        ),
-                    }));
+                let max = self.cfg.max_message_bytes;
+                if let Some(rejected) = broker::oversized("payload", payload.len(), max) {
+                    pending.push(Err(rejected));
                     continue;
                 }
                 let (tx, rx) = oneshot::channel();

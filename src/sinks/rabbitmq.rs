@@ -258,14 +258,9 @@ impl Sink for RabbitMqSink {
                 }));
                 continue;
             }
-            if payload.len() > self.cfg.max_message_bytes {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!(
-                        "message of {} bytes is over max_message_bytes ({})",
-                        payload.len(),
-                        self.cfg.max_message_bytes
-                    ),
-                }));
+            let max = self.cfg.max_message_bytes;
+            if let Some(rejected) = broker::oversized("message", payload.len(), max) {
+                pending.push(Err(rejected));
                 continue;
             }
             let sent = link

@@ -15,6 +15,8 @@ use super::body::{Body, Shape};
 use super::tls::TlsConfig;
 use super::Sink;
 use crate::config::duration_str;
+#[cfg(any(feature = "mqtt", feature = "rabbitmq"))]
+use crate::model::outcome::Outcome;
 
 pub(crate) use kept::{Connection, Kept, Reconnects};
 
@@ -28,6 +30,16 @@ pub(crate) fn build<C: DeserializeOwned, S: Sink + 'static>(
         name,
         crate::config::sink_settings(settings)?,
     )?))
+}
+
+/// The rejection of a message of `len` bytes over the sink's `max_message_bytes` (`max`), made
+/// before it is sent (the broker would refuse it, or cut the connection); `what` is what the
+/// protocol calls it: `message`, `payload`.
+#[cfg(any(feature = "mqtt", feature = "rabbitmq"))]
+pub(crate) fn oversized(what: &str, len: usize, max: usize) -> Option<Outcome> {
+    (len > max).then(|| Outcome::Rejected {
+        reason: format!("{what} of {len} bytes is over max_message_bytes ({max})"),
+    })
 }
 
 /// The keys every broker sink takes beside its own.
