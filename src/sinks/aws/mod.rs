@@ -117,9 +117,8 @@ pub(crate) fn build<C: DeserializeOwned, S: Batches>(
     settings: &toml::Table,
     new: fn(C) -> Result<S, String>,
 ) -> Result<Arc<dyn Sink>, String> {
-    Ok(Arc::new(Batched(new(crate::config::sink_settings(
-        settings,
-    )?)?)))
+    let cfg = crate::config::sink_settings(settings)?;
+    Ok(Arc::new(Batched(new(cfg)?)))
 }
 
 /// The `body` of a sink of `service` that sends no CloudEvents binary mode (SQS and SNS take

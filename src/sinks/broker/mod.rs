@@ -26,15 +26,12 @@ pub(crate) fn build<C: DeserializeOwned, S: Sink + 'static>(
     settings: &toml::Table,
     new: fn(&str, C) -> Result<S, String>,
 ) -> Result<Arc<dyn Sink>, String> {
-    Ok(Arc::new(new(
-        name,
-        crate::config::sink_settings(settings)?,
-    )?))
+    let cfg = crate::config::sink_settings(settings)?;
+    Ok(Arc::new(new(name, cfg)?))
 }
 
-/// The rejection of a message of `len` bytes over the sink's `max_message_bytes` (`max`), made
-/// before it is sent (the broker would refuse it, or cut the connection); `what` is what the
-/// protocol calls it: `message`, `payload`.
+/// The rejection, before it is sent, of a message of `len` bytes over the sink's
+/// `max_message_bytes` (`max`); `what` is what the protocol calls it: `message`, `payload`.
 #[cfg(any(feature = "mqtt", feature = "rabbitmq"))]
 pub(crate) fn oversized(what: &str, len: usize, max: usize) -> Option<Outcome> {
     (len > max).then(|| Outcome::Rejected {
