@@ -7,27 +7,27 @@
 //! object: with `body = "payload"`, an event whose payload is not one is rejected by EventBridge
 //! and dead-lettered. Each entry gets its own answer: the failed ones are retried alone.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use aws_sdk_eventbridge::primitives::DateTime;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use serde::Deserialize;
 
-use super::aws::{self, Account, Limits};
+use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
-use super::tls::TlsConfig;
 use super::SinkKind;
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// What one `PutEvents` takes: ten entries, 256 KiB together.
-const LIMITS: Limits = Limits {
-    entries: 10,
-    bytes: 256 * 1024,
+/// What one `PutEvents` takes — ten entries, 256 KiB together — and EventBridge keeps no order:
+/// calls go side by side.
+const CALLS: Calls = Calls {
+    limits: Limits {
+        entries: 10,
+        bytes: 256 * 1024,
+    },
+    ordered: |_| false,
 };
 
 /// The `source` of a destination that sets none.
@@ -36,37 +36,23 @@ const DEFAULT_SOURCE: &str = "pgoutbox";
 /// Registry entry: `type = "eventbridge"`.
 pub const KIND: SinkKind = SinkKind {
     name: "eventbridge",
-    build: |_name, settings| {
-        let cfg: EventBridgeConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(EventBridgeSink::new(cfg)?)))
-    },
+    build: |_name, settings| aws::build(settings, EventBridgeSink::new),
 };
 
-/// Settings of `type = "eventbridge"`.
+/// Settings of `type = "eventbridge"`: [`EventBridgeSettings`] and the [`AwsSettings`] every AWS
+/// sink takes; `body` (what `detail` holds) is `envelope` by default, and `payload` only does for
+/// payloads that are JSON objects.
+pub type EventBridgeConfig = Flat<EventBridgeSettings, AwsSettings>;
+
+/// The keys only `type = "eventbridge"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EventBridgeConfig {
+pub struct EventBridgeSettings {
     /// The bus's name or ARN, a template; default `default`.
     #[serde(default = "default_bus")]
     pub event_bus: Template,
     /// Each event's `source`; default `pgoutbox`.
     pub source: Option<String>,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
-    pub endpoint_url: Option<String>,
-    /// How long to wait for a connection and for each call's answer.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What `detail` holds: `envelope` (default), `payload` (when it is an object) or
-    /// `cloudevents`.
-    #[serde(default = "Body::envelope")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 fn default_bus() -> Template {
@@ -75,41 +61,37 @@ fn default_bus() -> Template {
 
 /// Puts events on EventBridge buses.
 pub struct EventBridgeSink {
-    cfg: EventBridgeConfig,
+    cfg: EventBridgeSettings,
     source: String,
     shape: Shape,
     client: aws::Connection<aws_sdk_eventbridge::Client>,
 }
 
-impl std::fmt::Debug for EventBridgeSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventBridgeSink")
-            .field("event_bus", &self.cfg.event_bus)
-            .field("source", &self.source)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(EventBridgeSink {
+    event_bus: cfg.event_bus,
+    source: source
+});
 
 impl EventBridgeSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: EventBridgeConfig) -> Result<Self, String> {
-        let source = cfg.source.clone().unwrap_or_else(|| DEFAULT_SOURCE.into());
+        let source = cfg
+            .own
+            .source
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SOURCE.into());
         if source.trim().is_empty() || source.len() > 256 {
             return Err("key `source`: must be 1 to 256 characters".into());
         }
+        let (shape, client) = cfg.common.build(
+            ("EventBridge", Body::Envelope),
+            aws_sdk_eventbridge::Client::new,
+        )?;
         Ok(Self {
+            cfg: cfg.own,
             source,
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "EventBridge")?,
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                aws_sdk_eventbridge::Client::new,
-            ),
-            cfg,
+            shape,
+            client,
         })
     }
 
@@ -131,50 +113,19 @@ impl EventBridgeSink {
     /// Puts `entries` in one call (each names its bus).
     async fn send(&self, entries: Vec<PutEventsRequestEntry>) -> Vec<Outcome> {
         let len = entries.len();
-        let answer = self
-            .client
-            .get()
-            .await
-            .put_events()
-            .set_entries(Some(entries))
-            .send()
-            .await;
-        match answer {
-            Ok(out) => aws::positional(
-                "EventBridge",
-                len,
-                out.entries()
-                    .iter()
-                    .map(|r| (r.error_code(), r.error_message())),
-            ),
-            Err(e) => vec![aws::call_failed("EventBridge", &e); len],
-        }
+        let call = self.client.get().await.put_events();
+        let answer = call.set_entries(Some(entries)).send().await;
+        aws::in_order!("EventBridge", len, answer, entries)
     }
 }
 
 #[async_trait]
 impl aws::Batches for EventBridgeSink {
     async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
-        let buses: Vec<String> = events
-            .iter()
-            .map(|e| self.cfg.event_bus.render(e))
-            .collect();
-        let entries: Vec<_> = events
-            .iter()
-            .zip(&buses)
-            .map(|(e, bus)| Ok(self.entry(e, bus)))
-            .collect();
-        // EventBridge keeps no order: calls go side by side.
-        aws::publish_built(
-            events,
-            buses,
-            &entries,
-            LIMITS,
-            |_| false,
-            |_, built| self.send(built),
-            record,
-        )
-        .await;
+        let entry = |_, event: &OutboxEvent, bus: &str| Ok(self.entry(event, bus));
+        // Each entry names its bus: a call takes the entries of one bus all the same.
+        let send = |_, entries| self.send(entries);
+        aws::publish_each(events, &self.cfg.event_bus, CALLS, entry, send, record).await;
     }
 
     async fn ready(&self) -> Result<(), String> {

@@ -42,12 +42,11 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 
-use super::body::{Binding, Body, Shape};
-use super::kept::{Connection, Kept, Reconnects};
+use super::body::{Binding, Shape};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::tls::TlsConfig;
 use super::{Sink, SinkKind};
-use crate::config::{duration_str, Secret};
+use crate::config::{Flat, Secret};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -55,38 +54,27 @@ use crate::model::template::Template;
 /// Registry entry: `type = "kafka"`.
 pub const KIND: SinkKind = SinkKind {
     name: "kafka",
-    build: |name, settings| {
-        let cfg: KafkaConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(KafkaSink::new(name, cfg)?))
-    },
+    build: |name, settings| broker::build(name, settings, KafkaSink::new),
 };
 
-/// Settings of `type = "kafka"`.
+/// Settings of `type = "kafka"`: [`KafkaSettings`] and the shared [`BrokerSettings`].
+pub type KafkaConfig = Flat<KafkaSettings, BrokerSettings>;
+
+/// The keys only `type = "kafka"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
+pub struct KafkaSettings {
     /// Bootstrap brokers, `host:port[,host:port…]`.
     pub brokers: String,
     /// Topic template; default `{topic}`.
     #[serde(default = "Template::topic")]
     pub topic: Template,
-    /// How long a record may wait for its delivery report (librdkafka `message.timeout.ms`).
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
     /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
     /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence. Values
     /// may hold credentials (`"sasl.password"`): each may be `{ env = "NAME" }` or
     /// `{ file = "PATH" }`, and none is shown in messages.
     #[serde(default)]
     pub properties: BTreeMap<String, Secret>,
-    /// CA bundle and client certificate for `security.protocol = "ssl"` or `"sasl_ssl"`.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (`ce_*` headers).
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// librdkafka properties the `tls` table sets; set them through `tls`, not `properties`.
@@ -138,7 +126,7 @@ const FIXED: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")
 
 /// Produces events to Kafka.
 pub struct KafkaSink {
-    cfg: KafkaConfig,
+    cfg: KafkaSettings,
     reserved: Reserved,
     shape: Shape,
     client_config: ClientConfig,
@@ -179,23 +167,20 @@ impl Drop for KeptProducer {
 // The last clone's drop shuts the producer down, in the background (see `Drop`).
 impl Connection for Arc<KeptProducer> {}
 
-impl std::fmt::Debug for KafkaSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaSink")
-            .field("brokers", &self.cfg.brokers)
-            .field("topic", &self.cfg.topic)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(KafkaSink {
+    brokers: cfg.brokers,
+    topic: cfg.topic
+});
 
 impl KafkaSink {
     /// Validates the settings of destination `destination`; the producer (and its connections)
     /// is created on the first publish.
     pub fn new(destination: &str, cfg: KafkaConfig) -> Result<Self, String> {
+        let Flat { own: cfg, common } = cfg;
         if cfg.brokers.trim().is_empty() {
             return Err("key `brokers`: must not be empty".into());
         }
-        let timeout_ms = cfg.timeout.as_millis();
+        let timeout_ms = common.timeout.as_millis();
         if timeout_ms == 0 || timeout_ms > i32::MAX as u128 {
             return Err("key `timeout`: must be between 1ms and 24 days".into());
         }
@@ -224,7 +209,7 @@ impl KafkaSink {
             .unwrap_or("plaintext")
             .to_ascii_lowercase();
         let encrypted = matches!(protocol.as_str(), "ssl" | "sasl_ssl");
-        if let Some(files) = cfg.tls.load_for(
+        if let Some(files) = common.tls.load_for(
             encrypted,
             "a `properties.\"security.protocol\"` that is not \"ssl\" or \"sasl_ssl\"",
         )? {
@@ -245,7 +230,7 @@ impl KafkaSink {
             client_config.set(*k, *v);
         }
         Ok(Self {
-            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
+            shape: common.shape()?,
             cfg,
             reserved: Reserved::new("kafka", ["id", "topic"], &[]),
             client_config,

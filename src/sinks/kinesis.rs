@@ -8,91 +8,66 @@
 //! goes on past a failed record, so a later one of the same key could overtake). Each record gets
 //! its own answer: the failed ones are retried alone, the delivered ones never sent again.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use serde::Deserialize;
 
-use super::aws::{self, Account, Limits};
+use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
-use super::tls::TlsConfig;
 use super::SinkKind;
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// What one `PutRecords` takes: 500 records, 5 MiB of data and partition keys together.
-const LIMITS: Limits = Limits {
-    entries: 500,
-    bytes: 5 * 1024 * 1024,
+/// What one `PutRecords` takes — 500 records, 5 MiB of data and partition keys together — and a
+/// stream keeps each shard's order: every stream is sent to in order.
+const CALLS: Calls = Calls {
+    limits: Limits {
+        entries: 500,
+        bytes: 5 * 1024 * 1024,
+    },
+    ordered: |_| true,
 };
 
 /// Registry entry: `type = "kinesis"`.
 pub const KIND: SinkKind = SinkKind {
     name: "kinesis",
-    build: |_name, settings| {
-        let cfg: KinesisConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(KinesisSink::new(cfg)?)))
-    },
+    build: |_name, settings| aws::build(settings, KinesisSink::new),
 };
 
-/// Settings of `type = "kinesis"`.
+/// Settings of `type = "kinesis"`: [`KinesisSettings`] and the [`AwsSettings`] every AWS sink
+/// takes; `body` (what a record's data holds) is `envelope` by default.
+pub type KinesisConfig = Flat<KinesisSettings, AwsSettings>;
+
+/// The keys only `type = "kinesis"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KinesisConfig {
+pub struct KinesisSettings {
     /// The stream's name or ARN, a template.
     pub stream: Template,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
-    pub endpoint_url: Option<String>,
-    /// How long to wait for a connection and for each call's answer.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What a record's data holds: `envelope` (default), `payload` or `cloudevents`.
-    #[serde(default = "Body::envelope")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// Puts events on Kinesis data streams.
 pub struct KinesisSink {
-    cfg: KinesisConfig,
+    cfg: KinesisSettings,
     shape: Shape,
     client: aws::Connection<aws_sdk_kinesis::Client>,
 }
 
-impl std::fmt::Debug for KinesisSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KinesisSink")
-            .field("stream", &self.cfg.stream)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(KinesisSink { stream: cfg.stream });
 
 impl KinesisSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: KinesisConfig) -> Result<Self, String> {
+        let (shape, client) = cfg
+            .common
+            .build(("Kinesis", Body::Envelope), aws_sdk_kinesis::Client::new)?;
         Ok(Self {
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "Kinesis")?,
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                aws_sdk_kinesis::Client::new,
-            ),
-            cfg,
+            cfg: cfg.own,
+            shape,
+            client,
         })
     }
 
@@ -123,35 +98,16 @@ impl KinesisSink {
         } else {
             call.stream_name(stream)
         };
-        match call.send().await {
-            Ok(out) => aws::positional(
-                "Kinesis",
-                len,
-                out.records()
-                    .iter()
-                    .map(|r| (r.error_code(), r.error_message())),
-            ),
-            Err(e) => vec![aws::call_failed("Kinesis", &e); len],
-        }
+        aws::in_order!("Kinesis", len, call.send().await, records)
     }
 }
 
 #[async_trait]
 impl aws::Batches for KinesisSink {
     async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
-        let streams: Vec<String> = events.iter().map(|e| self.cfg.stream.render(e)).collect();
-        let records: Vec<_> = events.iter().map(|e| self.record(e)).collect();
-        // A stream keeps each shard's order: every stream is sent to in order.
-        aws::publish_built(
-            events,
-            streams,
-            &records,
-            LIMITS,
-            |_| true,
-            |stream, built| self.send(stream, built),
-            record,
-        )
-        .await;
+        let entry = |_, event: &OutboxEvent, _: &str| self.record(event);
+        let send = |stream, records| self.send(stream, records);
+        aws::publish_each(events, &self.cfg.stream, CALLS, entry, send, record).await;
     }
 
     async fn ready(&self) -> Result<(), String> {

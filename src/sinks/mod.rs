@@ -1,17 +1,15 @@
-//! Sinks: the [`Sink`] trait and the registry of sinks, one file each.
+//! Sinks: the [`Sink`] trait and the registry of sinks, one file each; what a sink is handed
+//! besides its events ([`Share`]: its events' slots, the budget) and the [`gate`] every request
+//! of a destination passes (pause, circuit breaker, `concurrency`).
 //!
 //! A sink takes a batch and returns one [`Outcome`] per event, in order. Sinks only classify
 //! failures (retriable or not, with the receiver's `Retry-After`); when to retry is the retry
-//! policy's business ([`crate::model::retry`]). Adding a sink is one file plus one line in [`build`].
+//! policy's business ([`crate::model::retry`]). Adding a sink is one file plus one line in
+//! [`registry`].
 
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod body;
-#[cfg(feature = "eventbridge")]
-pub mod eventbridge;
-pub mod gate;
-#[cfg(feature = "kafka")]
-pub mod kafka;
 #[cfg(any(
     feature = "kafka",
     feature = "mqtt",
@@ -19,7 +17,12 @@ pub mod kafka;
     feature = "rabbitmq",
     feature = "redis"
 ))]
-mod kept;
+pub mod broker;
+#[cfg(feature = "eventbridge")]
+pub mod eventbridge;
+pub mod gate;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "kinesis")]
 pub mod kinesis;
 #[cfg(feature = "mqtt")]
@@ -50,8 +53,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::config::{Config, ConfigError, DestinationConfig};
-use crate::error::{Error, Result};
+use crate::config::{Config, ConfigError};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 
@@ -64,6 +66,24 @@ pub use webhook::WebhookSink;
 pub(crate) fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
+
+/// `Debug` for a sink: its type and the settings that tell its destinations apart (`name: path`
+/// of each, from `self`), never a secret nor a client.
+// A build without the sinks that use it leaves it unused.
+#[allow(unused_macros)]
+macro_rules! sink_debug {
+    ($sink:ident { $($name:ident: $($path:ident).+),+ $(,)? }) => {
+        impl std::fmt::Debug for $sink {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($sink))
+                    $(.field(stringify!($name), &self.$($path).+))+
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use sink_debug;
 
 /// A destination events are published to.
 #[async_trait]
@@ -134,29 +154,31 @@ pub type BuildSink =
 
 /// Every sink type this build has. Adding a sink: one file in this folder and one line here.
 pub fn registry() -> Vec<SinkKind> {
-    #[allow(unused_mut)]
-    let mut kinds = vec![webhook::KIND, stdout::KIND, null::KIND];
-    #[cfg(feature = "nats")]
-    kinds.push(nats::KIND);
-    #[cfg(feature = "rabbitmq")]
-    kinds.push(rabbitmq::KIND);
-    #[cfg(feature = "kafka")]
-    kinds.push(kafka::KIND);
-    #[cfg(feature = "redis")]
-    kinds.push(redis::KIND);
-    #[cfg(feature = "mqtt")]
-    kinds.push(mqtt::KIND);
-    #[cfg(feature = "sqs")]
-    kinds.push(sqs::KIND);
-    #[cfg(feature = "sns")]
-    kinds.push(sns::KIND);
-    #[cfg(feature = "kinesis")]
-    kinds.push(kinesis::KIND);
-    #[cfg(feature = "eventbridge")]
-    kinds.push(eventbridge::KIND);
-    #[cfg(feature = "s3")]
-    kinds.push(s3::KIND);
-    kinds
+    vec![
+        webhook::KIND,
+        stdout::KIND,
+        null::KIND,
+        #[cfg(feature = "nats")]
+        nats::KIND,
+        #[cfg(feature = "rabbitmq")]
+        rabbitmq::KIND,
+        #[cfg(feature = "kafka")]
+        kafka::KIND,
+        #[cfg(feature = "redis")]
+        redis::KIND,
+        #[cfg(feature = "mqtt")]
+        mqtt::KIND,
+        #[cfg(feature = "sqs")]
+        sqs::KIND,
+        #[cfg(feature = "sns")]
+        sns::KIND,
+        #[cfg(feature = "kinesis")]
+        kinesis::KIND,
+        #[cfg(feature = "eventbridge")]
+        eventbridge::KIND,
+        #[cfg(feature = "s3")]
+        s3::KIND,
+    ]
 }
 
 /// Builds every configured destination's sink, once each, checking its type and settings; the
@@ -193,20 +215,6 @@ pub fn check(config: &Config) -> std::result::Result<(), ConfigError> {
 }
 
 use tls::install_crypto_provider;
-
-/// Builds the sink of one configured destination.
-pub fn build(dest: &DestinationConfig) -> Result<Arc<dyn Sink>> {
-    let fail = |message: String| Error::SinkConfig {
-        name: dest.name.clone(),
-        message,
-    };
-    install_crypto_provider();
-    let kind = registry()
-        .into_iter()
-        .find(|k| k.name == dest.sink.kind)
-        .ok_or_else(|| fail(format!("unknown destination type {:?}", dest.sink.kind)))?;
-    (kind.build)(&dest.name, &dest.sink.settings).map_err(fail)
-}
 
 /// The JSON envelope shared by the webhook and stdout sinks.
 #[derive(Serialize)]

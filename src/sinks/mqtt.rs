@@ -36,12 +36,12 @@ use rumqttc::{Outgoing, TlsConfiguration, Transport};
 use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
-use super::body::{Binding, Body, Message, Shape};
-use super::kept::{Connection, Kept, Reconnects};
+use super::body::{Binding, Message, Shape};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::tls::{TlsConfig, TlsFiles};
+use super::tls::TlsFiles;
 use super::{Sink, SinkKind};
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::secrets;
@@ -53,16 +53,16 @@ const MQTT_MAX_PACKET: usize = 268_435_455;
 /// Registry entry: `type = "mqtt"`.
 pub const KIND: SinkKind = SinkKind {
     name: "mqtt",
-    build: |name, settings| {
-        let cfg: MqttConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(MqttSink::new(name, cfg)?))
-    },
+    build: |name, settings| broker::build(name, settings, MqttSink::new),
 };
 
-/// Settings of `type = "mqtt"`.
+/// Settings of `type = "mqtt"`: [`MqttSettings`] and the shared [`BrokerSettings`].
+pub type MqttConfig = Flat<MqttSettings, BrokerSettings>;
+
+/// The keys only `type = "mqtt"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MqttConfig {
+pub struct MqttSettings {
     /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default), or `mqtts://`
     /// for TLS (port 8883 by default). User and password are percent-decoded: write `%40` for
     /// `@`, `%3A` for `:` in the user name, `%25` for `%`; a `+` is a `+`.
@@ -76,22 +76,10 @@ pub struct MqttConfig {
     /// Publish with the retain flag.
     #[serde(default)]
     pub retain: bool,
-    /// How long to wait for each PUBACK (and the connection).
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
     /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
     /// MQTT's 256 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
-    /// CA bundle and client certificate for `mqtts://`.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (the attributes as
-    /// user properties named `id`, `type`, …).
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -100,7 +88,8 @@ fn default_max_message_bytes() -> usize {
 
 /// Publishes events to an MQTT broker.
 pub struct MqttSink {
-    cfg: MqttConfig,
+    cfg: MqttSettings,
+    timeout: Duration,
     options: MqttOptions,
     reserved: Reserved,
     shape: Shape,
@@ -108,13 +97,7 @@ pub struct MqttSink {
     reconnects: Arc<Reconnects>,
 }
 
-impl std::fmt::Debug for MqttSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MqttSink")
-            .field("topic", &self.cfg.topic)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(MqttSink { topic: cfg.topic });
 
 /// One connection: the client that queues publishes and the waiters the event loop resolves.
 struct Session {
@@ -152,6 +135,7 @@ struct Waiters {
 impl MqttSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
     pub fn new(destination: &str, cfg: MqttConfig) -> Result<Self, String> {
+        let Flat { own: cfg, common } = cfg;
         let url = url::Url::parse(&cfg.url.0).map_err(|e| format!("key `url`: not a URL: {e}"))?;
         let secure = match url.scheme() {
             "mqtt" | "tcp" => false,
@@ -162,14 +146,12 @@ impl MqttSink {
                 ))
             }
         };
-        let tls = cfg.tls.load_for(secure, "a URL that is not mqtts://")?;
+        let tls = common.tls.load_for(secure, "a URL that is not mqtts://")?;
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())
             .ok_or("key `url`: no host")?;
-        if cfg.timeout.is_zero() {
-            return Err("key `timeout`: must be more than zero".into());
-        }
+        common.check_timeout()?;
         if cfg.max_message_bytes == 0 || cfg.max_message_bytes > MQTT_MAX_PACKET {
             return Err(format!(
                 "key `max_message_bytes`: must be between 1 and {MQTT_MAX_PACKET}"
@@ -197,7 +179,7 @@ impl MqttSink {
         options
             .set_clean_start(true)
             .set_keep_alive(Duration::from_secs(30))
-            .set_connection_timeout(cfg.timeout.as_secs().max(1))
+            .set_connection_timeout(common.timeout.as_secs().max(1))
             .set_max_packet_size(Some(MQTT_MAX_PACKET as u32));
         if let Some(credentials) =
             secrets::credentials(&url).map_err(|e| format!("key `url`: {e}"))?
@@ -205,8 +187,9 @@ impl MqttSink {
             options.set_credentials(credentials.user, credentials.password.unwrap_or_default());
         }
         Ok(Self {
-            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
+            shape: common.shape()?,
             cfg,
+            timeout: common.timeout,
             options,
             reserved: Reserved::new("mqtt", [] as [&str; 0], &["pgoutbox-"]),
             session: Kept::new(),
@@ -350,14 +333,9 @@ impl Sink for MqttSink {
                     }));
                     continue;
                 }
-                if payload.len() > self.cfg.max_message_bytes {
-                    pending.push(Err(Outcome::Rejected {
-                        reason: format!(
-                            "payload of {} bytes is over max_message_bytes ({})",
-                            payload.len(),
-                            self.cfg.max_message_bytes
-                        ),
-                    }));
+                let max = self.cfg.max_message_bytes;
+                if let Some(rejected) = broker::oversized("payload", payload.len(), max) {
+                    pending.push(Err(rejected));
                     continue;
                 }
                 let (tx, rx) = oneshot::channel();
@@ -396,10 +374,10 @@ impl Sink for MqttSink {
         for p in pending {
             outcomes.push(match p {
                 Err(outcome) => outcome,
-                Ok(rx) => match tokio::time::timeout(self.cfg.timeout, rx).await {
+                Ok(rx) => match tokio::time::timeout(self.timeout, rx).await {
                     Ok(Ok(outcome)) => outcome,
                     Ok(Err(_)) => Outcome::retry("MQTT connection lost before the PUBACK"),
-                    Err(_) => Outcome::retry(format!("no PUBACK within {:?}", self.cfg.timeout)),
+                    Err(_) => Outcome::retry(format!("no PUBACK within {:?}", self.timeout)),
                 },
             });
         }

@@ -24,7 +24,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
@@ -35,12 +34,12 @@ use async_nats::ServerAddr;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::body::{Binding, Body, Shape};
-use super::kept::{Connection, Kept, Reconnects};
+use super::body::{Binding, Shape};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::tls::{TlsConfig, TlsFiles};
+use super::tls::TlsFiles;
 use super::{Sink, SinkKind};
-use crate::config::{duration_str, Secret};
+use crate::config::{Flat, Secret};
 use crate::error::error_chain;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -55,16 +54,16 @@ const PIPELINE_WINDOW: usize = 256;
 /// Registry entry: `type = "nats"`.
 pub const KIND: SinkKind = SinkKind {
     name: "nats",
-    build: |name, settings| {
-        let cfg: NatsConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(NatsSink::new(name, cfg)?))
-    },
+    build: |name, settings| broker::build(name, settings, NatsSink::new),
 };
 
-/// Settings of `type = "nats"`.
+/// Settings of `type = "nats"`: [`NatsSettings`] and the shared [`BrokerSettings`].
+pub type NatsConfig = Flat<NatsSettings, BrokerSettings>;
+
+/// The keys only `type = "nats"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NatsConfig {
+pub struct NatsSettings {
     /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
     /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
     /// never shown in messages.
@@ -72,9 +71,6 @@ pub struct NatsConfig {
     /// Subject template; default `{topic}`.
     #[serde(default = "Template::topic")]
     pub subject: Template,
-    /// How long to wait for a connection and for each PubAck.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
     /// Create the stream `stream` with `subjects` if it does not exist (off by default).
     #[serde(default)]
     pub create_stream: bool,
@@ -86,20 +82,12 @@ pub struct NatsConfig {
     /// JetStream duplicate window of the created stream; default the server's (2 minutes).
     #[serde(default, with = "opt_duration")]
     pub duplicate_window: Option<Duration>,
-    /// CA bundle and client certificate; setting it also requires TLS (as `tls://` URLs do).
-    #[serde(default)]
-    pub tls: TlsConfig,
     /// NKey authentication: the user's seed (`SU…`), best given as `{ file = … }` or
     /// `{ env = … }`.
     pub nkey_seed: Option<Secret>,
     /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
     /// configuration loads.
     pub credentials_file: Option<PathBuf>,
-    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (`ce-*` headers).
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.
@@ -118,7 +106,8 @@ const RESERVED_PREFIXES: &[&str] = &["nats-", "pgoutbox-"];
 
 /// Publishes events to JetStream.
 pub struct NatsSink {
-    cfg: NatsConfig,
+    cfg: NatsSettings,
+    timeout: Duration,
     /// The servers, without credentials.
     servers: Vec<ServerAddr>,
     /// The credentials the URL carried.
@@ -152,17 +141,14 @@ struct Conn {
 // next reconnect gets through: the attempts an outage would have cost anyway, and no more.
 impl Connection for Conn {}
 
-impl std::fmt::Debug for NatsSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsSink")
-            .field("subject", &self.cfg.subject)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(NatsSink {
+    subject: cfg.subject
+});
 
 impl NatsSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
     pub fn new(destination: &str, cfg: NatsConfig) -> Result<Self, String> {
+        let Flat { own: cfg, common } = cfg;
         if cfg.url.0.trim().is_empty() {
             return Err("key `url`: must not be empty".into());
         }
@@ -194,7 +180,7 @@ impl NatsSink {
             }
             servers.push(ServerAddr::from_url(url).map_err(|e| format!("key `url`: {e}"))?);
         }
-        let tls = cfg.tls.load()?;
+        let tls = common.tls.load()?;
         let mut auth = Auth::None;
         if let Some(seed) = &cfg.nkey_seed {
             // Checked here so that a typo is a configuration error, not an endless retry.
@@ -228,9 +214,7 @@ impl NatsSink {
                     .into(),
             );
         }
-        if cfg.timeout.is_zero() {
-            return Err("key `timeout`: must be more than zero".into());
-        }
+        common.check_timeout()?;
         if cfg.subject.is_constant() && !valid_subject(cfg.subject.as_str()) {
             return Err(format!(
                 "key `subject`: {:?} is not a valid NATS subject",
@@ -260,8 +244,9 @@ impl NatsSink {
             );
         }
         Ok(Self {
-            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
+            shape: common.shape()?,
             cfg,
+            timeout: common.timeout,
             servers,
             credentials,
             auth,
@@ -291,7 +276,7 @@ impl NatsSink {
         self.conn
             .get(|| async {
                 let mut options = async_nats::ConnectOptions::new()
-                    .connection_timeout(self.cfg.timeout)
+                    .connection_timeout(self.timeout)
                     .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
                     // Reconnect forever: the relay keeps running through broker outages.
                     .max_reconnects(None);
@@ -325,7 +310,7 @@ impl NatsSink {
                         self.scrub(format!("cannot connect to NATS: {}", error_chain(&e)))
                     })?;
                 let js = async_nats::jetstream::context::ContextBuilder::new()
-                    .timeout(self.cfg.timeout)
+                    .timeout(self.timeout)
                     .build(client.clone());
                 if self.cfg.create_stream {
                     let config = async_nats::jetstream::stream::Config {

@@ -26,12 +26,11 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::Deserialize;
 
-use super::body::{Binding, Body, Message, Shape};
-use super::kept::{Connection, Kept, Reconnects};
+use super::body::{Binding, Message, Shape};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::tls::TlsConfig;
 use super::{Sink, SinkKind};
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::secrets;
@@ -50,16 +49,16 @@ const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
 /// Registry entry: `type = "rabbitmq"`.
 pub const KIND: SinkKind = SinkKind {
     name: "rabbitmq",
-    build: |name, settings| {
-        let cfg: RabbitMqConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(RabbitMqSink::new(name, cfg)?))
-    },
+    build: |name, settings| broker::build(name, settings, RabbitMqSink::new),
 };
 
-/// Settings of `type = "rabbitmq"`.
+/// Settings of `type = "rabbitmq"`: [`RabbitMqSettings`] and the shared [`BrokerSettings`].
+pub type RabbitMqConfig = Flat<RabbitMqSettings, BrokerSettings>;
+
+/// The keys only `type = "rabbitmq"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RabbitMqConfig {
+pub struct RabbitMqSettings {
     /// AMQP URI, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS).
     pub url: crate::config::Secret,
     /// Exchange to publish to; default `""`, the default exchange (routing key = queue name).
@@ -68,21 +67,9 @@ pub struct RabbitMqConfig {
     /// Routing key template; default `{topic}`.
     #[serde(default = "Template::topic")]
     pub routing_key: Template,
-    /// How long to wait for a connection and for each confirm.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
     /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`, 128 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
-    /// CA bundle and client certificate for `amqps://`.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// `payload` (default), `envelope`, `cloudevents` or `cloudevents-binary` (`cloudEvents_*`
-    /// headers).
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -91,7 +78,8 @@ fn default_max_message_bytes() -> usize {
 
 /// Publishes events to one RabbitMQ exchange.
 pub struct RabbitMqSink {
-    cfg: RabbitMqConfig,
+    cfg: RabbitMqSettings,
+    timeout: Duration,
     // Holds the client key: never `Debug`-printed (lapin's own `Debug` would show it).
     tls: OwnedTLSConfig,
     reserved: Reserved,
@@ -114,18 +102,15 @@ impl Connection for Arc<Link> {
     }
 }
 
-impl std::fmt::Debug for RabbitMqSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitMqSink")
-            .field("exchange", &self.cfg.exchange)
-            .field("routing_key", &self.cfg.routing_key)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(RabbitMqSink {
+    exchange: cfg.exchange,
+    routing_key: cfg.routing_key
+});
 
 impl RabbitMqSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
     pub fn new(destination: &str, cfg: RabbitMqConfig) -> Result<Self, String> {
+        let Flat { own: cfg, common } = cfg;
         let uri = cfg
             .url
             .0
@@ -137,7 +122,7 @@ impl RabbitMqSink {
                     secrets::scrub(&e, &cfg.url.0)
                 )
             })?;
-        let tls = match cfg.tls.load_for(
+        let tls = match common.tls.load_for(
             uri.scheme == lapin::uri::AMQPScheme::AMQPS,
             "a URL that is not amqps://",
         )? {
@@ -157,15 +142,14 @@ impl RabbitMqSink {
                 "key `exchange`: longer than {SHORT_STRING_MAX} bytes"
             ));
         }
-        if cfg.timeout.is_zero() {
-            return Err("key `timeout`: must be more than zero".into());
-        }
+        common.check_timeout()?;
         if cfg.max_message_bytes == 0 {
             return Err("key `max_message_bytes`: must be more than zero".into());
         }
         Ok(Self {
-            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
+            shape: common.shape()?,
             cfg,
+            timeout: common.timeout,
             tls,
             reserved: Reserved::new("rabbitmq", RESERVED_NAMES, RESERVED_PREFIXES),
             link: Kept::new(),
@@ -198,7 +182,7 @@ impl RabbitMqSink {
                 .await?;
             Ok::<_, lapin::Error>(Link { conn, channel })
         };
-        match tokio::time::timeout(self.cfg.timeout, connect).await {
+        match tokio::time::timeout(self.timeout, connect).await {
             Ok(Ok(link)) => {
                 self.reconnects.connected();
                 Ok(Arc::new(link))
@@ -209,7 +193,7 @@ impl RabbitMqSink {
             )),
             Err(_) => Err(format!(
                 "cannot connect to RabbitMQ: no answer within {:?}",
-                self.cfg.timeout
+                self.timeout
             )),
         }
     }
@@ -274,14 +258,9 @@ impl Sink for RabbitMqSink {
                 }));
                 continue;
             }
-            if payload.len() > self.cfg.max_message_bytes {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!(
-                        "message of {} bytes is over max_message_bytes ({})",
-                        payload.len(),
-                        self.cfg.max_message_bytes
-                    ),
-                }));
+            let max = self.cfg.max_message_bytes;
+            if let Some(rejected) = broker::oversized("message", payload.len(), max) {
+                pending.push(Err(rejected));
                 continue;
             }
             let sent = link
@@ -309,26 +288,22 @@ impl Sink for RabbitMqSink {
                     continue;
                 }
             };
-            outcomes.push(
-                match tokio::time::timeout(self.cfg.timeout, confirm).await {
-                    Ok(Ok(Confirmation::Ack(None))) => Outcome::Delivered,
-                    Ok(Ok(Confirmation::Ack(Some(returned))))
-                    | Ok(Ok(Confirmation::Nack(Some(returned)))) => Outcome::Rejected {
-                        reason: format!(
-                            "no route: the broker returned the message ({} {})",
-                            returned.reply_code, returned.reply_text
-                        ),
-                    },
-                    Ok(Ok(Confirmation::Nack(None))) => {
-                        Outcome::retry("the broker nacked the message")
-                    }
-                    Ok(Ok(Confirmation::NotRequested)) => {
-                        Outcome::retry("publisher confirms are off on this channel")
-                    }
-                    Ok(Err(e)) => Outcome::retry(format!("no confirm: {}", self.error_text(&e))),
-                    Err(_) => Outcome::retry(format!("no confirm within {:?}", self.cfg.timeout)),
+            outcomes.push(match tokio::time::timeout(self.timeout, confirm).await {
+                Ok(Ok(Confirmation::Ack(None))) => Outcome::Delivered,
+                Ok(Ok(Confirmation::Ack(Some(returned))))
+                | Ok(Ok(Confirmation::Nack(Some(returned)))) => Outcome::Rejected {
+                    reason: format!(
+                        "no route: the broker returned the message ({} {})",
+                        returned.reply_code, returned.reply_text
+                    ),
                 },
-            );
+                Ok(Ok(Confirmation::Nack(None))) => Outcome::retry("the broker nacked the message"),
+                Ok(Ok(Confirmation::NotRequested)) => {
+                    Outcome::retry("publisher confirms are off on this channel")
+                }
+                Ok(Err(e)) => Outcome::retry(format!("no confirm: {}", self.error_text(&e))),
+                Err(_) => Outcome::retry(format!("no confirm within {:?}", self.timeout)),
+            });
         }
         outcomes
     }

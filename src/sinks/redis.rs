@@ -16,18 +16,16 @@
 //! `CLUSTERDOWN`, …) and any error code not known here. The URL's password never reaches a
 //! message.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Deserialize;
 
-use super::body::{Binding, Body, Shape};
-use super::kept::{Connection, Kept, Reconnects};
-use super::tls::TlsConfig;
+use super::body::{Binding, Shape};
+use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::{Sink, SinkKind};
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::secrets;
@@ -39,16 +37,16 @@ const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];
 /// Registry entry: `type = "redis"`.
 pub const KIND: SinkKind = SinkKind {
     name: "redis",
-    build: |name, settings| {
-        let cfg: RedisConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(RedisSink::new(name, cfg)?))
-    },
+    build: |name, settings| broker::build(name, settings, RedisSink::new),
 };
 
-/// Settings of `type = "redis"`.
+/// Settings of `type = "redis"`: [`RedisSettings`] and the shared [`BrokerSettings`].
+pub type RedisConfig = Flat<RedisSettings, BrokerSettings>;
+
+/// The keys only `type = "redis"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RedisConfig {
+pub struct RedisSettings {
     /// Redis URL, e.g. `redis://127.0.0.1:6379/0`, `rediss://relay:password@redis:6380/0` for
     /// TLS with an ACL user.
     pub url: crate::config::Secret,
@@ -57,23 +55,12 @@ pub struct RedisConfig {
     pub stream: Template,
     /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
     pub maxlen: Option<u64>,
-    /// How long to wait for a connection and for the pipeline's replies.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// CA bundle and client certificate for `rediss://`.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What the `payload` field holds: `payload` (default), `envelope`, `cloudevents`, or
-    /// `cloudevents-binary` (the payload, and the attributes as `ce_*` fields).
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// Appends events to Redis streams.
 pub struct RedisSink {
-    cfg: RedisConfig,
+    cfg: RedisSettings,
+    timeout: Duration,
     shape: Shape,
     client: redis::Client,
     conn: Kept<ConnectionManager>,
@@ -83,18 +70,15 @@ pub struct RedisSink {
 // Dropping the manager ends its tasks (a reconnect under way first finishes): nothing to wait for.
 impl Connection for ConnectionManager {}
 
-impl std::fmt::Debug for RedisSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSink")
-            .field("stream", &self.cfg.stream)
-            .field("maxlen", &self.cfg.maxlen)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(RedisSink {
+    stream: cfg.stream,
+    maxlen: cfg.maxlen
+});
 
 impl RedisSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
     pub fn new(destination: &str, cfg: RedisConfig) -> Result<Self, String> {
+        let Flat { own: cfg, common } = cfg;
         // `open` and `build_with_tls` only parse the URL and the certificates.
         let not_a_url = |e: redis::RedisError| {
             format!(
@@ -102,7 +86,7 @@ impl RedisSink {
                 secrets::scrub(&e.to_string(), &cfg.url.0)
             )
         };
-        let client = match cfg.tls.load_for(
+        let client = match common.tls.load_for(
             cfg.url.0.starts_with("rediss://"),
             "a URL that is not rediss://",
         )? {
@@ -119,15 +103,14 @@ impl RedisSink {
                     .map_err(not_a_url)?
             }
         };
-        if cfg.timeout.is_zero() {
-            return Err("key `timeout`: must be more than zero".into());
-        }
+        common.check_timeout()?;
         if cfg.maxlen == Some(0) {
             return Err("key `maxlen`: must be at least 1".into());
         }
         Ok(Self {
-            shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
+            shape: common.shape()?,
             cfg,
+            timeout: common.timeout,
             client,
             conn: Kept::new(),
             reconnects: Reconnects::new(destination),
@@ -138,8 +121,8 @@ impl RedisSink {
         self.conn
             .get(|| async {
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.cfg.timeout))
-                    .set_response_timeout(Some(self.cfg.timeout))
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
                     // Reconnection happens in the background; the relay's retry policy decides
                     // when the events are tried again, so no retries inside the client.
                     .set_number_of_retries(1)

@@ -8,20 +8,16 @@
 //! an event retried in another batch may sit in two objects, and readers dedupe by id as any
 //! consumer does. A group's events share its object's outcome.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::aws::{self, Account};
+use super::aws::{self, AwsSettings};
 use super::body::{Binding, Body, Shape};
-use super::tls::TlsConfig;
 use super::SinkKind;
-use crate::config::duration_str;
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -35,54 +31,36 @@ const JSON_LINES: &str = "application/x-ndjson";
 /// Registry entry: `type = "s3"`.
 pub const KIND: SinkKind = SinkKind {
     name: "s3",
-    build: |_name, settings| {
-        let cfg: S3Config = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(S3Sink::new(cfg)?)))
-    },
+    build: |_name, settings| aws::build(settings, S3Sink::new),
 };
 
-/// Settings of `type = "s3"`.
+/// Settings of `type = "s3"`: [`S3Settings`] and the [`AwsSettings`] every AWS sink takes; `body`
+/// (what a line holds) is `envelope` by default.
+pub type S3Config = Flat<S3Settings, AwsSettings>;
+
+/// The keys only `type = "s3"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct S3Config {
+pub struct S3Settings {
     /// The bucket.
     pub bucket: String,
     /// What object names start with, a template (`events/{header.x-tenant}`); default none.
     pub prefix: Option<Template>,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, MinIO, a VPC endpoint.
-    pub endpoint_url: Option<String>,
     /// Path-style addressing (`host/bucket/key`); default on when `endpoint_url` is set.
     pub force_path_style: Option<bool>,
-    /// How long to wait for a connection and for each object's write.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What a line holds: `envelope` (default), `payload` or `cloudevents`.
-    #[serde(default = "Body::envelope")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
 /// Archives events in S3.
 pub struct S3Sink {
-    cfg: S3Config,
+    cfg: S3Settings,
     shape: Shape,
     client: aws::Connection<aws_sdk_s3::Client>,
 }
 
-impl std::fmt::Debug for S3Sink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Sink")
-            .field("bucket", &self.cfg.bucket)
-            .field("prefix", &self.cfg.prefix)
-            .finish_non_exhaustive()
-    }
-}
+super::sink_debug!(S3Sink {
+    bucket: cfg.bucket,
+    prefix: cfg.prefix
+});
 
 /// The folder of the objects holding events of `topic` written on `day`: `<prefix>/<yyyy>/<mm>/<dd>/<topic>`.
 fn folder(prefix: &str, day: DateTime<Utc>, topic: &str) -> String {
@@ -123,28 +101,20 @@ fn line(body: &[u8]) -> Vec<u8> {
 impl S3Sink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: S3Config) -> Result<Self, String> {
+        let Flat { own: cfg, common } = cfg;
         if cfg.bucket.trim().is_empty() {
             return Err("key `bucket`: must not be empty".into());
         }
-        let path_style = cfg.force_path_style.unwrap_or(cfg.endpoint_url.is_some());
-        Ok(Self {
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "S3")?,
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                move |sdk| {
-                    let config = aws_sdk_s3::config::Builder::from(sdk)
-                        .force_path_style(path_style)
-                        .build();
-                    aws_sdk_s3::Client::from_conf(config)
-                },
-            ),
-            cfg,
-        })
+        let path_style = cfg
+            .force_path_style
+            .unwrap_or(common.endpoint_url.is_some());
+        let (shape, client) = common.build(("S3", Body::Envelope), move |sdk| {
+            let config = aws_sdk_s3::config::Builder::from(sdk)
+                .force_path_style(path_style)
+                .build();
+            aws_sdk_s3::Client::from_conf(config)
+        })?;
+        Ok(Self { cfg, shape, client })
     }
 
     /// The folder `event` is archived in.

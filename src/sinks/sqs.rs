@@ -8,189 +8,47 @@
 //! by side. Each entry of a batch gets its own answer: the failed ones are retried (or rejected)
 //! alone, the delivered ones are never sent again.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use async_trait::async_trait;
-use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Deserialize;
 
-use super::aws::{self, Account, Limits};
-use super::body::{Body, Shape};
-use super::reserved::Reserved;
-use super::tls::TlsConfig;
+use super::aws::{self, AwsSettings};
 use super::SinkKind;
-use crate::config::duration_str;
-use crate::model::event::OutboxEvent;
-use crate::model::outcome::Outcome;
+use crate::config::Flat;
 use crate::model::template::Template;
-
-/// What one `SendMessageBatch` takes: ten entries, 256 KiB of bodies and attributes together.
-const LIMITS: Limits = Limits {
-    entries: 10,
-    bytes: 256 * 1024,
-};
 
 /// Registry entry: `type = "sqs"`.
 pub const KIND: SinkKind = SinkKind {
     name: "sqs",
     build: |_name, settings| {
-        let cfg: SqsConfig = crate::config::sink_settings(settings)?;
-        Ok(Arc::new(aws::Batched(SqsSink::new(cfg)?)))
+        aws::build(settings, |cfg: SqsConfig| {
+            SqsSink::new(cfg.own.queue_url, cfg.common)
+        })
     },
 };
 
-/// Settings of `type = "sqs"`.
+/// Settings of `type = "sqs"`: [`SqsSettings`] and the [`AwsSettings`] every AWS sink takes; `body`
+/// (what a message's body holds) is `payload` by default.
+pub type SqsConfig = Flat<SqsSettings, AwsSettings>;
+
+/// The keys only `type = "sqs"` takes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SqsConfig {
+pub struct SqsSettings {
     /// The queue's URL, a template: `https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo`.
     pub queue_url: Template,
-    /// The AWS region; default the provider chain's (`AWS_REGION`, the profile).
-    pub region: Option<String>,
-    /// Another endpoint than AWS's: a local emulator, a VPC endpoint.
-    pub endpoint_url: Option<String>,
-    /// How long to wait for a connection and for each call's answer.
-    #[serde(default = "super::default_timeout", with = "duration_str")]
-    pub timeout: Duration,
-    /// `ca_file`: the certificate authorities to trust instead of the system's.
-    #[serde(default)]
-    pub tls: TlsConfig,
-    /// What a message's body holds: `payload` (default), `envelope` or `cloudevents`.
-    #[serde(default = "Body::payload")]
-    pub body: Body,
-    /// The CloudEvents `source` attribute (with a `cloudevents` body); default `pgoutbox`.
-    pub cloudevents_source: Option<String>,
 }
 
-/// Sends events to SQS queues.
-pub struct SqsSink {
-    cfg: SqsConfig,
-    shape: Shape,
-    reserved: Reserved,
-    client: aws::Connection<aws_sdk_sqs::Client>,
-}
+/// Sends events to SQS queues; a queue is there when `GetQueueAttributes` answers.
+pub type SqsSink = aws::Messages<aws_sdk_sqs::Client>;
 
-impl std::fmt::Debug for SqsSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqsSink")
-            .field("queue_url", &self.cfg.queue_url)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SqsSink {
-    /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: SqsConfig) -> Result<Self, String> {
-        Ok(Self {
-            shape: aws::shape(cfg.body, cfg.cloudevents_source.clone(), "SQS")?,
-            reserved: aws::reserved("sqs"),
-            client: aws::Connection::new(
-                Account::new(
-                    cfg.region.clone(),
-                    cfg.endpoint_url.clone(),
-                    cfg.timeout,
-                    &cfg.tls,
-                )?,
-                aws_sdk_sqs::Client::new,
-            ),
-            cfg,
-        })
-    }
-
-    /// The batch entry of `event`, named `id` within its call, and its size against the limits.
-    fn entry(
-        &self,
-        id: usize,
-        event: &OutboxEvent,
-        queue: &str,
-    ) -> Result<(SendMessageBatchRequestEntry, usize), String> {
-        let message = aws::message(&self.shape, event, &self.reserved);
-        let mut entry = SendMessageBatchRequestEntry::builder()
-            .id(id.to_string())
-            .message_body(message.body);
-        for (name, value) in message.attributes {
-            let value = MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(value)
-                .build()
-                .map_err(|e| format!("cannot make the SQS message attribute {name}: {e}"))?;
-            entry = entry.message_attributes(name, value);
-        }
-        if aws::fifo(queue) {
-            entry = entry
-                .message_group_id(aws::group(event))
-                .message_deduplication_id(event.id.to_string());
-        }
-        let entry = entry
-            .build()
-            .map_err(|e| format!("cannot make the SQS message: {e}"))?;
-        Ok((entry, message.size))
-    }
-
-    /// Sends `entries` to `queue` in one call.
-    async fn send(
-        &self,
-        queue: String,
-        entries: Vec<SendMessageBatchRequestEntry>,
-    ) -> Vec<Outcome> {
-        let ids: Vec<String> = entries.iter().map(|e| e.id().to_owned()).collect();
-        let answer = self
-            .client
-            .get()
-            .await
-            .send_message_batch()
-            .queue_url(&queue)
-            .set_entries(Some(entries))
-            .send()
-            .await;
-        match answer {
-            Ok(out) => aws::entry_outcomes(
-                "SQS",
-                &ids,
-                out.successful().iter().map(|s| s.id()),
-                out.failed()
-                    .iter()
-                    .map(|f| (f.id(), Some(f.code()), f.message().unwrap_or("no message"))),
-            ),
-            Err(e) => vec![aws::call_failed("SQS", &e); ids.len()],
-        }
-    }
-}
-
-#[async_trait]
-impl aws::Batches for SqsSink {
-    async fn send_all(&self, events: &[&OutboxEvent], record: aws::Record<'_>) {
-        let queues: Vec<String> = events
-            .iter()
-            .map(|e| self.cfg.queue_url.render(e))
-            .collect();
-        let entries: Vec<_> = events
-            .iter()
-            .zip(&queues)
-            .enumerate()
-            .map(|(i, (e, q))| self.entry(i, e, q))
-            .collect();
-        aws::publish_built(
-            events,
-            queues,
-            &entries,
-            LIMITS,
-            aws::fifo,
-            |queue, built| self.send(queue, built),
-            record,
-        )
-        .await;
-    }
-
-    async fn ready(&self) -> Result<(), String> {
-        aws::ready(&self.cfg.queue_url, ("queue", "SQS"), |queue| async move {
-            let client = self.client.get().await;
-            let call = client.get_queue_attributes().queue_url(queue);
-            call.attribute_names(QueueAttributeName::QueueArn)
-                .send()
-                .await
-        })
-        .await
-    }
-}
+aws::message_api!(
+    aws_sdk_sqs,
+    ("SQS", "sqs"),
+    "queue",
+    SendMessageBatchRequestEntry.message_body,
+    send_message_batch.queue_url.set_entries,
+    |client, queue| client
+        .get_queue_attributes()
+        .queue_url(queue)
+        .attribute_names(QueueAttributeName::QueueArn)
+);

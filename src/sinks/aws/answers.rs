@@ -158,6 +158,25 @@ pub(crate) fn entry_outcomes<'a>(
     out
 }
 
+/// The outcomes of a batch call of `$len` entries to `$service` whose answer lists one result per
+/// entry, in the entries' order (Kinesis, EventBridge): `$results`, each with its `error_code` and
+/// `error_message` (the SDKs name them alike). A call that failed fails every entry.
+macro_rules! in_order {
+    ($service:expr, $len:expr, $answer:expr, $results:ident) => {
+        match $answer {
+            Ok(out) => $crate::sinks::aws::positional(
+                $service,
+                $len,
+                out.$results()
+                    .iter()
+                    .map(|r| (r.error_code(), r.error_message())),
+            ),
+            Err(e) => vec![$crate::sinks::aws::call_failed($service, &e); $len],
+        }
+    };
+}
+pub(crate) use in_order;
+
 /// The outcomes of a batch call whose answer lists one result per entry, in the entries' order
 /// (Kinesis, EventBridge): `(error code, message)`, the code `None` for an entry accepted.
 pub(crate) fn positional<'a>(

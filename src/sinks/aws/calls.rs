@@ -10,6 +10,7 @@ use futures::StreamExt;
 use super::Record;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
+use crate::model::template::Template;
 
 /// How much one call of a batch API may carry.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +20,16 @@ pub(crate) struct Limits {
     /// Most bytes of entries in one call (an entry larger than this goes alone: the service
     /// answers for it).
     pub bytes: usize,
+}
+
+/// How a batch API takes a batch: its limits, and which targets keep order (a FIFO queue or topic,
+/// a stream), whose calls go one after another.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Calls {
+    /// What one call may carry.
+    pub limits: Limits,
+    /// Whether a target keeps order.
+    pub ordered: fn(&str) -> bool,
 }
 
 /// Cuts entries of `sizes` bytes, in order, into consecutive calls within `limits`.
@@ -167,14 +178,14 @@ fn lanes_by_group(events: &[&OutboxEvent], positions: Vec<usize>) -> Vec<Vec<usi
     lanes
 }
 
-/// [`publish_batched`] with each event's entry made beforehand (`entries[i]`: the entry and its
-/// size, or why it could not be made): `send(target, entries)` makes one call.
-pub(crate) async fn publish_built<E, F, Fut>(
+/// [`publish_batched`] of each event to the target `target` names for it, as the entry `entry`
+/// makes of it (from its name within its call, the event and the target: the entry and its size,
+/// or why it cannot be made), in `calls`: `send(target, entries)` makes one call.
+pub(crate) async fn publish_each<E, F, Fut>(
     events: &[&OutboxEvent],
-    targets: Vec<String>,
-    entries: &[Result<(E, usize), String>],
-    limits: Limits,
-    ordered: impl Fn(&str) -> bool,
+    target: &Template,
+    calls: Calls,
+    entry: impl Fn(usize, &OutboxEvent, &str) -> Result<(E, usize), String>,
     send: F,
     record: Record<'_>,
 ) where
@@ -182,14 +193,22 @@ pub(crate) async fn publish_built<E, F, Fut>(
     F: Fn(String, Vec<E>) -> Fut,
     Fut: std::future::Future<Output = Vec<Outcome>>,
 {
+    let targets: Vec<String> = events.iter().map(|e| target.render(e)).collect();
+    let entries: Vec<_> = events
+        .iter()
+        .zip(&targets)
+        .enumerate()
+        .map(|(i, (e, t))| entry(i, e, t))
+        .collect();
     let sizes: Vec<usize> = entries
         .iter()
         .map(|e| e.as_ref().map_or(0, |(_, size)| *size))
         .collect();
-    let send = &send;
+    let (send, entries) = (&send, &entries);
     let send_one = |target, positions: Vec<usize>| async move {
         send_built(&positions, entries, |built| send(target, built)).await
     };
+    let Calls { limits, ordered } = calls;
     publish_batched(events, targets, &sizes, limits, ordered, send_one, record).await
 }
 

@@ -1,6 +1,7 @@
-//! What the AWS sinks (`sqs`, `sns`, `kinesis`, `eventbridge`, `s3`) share: the account settings
-//! every one of them takes, the SDK configuration made from them, how an AWS error is classified,
-//! and how a batch is cut into the calls a batch API takes.
+//! What the AWS sinks (`sqs`, `sns`, `kinesis`, `eventbridge`, `s3`) share: the settings every one
+//! of them takes ([`AwsSettings`]), the SDK configuration made from them, how an AWS error is
+//! classified, how a batch is cut into the calls a batch API takes, and the one sink `sqs` and
+//! `sns` both are (`Messages`, over either SDK).
 //!
 //! Credentials come from the SDK's standard provider chain (environment, shared profile, web
 //! identity / IRSA, ECS and instance metadata), never from the relay's file. `region` falls back
@@ -23,13 +24,16 @@
         feature = "eventbridge",
         feature = "s3"
     )),
-    allow(dead_code, unused_imports)
+    allow(dead_code, unused_imports, unused_macros)
 )]
 
 mod answers;
 mod calls;
+#[cfg(any(feature = "sqs", feature = "sns"))]
+mod messages;
+mod settings;
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,10 +44,16 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
+use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
-pub(crate) use answers::{call_failed, entry_outcomes, positional};
-pub(crate) use calls::{by_target, group, publish_built, Limits};
+pub(crate) use answers::{call_failed, entry_outcomes, in_order, positional};
+pub(crate) use calls::{by_target, group, publish_each, Calls, Limits};
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub(crate) use messages::message_api;
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub use messages::{MessageApi, Messages};
+pub use settings::AwsSettings;
 
 use super::body::{Binding, Body, Shape};
 use super::reserved::Reserved;
@@ -102,6 +112,15 @@ impl<S: Batches> Sink for Batched<S> {
     }
 }
 
+/// An AWS sink's registry entry: the sink `new` makes of the destination's settings.
+pub(crate) fn build<C: DeserializeOwned, S: Batches>(
+    settings: &toml::Table,
+    new: fn(C) -> Result<S, String>,
+) -> Result<Arc<dyn Sink>, String> {
+    let cfg = crate::config::sink_settings(settings)?;
+    Ok(Arc::new(Batched(new(cfg)?)))
+}
+
 /// The `body` of a sink of `service` that sends no CloudEvents binary mode (SQS and SNS take
 /// ten attributes a message and have no binding; streams and archives have no attributes).
 pub(crate) fn shape(body: Body, source: Option<String>, service: &str) -> Result<Shape, String> {
@@ -124,14 +143,31 @@ where
     Fut: std::future::Future<Output = Result<T, SdkError<E, HttpResponse>>>,
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
+    ready_as(name, what, |name| async move {
+        check(name)
+            .await
+            .map(drop)
+            .map_err(|e| call_failed(service, &e))
+    })
+    .await
+}
+
+/// [`ready`], with `check` giving the outcome its failure comes to.
+pub(crate) async fn ready_as<'n, Fut>(
+    name: &'n Template,
+    what: &str,
+    check: impl FnOnce(&'n str) -> Fut,
+) -> Result<(), String>
+where
+    Fut: std::future::Future<Output = Result<(), Outcome>>,
+{
     if !name.is_constant() {
         return Ok(());
     }
     let name = name.as_str();
     check(name)
         .await
-        .map(|_| ())
-        .map_err(|e| unreachable(&format!("{what} {name}"), call_failed(service, &e)))
+        .map_err(|outcome| unreachable(&format!("{what} {name}"), outcome))
 }
 
 /// A readiness failure of `what` (`queue …`), from the outcome its check came to.
@@ -150,7 +186,7 @@ pub(crate) fn fifo(name: &str) -> bool {
 }
 
 /// One event as an SQS or SNS message (both take the same body and attributes).
-pub(crate) struct Message {
+pub struct Message {
     /// The body: the destination's `body` of the event.
     pub body: String,
     /// The message attributes ([`attributes`]), all of data type `String`.

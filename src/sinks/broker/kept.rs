@@ -3,7 +3,7 @@
 //!
 //! The connection is made on the first publish (a sink's `build` does no I/O), shared by the
 //! publishes that follow, and made again when it is no longer usable or when the engine asks for
-//! a fresh one before probing an open breaker ([`super::Sink::reconnect`]): a client that
+//! a fresh one before probing an open breaker ([`crate::sinks::Sink::reconnect`]): a client that
 //! reconnects by itself may hand the probe the failed reconnect it made while the broker was
 //! down, and the probe of a broker that is back would fail.
 
