@@ -1,9 +1,7 @@
 //! The `pgoutbox` command: migrate the schema, run the relay, inspect and repair the outbox.
 
-mod bench;
 mod cli;
 mod connect;
-mod flags;
 
 use std::process::ExitCode;
 

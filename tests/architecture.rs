@@ -1,7 +1,9 @@
 //! The layout docs/architecture.md draws, checked against the code: imports point one way, down
 //! the floors; no module cycles; SQL only in the store; every file readable in one sitting; no
-//! `too_many_arguments` allowance. A plain reading of src/ (no service needed): every `crate::`,
-//! `super::` and `self::` path of each file, `use` trees flattened, tests left out.
+//! `too_many_arguments` allowance. A plain reading of the relay's three crates (no service
+//! needed): the library (crates/pgoutbox), the command (src) and the benchmark harness
+//! (crates/pgoutbox-bench, read as the module `bench`). Every `crate::`, `super::`, `self::`,
+//! `pgoutbox::` and `pgoutbox_bench::` path of each file, `use` trees flattened, tests left out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -30,7 +32,6 @@ const FLOORS: &[(&str, u8)] = &[
     ("sources", 4),
     ("sinks", 4),
     ("route", 4),
-    ("gate", 4),
     ("rate", 4),
     ("settle", 4),
     ("otlp", 4),
@@ -39,9 +40,8 @@ const FLOORS: &[(&str, u8)] = &[
     ("engine", 5),
     // The server: metrics, health, the console.
     ("server", 6),
-    // The binary: the command line, the benchmark harness, and what both share.
+    // The command: its pools; the benchmark harness (its own crate); the command line.
     ("connect", 7),
-    ("flags", 7),
     ("bench", 8),
     ("cli", 9),
 ];
@@ -50,7 +50,18 @@ const FLOORS: &[(&str, u8)] = &[
 const MAX_LINES: usize = 600;
 
 /// Where SQL text and binds may be: the store, and the benchmark harness's own statements.
-const SQL_PLACES: &[&str] = &["src/store/", "src/bench/sql/"];
+const SQL_PLACES: &[&str] = &[
+    "crates/pgoutbox/src/store/",
+    "crates/pgoutbox-bench/src/sql/",
+];
+
+/// The relay's crates: where each one's source is, and the module its root is read as (`crate::`
+/// in it names that module; `pgoutbox::` names the library, `pgoutbox_bench::` the harness).
+const CRATES: &[(&str, &[&str])] = &[
+    ("crates/pgoutbox/src", &[]),
+    ("src", &[]),
+    ("crates/pgoutbox-bench/src", &["bench"]),
+];
 
 fn floor(module: &str) -> u8 {
     FLOORS
@@ -167,7 +178,13 @@ fn paths(code: &str) -> Vec<String> {
         }
     }
     let bytes = code.as_bytes();
-    for root in ["crate::", "super::", "self::", "pgoutbox::"] {
+    for root in [
+        "crate::",
+        "super::",
+        "self::",
+        "pgoutbox::",
+        "pgoutbox_bench::",
+    ] {
         let mut from = 0;
         while let Some(at) = code[from..].find(root) {
             let start = from + at;
@@ -188,14 +205,26 @@ fn paths(code: &str) -> Vec<String> {
 /// the file of module `here`. `self` is that module and `super` its parent, whether the file is a
 /// folder's `mod.rs` or not (`super::x` in `store/cleanup.rs` is `store::x`). A `use` path that
 /// starts with a child module of `here` (Rust 2018's relative paths) resolves from `here` too.
-/// The binary's `pgoutbox::…` names the library, whose top-level modules are named apart from the
-/// binary's: both resolve from the same root.
-fn target(path: &str, here: &[String], modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+/// `crate::` resolves from the file's crate root (`root`); `pgoutbox::` names the library, whose
+/// top-level modules are named apart from the command's, and `pgoutbox_bench::` the harness.
+fn target(
+    path: &str,
+    (here, root): (&[String], &[String]),
+    modules: &BTreeSet<Vec<String>>,
+) -> Option<Vec<String>> {
     let mut parts: Vec<&str> = path.split("::").collect();
     let base: Vec<String> = match parts.first().copied() {
-        Some("crate" | "pgoutbox") => {
+        Some("crate") => {
+            parts.remove(0);
+            root.to_vec()
+        }
+        Some("pgoutbox") => {
             parts.remove(0);
             Vec::new()
+        }
+        Some("pgoutbox_bench") => {
+            parts.remove(0);
+            vec!["bench".to_owned()]
         }
         Some("self") => {
             parts.remove(0);
@@ -303,42 +332,65 @@ fn circles<N: Ord + Clone>(graph: &BTreeMap<N, BTreeSet<N>>) -> Vec<Vec<N>> {
     walk.found
 }
 
+/// One source file: its path, its module, its crate's root module, its text.
+struct File {
+    path: PathBuf,
+    module: Vec<String>,
+    root: Vec<String>,
+    text: String,
+}
+
 struct Tree {
-    files: Vec<(PathBuf, Vec<String>, String)>,
+    files: Vec<File>,
 }
 
 fn tree() -> Tree {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let top = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    sources(&src, &mut files);
-    files.sort();
-    let files = files
-        .into_iter()
-        .map(|f| {
-            let module = module_of(&src, &f);
-            let text = std::fs::read_to_string(&f).expect("read");
-            (f, module, text)
-        })
-        .collect();
+    for (dir, root) in CRATES {
+        let src = top.join(dir);
+        let mut paths = Vec::new();
+        sources(&src, &mut paths);
+        paths.sort();
+        assert!(!paths.is_empty(), "no source under {}", src.display());
+        let root: Vec<String> = root.iter().map(|m| (*m).to_owned()).collect();
+        for path in paths {
+            let mut module = root.clone();
+            module.extend(module_of(&src, &path));
+            let text = std::fs::read_to_string(&path).expect("read");
+            files.push(File {
+                path,
+                module,
+                root: root.clone(),
+                text,
+            });
+        }
+    }
     Tree { files }
 }
 
-/// The import rules over `files` (path, module, text): every import of a `crate::`, `super::`,
+/// The import rules over `files`: every import of a `crate::`, `super::`,
 /// `self::` (or relative `use`) path resolved, none pointing up the floors, and no circle among
 /// the modules of one folder (the top-level modules being the root's). A module and the modules
 /// inside it are not siblings: a folder's `mod.rs` owns its children, and they may use it.
 /// `Err` with every violation found.
-fn check_imports(files: &[(PathBuf, Vec<String>, String)]) -> Result<(), String> {
-    let modules: BTreeSet<Vec<String>> = files.iter().map(|(_, m, _)| m.clone()).collect();
+fn check_imports(files: &[File]) -> Result<(), String> {
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| f.module.clone()).collect();
     let mut graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     let mut wrong_way = Vec::new();
-    for (path, module, text) in files {
+    for File {
+        path,
+        module,
+        root,
+        text,
+    } in files
+    {
         let Some(first) = module.first() else {
             continue; // lib.rs and main.rs: the roots declare, they do not import
         };
         let from_floor = floor(first);
         for p in paths(&code(text)) {
-            let Some(to) = target(&p, module, &modules) else {
+            let Some(to) = target(&p, (module, root), &modules) else {
                 continue;
             };
             let Some(to_first) = to.first() else { continue };
@@ -390,14 +442,19 @@ fn imports_point_down_the_floors_and_no_module_sits_in_a_cycle() {
     }
 }
 
-/// A fixture tree: (file under src/, text).
-fn fixture(files: &[(&str, &str)]) -> Vec<(PathBuf, Vec<String>, String)> {
+/// A fixture tree: (file under src/, text), one crate.
+fn fixture(files: &[(&str, &str)]) -> Vec<File> {
     let src = Path::new("src");
     files
         .iter()
         .map(|(path, text)| {
             let path = src.join(path);
-            (path.clone(), module_of(src, &path), (*text).to_owned())
+            File {
+                module: module_of(src, &path),
+                root: Vec::new(),
+                text: (*text).to_owned(),
+                path,
+            }
         })
         .collect()
 }
@@ -442,7 +499,7 @@ fn self_and_super_resolve_from_the_file_s_own_module() {
     ];
     for (here, path, want) in cases {
         assert_eq!(
-            target(path, &m(here), &modules),
+            target(path, (&m(here), &[]), &modules),
             want.map(m),
             "{path} from {here}"
         );
@@ -497,7 +554,7 @@ fn sql_is_written_and_bound_in_the_store_only() {
     let tree = tree();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut outside = Vec::new();
-    for (path, _, text) in &tree.files {
+    for File { path, text, .. } in &tree.files {
         let rel = path
             .strip_prefix(root)
             .expect("under the crate")
@@ -531,7 +588,7 @@ fn every_source_file_reads_in_one_sitting_and_no_function_takes_too_many_argumen
     let tree = tree();
     let mut long = Vec::new();
     let mut allowed = Vec::new();
-    for (path, _, text) in &tree.files {
+    for File { path, text, .. } in &tree.files {
         let lines = text.lines().count();
         if lines > MAX_LINES {
             long.push(format!("{} ({lines} lines)", path.display()));
@@ -542,7 +599,7 @@ fn every_source_file_reads_in_one_sitting_and_no_function_takes_too_many_argumen
     }
     let mut pages = Vec::new();
     sources_of(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/pgoutbox/src"),
         PAGE_SOURCES,
         &mut pages,
     );

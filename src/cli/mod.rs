@@ -89,7 +89,7 @@ enum Command {
     /// Delete published rows older than the retention, in short batches.
     Cleanup(cleanup::Args),
     /// Benchmarks on a scratch database: drain, sql-limit, baseline, steady, history, ordering, migrate.
-    Bench(crate::bench::Args),
+    Bench(pgoutbox_bench::Args),
     /// End-to-end demo on the local database: commit and roll back orders, relay them to stdout.
     Demo(demo::Args),
 }
@@ -140,7 +140,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Slot(cmd) => slot::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
-        Command::Bench(args) => crate::bench::run(args, || cli.load_config()).await,
+        Command::Bench(args) => pgoutbox_bench::run(args, || cli.load_config()).await,
     }
 }
 
@@ -175,7 +175,7 @@ impl Cli {
 }
 
 pub use crate::connect::{connect, connect_with, PoolSettings};
-pub use crate::flags::parse_duration;
+pub use pgoutbox::config::parse_duration;
 pub use pgoutbox::model::secrets::redact_url;
 
 /// Connects a short-lived command and checks that the outbox table is migrated.

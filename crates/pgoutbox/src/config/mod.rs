@@ -33,7 +33,7 @@ use duration::parse_duration_key;
 
 pub use database::{DatabaseHosts, ServerRole, SessionAttrs};
 pub use destination::{sink_settings, DestinationConfig, NoSettings, OnDead, Ordering, SinkConfig};
-pub use duration::{duration_str, opt_duration_str};
+pub use duration::{duration_str, opt_duration_str, parse_duration};
 pub use error::ConfigError;
 pub use flat::Flat;
 pub use observability::{AdminConfig, NamedToken, ObservabilityConfig, OtlpConfig, Role};

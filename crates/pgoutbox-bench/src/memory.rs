@@ -32,10 +32,10 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     rate: u64,
     /// How long producers write (with `--rate`): e.g. 1h for the hour-long run.
-    #[arg(long, default_value = "10m", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = pgoutbox::config::parse_duration)]
     duration: Duration,
     /// How long memory is still sampled once `up` has published everything.
-    #[arg(long, default_value = "30s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = pgoutbox::config::parse_duration)]
     hold: Duration,
 }
 

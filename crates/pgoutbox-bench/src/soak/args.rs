@@ -21,13 +21,13 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "keep,delete")]
     pub(super) modes: Vec<String>,
     /// Keep mode: published rows older than this are deleted by cleanup.
-    #[arg(long, default_value = "5m", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = pgoutbox::config::parse_duration)]
     pub(super) retention: Duration,
     /// Keep mode: how often cleanup runs.
-    #[arg(long, default_value = "1m", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "1m", value_parser = pgoutbox::config::parse_duration)]
     pub(super) cleanup_interval: Duration,
     /// How often a line is printed.
-    #[arg(long, default_value = "60s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = pgoutbox::config::parse_duration)]
     pub(super) every: Duration,
     /// Write every interval's figures to this CSV file.
     #[arg(long)]
@@ -37,9 +37,9 @@ pub struct Args {
     pub(super) plot: Option<PathBuf>,
     /// Hold a REPEATABLE READ transaction open this long in each mode (a long report or a
     /// forgotten session): vacuum cannot remove what it might still see.
-    #[arg(long, value_parser = crate::flags::parse_duration)]
+    #[arg(long, value_parser = pgoutbox::config::parse_duration)]
     pub(super) hold_xmin: Option<Duration>,
     /// When the held transaction begins, after the mode's start.
-    #[arg(long, default_value = "2m", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = pgoutbox::config::parse_duration)]
     pub(super) hold_xmin_at: Duration,
 }

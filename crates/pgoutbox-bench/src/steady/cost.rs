@@ -12,14 +12,14 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::args::Args;
-use crate::bench::latency::median;
-use crate::bench::output::{rate, Output, Row};
-use crate::bench::process::{RelayProcess, RelaySpec};
-use crate::bench::producer::{Producer, Spec, Statement};
-use crate::bench::receiver::Receiver;
-use crate::bench::recvlogical::{pg_recvlogical, recvlogical_command};
-use crate::bench::scratch::{Scratch, Source};
-use crate::bench::sql;
+use crate::latency::median;
+use crate::output::{rate, Output, Row};
+use crate::process::{RelayProcess, RelaySpec};
+use crate::producer::{Producer, Spec, Statement};
+use crate::receiver::Receiver;
+use crate::recvlogical::{pg_recvlogical, recvlogical_command};
+use crate::scratch::{Scratch, Source};
+use crate::sql;
 
 /// Commit rate of unthrottled single-event INSERT producers on `table`.
 async fn unthrottled(scratch: &Scratch, args: &Args, table: &str) -> anyhow::Result<f64> {

@@ -25,7 +25,7 @@ impl Scratch {
     /// Creates the scratch database on the server of `url` and opens a pool on it.
     pub async fn create(url: &str) -> anyhow::Result<Self> {
         let name = format!("pgoutbox_bench_{}", std::process::id());
-        let admin = crate::connect::connect(url, 1).await?;
+        let admin = crate::scratch::connect(url, 1).await?;
         sql::setup::drop_database(&admin, &name).await?;
         sql::setup::create_database(&admin, &name)
             .await
@@ -33,7 +33,7 @@ impl Scratch {
         admin.close().await;
         let mut scratch_url = url::Url::parse(url).context("invalid database URL")?;
         scratch_url.set_path(&format!("/{name}"));
-        let pool = crate::connect::connect(scratch_url.as_str(), 16).await?;
+        let pool = crate::scratch::connect(scratch_url.as_str(), 16).await?;
         Ok(Self {
             url: scratch_url.to_string(),
             pool,
@@ -45,7 +45,7 @@ impl Scratch {
     /// Drops the scratch database, its replication slots first.
     pub async fn drop_database(&self) {
         self.pool.close().await;
-        if let Ok(admin) = crate::connect::connect(&self.admin_url, 1).await {
+        if let Ok(admin) = crate::scratch::connect(&self.admin_url, 1).await {
             // A database with a replication slot cannot be dropped, and a slot left behind pins
             // WAL on the server for ever: the slots go first.
             if let Err(e) = drop_slots(&admin, &self.name).await {
@@ -183,6 +183,23 @@ impl Source {
 
 /// Drops every replication slot of database `database`. A slot still streamed (a relay or
 /// pg_recvlogical just killed, whose walsender has not noticed yet) has that session ended first.
+/// A pool of `max_connections` to `url`, as the bench's own connections (the scratch database,
+/// its admin connection, the console's reader) need: an unreachable server is an error at once,
+/// naming the URL without its password.
+pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect(url)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to the database at {}",
+                pgoutbox::model::secrets::redact_url(url)
+            )
+        })
+}
+
 pub async fn drop_slots(pool: &PgPool, database: &str) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

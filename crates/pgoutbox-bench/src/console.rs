@@ -61,7 +61,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     let config = pgoutbox::config::Config::parse(&text, |_| None)?;
     // The console gets one connection of its own: its statistics are flushed on demand (below),
     // so each call's index use is read exactly.
-    let console_pool = crate::connect::connect(&scratch.url, 1).await?;
+    let console_pool = crate::scratch::connect(&scratch.url, 1).await?;
     let relay = Arc::new(pgoutbox::engine::Relay::new(console_pool.clone(), &config)?);
     let admin: pgoutbox::config::AdminConfig = toml::from_str("token = \"bench\"")?;
     let console = pgoutbox::server::console::Console::new(

@@ -4,6 +4,12 @@ use std::time::Duration;
 
 use super::error::ConfigError;
 
+/// Parses a duration as a command-line flag writes it (`30s`, `2h`, `7d`): the one parser of the
+/// commands' and the benchmark's duration flags, so each says the same when it is mistyped.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}; write e.g. 30s, 5m, 2h, 7d"))
+}
+
 /// Parses the duration at `key`, or says how to write one.
 pub(crate) fn parse_duration_key(key: &str, value: &str) -> Result<Duration, ConfigError> {
     humantime::parse_duration(value).map_err(|e| {

@@ -17,13 +17,13 @@ mod report;
 
 use std::time::{Duration, Instant};
 
-use crate::bench::latency::{follow_producer, timed_receiver, Summary, Times};
-use crate::bench::metrics::Histogram;
-use crate::bench::output::Output;
-use crate::bench::process::{RelayProcess, RelaySpec};
-use crate::bench::producer::{Spec, Statement};
-use crate::bench::scratch::Scratch;
-use crate::bench::sql;
+use crate::latency::{follow_producer, timed_receiver, Summary, Times};
+use crate::metrics::Histogram;
+use crate::output::Output;
+use crate::process::{RelayProcess, RelaySpec};
+use crate::producer::{Spec, Statement};
+use crate::scratch::Scratch;
+use crate::sql;
 
 pub use args::Args;
 use machine::Counters;

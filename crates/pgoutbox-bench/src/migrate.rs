@@ -28,13 +28,13 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     producers: usize,
     /// Pause between one producer's INSERTs.
-    #[arg(long, default_value = "5ms", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "5ms", value_parser = pgoutbox::config::parse_duration)]
     interval: Duration,
     /// How long the producers run alone before migrate starts (their latency without it).
-    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = pgoutbox::config::parse_duration)]
     alone: Duration,
     /// An INSERT slower than this counts as stalled.
-    #[arg(long, default_value = "50ms", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = pgoutbox::config::parse_duration)]
     stall: Duration,
 }
 

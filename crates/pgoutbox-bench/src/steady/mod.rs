@@ -26,13 +26,13 @@ mod cost;
 
 use std::time::{Duration, Instant};
 
-use crate::bench::checkpoints::CheckpointWatch;
-use crate::bench::latency::{follow_producer, timed_receiver, Latencies};
-use crate::bench::metrics::Histogram;
-use crate::bench::output::{rate, Output, Row};
-use crate::bench::process::{RelayProcess, RelaySpec};
-use crate::bench::producer::Spec;
-use crate::bench::scratch::{Scratch, Source};
+use crate::checkpoints::CheckpointWatch;
+use crate::latency::{follow_producer, timed_receiver, Latencies};
+use crate::metrics::Histogram;
+use crate::output::{rate, Output, Row};
+use crate::process::{RelayProcess, RelaySpec};
+use crate::producer::Spec;
+use crate::scratch::{Scratch, Source};
 
 pub use args::Args;
 use cost::producer_cost;

@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(long)]
     rate: Option<u64>,
     /// How long to run.
-    #[arg(long, value_parser = crate::flags::parse_duration)]
+    #[arg(long, value_parser = pgoutbox::config::parse_duration)]
     duration: Duration,
     /// Stop after this many commits in all (the soak's fixed event count).
     #[arg(long)]

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::bench::producer::Statement;
-use crate::bench::scratch::Source;
+use crate::producer::Statement;
+use crate::scratch::Source;
 
 /// Arguments of `bench steady`.
 #[derive(Debug, Clone, clap::Args)]
@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub(super) producers: usize,
     /// How long producers run.
-    #[arg(long, default_value = "20s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = pgoutbox::config::parse_duration)]
     pub(super) duration: Duration,
     /// Producer connections for the producer-cost measurement (0 skips it).
     #[arg(long, default_value_t = 32)]
@@ -26,14 +26,14 @@ pub struct Args {
     #[arg(long, default_value = "webhook", value_parser = ["webhook", "null"])]
     pub(super) cost_sink: String,
     /// How long each producer-cost run lasts.
-    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = pgoutbox::config::parse_duration)]
     pub(super) cost_duration: Duration,
     /// Pairs of (minimal table, pgoutbox table) runs for the schema cost, and rounds of the
     /// producer-cost settings (no relay, relays, trigger); medians of the ratios are reported.
     #[arg(long, default_value_t = 3)]
     pub(super) cost_pairs: usize,
     /// How long the idle relay's CPU is measured (0s skips it).
-    #[arg(long, default_value = "60s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = pgoutbox::config::parse_duration)]
     pub(super) idle: Duration,
     /// `relay.synchronous_commit` of the measured relay (on: every settle waits for the disk).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]

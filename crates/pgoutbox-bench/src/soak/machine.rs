@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::bench::process::RelayProcess;
-use crate::bench::sql;
+use crate::process::RelayProcess;
+use crate::sql;
 
 /// What the machine and the relay did during one interval (Linux /proc; zeros elsewhere).
 #[derive(Debug, Clone)]

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use super::args::Args;
 use super::machine::Machine;
-use crate::bench::latency::Summary;
-use crate::bench::output::{Output, Row};
+use crate::latency::Summary;
+use crate::output::{Output, Row};
 
 /// One interval's figures.
 #[derive(Debug, Clone)]

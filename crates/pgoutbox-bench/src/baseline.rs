@@ -18,7 +18,7 @@ pub struct Args {
     #[arg(long, default_value_t = 200_000)]
     events: u64,
     /// How long to measure (the minimal design would take very long to drain a big backlog).
-    #[arg(long, default_value = "10s", value_parser = crate::flags::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = pgoutbox::config::parse_duration)]
     seconds: Duration,
 }
 
