@@ -520,13 +520,14 @@ impl NatsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sinks::broker::testing::assert_names;
 
     #[test]
     fn subjects_are_checked() {
-        assert!(valid_subject("orders.created"));
-        assert!(!valid_subject("orders..created"));
-        assert!(!valid_subject("orders.*"));
-        assert!(!valid_subject("orders created"));
-        assert!(!valid_subject(""));
+        assert_names(
+            valid_subject,
+            &["orders.created"],
+            &["orders..created", "orders.*", "orders created", ""],
+        );
     }
 }

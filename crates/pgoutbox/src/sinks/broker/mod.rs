@@ -83,3 +83,18 @@ impl BrokerSettings {
         Ok(())
     }
 }
+
+/// What the broker sinks' unit tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// Asserts that the name rule `valid` (a topic's, a subject's) takes each of `taken` and
+    /// refuses each of `refused`.
+    pub(crate) fn assert_names(valid: fn(&str) -> bool, taken: &[&str], refused: &[&str]) {
+        for name in taken {
+            assert!(valid(name), "{name:?} must be taken");
+        }
+        for name in refused {
+            assert!(!valid(name), "{name:?} must be refused");
+        }
+    }
+}
