@@ -10,12 +10,9 @@
 use async_trait::async_trait;
 use aws_sdk_eventbridge::primitives::DateTime;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
-use serde::Deserialize;
 
 use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
-use super::SinkKind;
-use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -33,26 +30,21 @@ const CALLS: Calls = Calls {
 /// The `source` of a destination that sets none.
 const DEFAULT_SOURCE: &str = "pgoutbox";
 
-/// Registry entry: `type = "eventbridge"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "eventbridge",
-    build: |_name, settings| aws::build(settings, EventBridgeSink::new),
-};
+super::sink_type!(
+    /// `body` (what `detail` holds) is `envelope` by default, and `payload` only does for
+    /// payloads that are JSON objects.
+    "eventbridge": EventBridgeSink, EventBridgeConfig = EventBridgeSettings + AwsSettings
+);
 
-/// Settings of `type = "eventbridge"`: [`EventBridgeSettings`] and the [`AwsSettings`] every AWS
-/// sink takes; `body` (what `detail` holds) is `envelope` by default, and `payload` only does for
-/// payloads that are JSON objects.
-pub type EventBridgeConfig = Flat<EventBridgeSettings, AwsSettings>;
-
-/// The keys only `type = "eventbridge"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventBridgeSettings {
-    /// The bus's name or ARN, a template; default `default`.
-    #[serde(default = "default_bus")]
-    pub event_bus: Template,
-    /// Each event's `source`; default `pgoutbox`.
-    pub source: Option<String>,
+super::own_settings! {
+    /// The keys only `type = "eventbridge"` takes.
+    pub struct EventBridgeSettings {
+        /// The bus's name or ARN, a template; default `default`.
+        #[serde(default = "default_bus")]
+        pub event_bus: Template,
+        /// Each event's `source`; default `pgoutbox`.
+        pub source: Option<String>,
+    }
 }
 
 fn default_bus() -> Template {

@@ -40,41 +40,33 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::{Sink, SinkKind};
+use super::Sink;
 use crate::config::{Flat, Secret};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// Registry entry: `type = "kafka"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "kafka",
-    build: |name, settings| broker::build(name, settings, KafkaSink::new),
-};
+super::sink_type!("kafka": KafkaSink, KafkaConfig = KafkaSettings + BrokerSettings);
 
-/// Settings of `type = "kafka"`: [`KafkaSettings`] and the shared [`BrokerSettings`].
-pub type KafkaConfig = Flat<KafkaSettings, BrokerSettings>;
-
-/// The keys only `type = "kafka"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSettings {
-    /// Bootstrap brokers, `host:port[,host:port…]`.
-    pub brokers: String,
-    /// Topic template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub topic: Template,
-    /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
-    /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence. Values
-    /// may hold credentials (`"sasl.password"`): each may be `{ env = "NAME" }` or
-    /// `{ file = "PATH" }`, and none is shown in messages.
-    #[serde(default)]
-    pub properties: BTreeMap<String, Secret>,
+super::own_settings! {
+    /// The keys only `type = "kafka"` takes.
+    pub struct KafkaSettings {
+        /// Bootstrap brokers, `host:port[,host:port…]`.
+        pub brokers: String,
+        /// Topic template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub topic: Template,
+        /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
+        /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence. Values
+        /// may hold credentials (`"sasl.password"`): each may be `{ env = "NAME" }` or
+        /// `{ file = "PATH" }`, and none is shown in messages.
+        #[serde(default)]
+        pub properties: BTreeMap<String, Secret>,
+    }
 }
 
 /// librdkafka properties the `tls` table sets; set them through `tls`, not `properties`.

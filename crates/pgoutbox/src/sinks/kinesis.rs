@@ -11,12 +11,9 @@
 use async_trait::async_trait;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
-use serde::Deserialize;
 
 use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
-use super::SinkKind;
-use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -31,22 +28,17 @@ const CALLS: Calls = Calls {
     ordered: |_| true,
 };
 
-/// Registry entry: `type = "kinesis"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "kinesis",
-    build: |_name, settings| aws::build(settings, KinesisSink::new),
-};
+super::sink_type!(
+    /// `body` (what a record's data holds) is `envelope` by default.
+    "kinesis": KinesisSink, KinesisConfig = KinesisSettings + AwsSettings
+);
 
-/// Settings of `type = "kinesis"`: [`KinesisSettings`] and the [`AwsSettings`] every AWS sink
-/// takes; `body` (what a record's data holds) is `envelope` by default.
-pub type KinesisConfig = Flat<KinesisSettings, AwsSettings>;
-
-/// The keys only `type = "kinesis"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KinesisSettings {
-    /// The stream's name or ARN, a template.
-    pub stream: Template,
+super::own_settings! {
+    /// The keys only `type = "kinesis"` takes.
+    pub struct KinesisSettings {
+        /// The stream's name or ARN, a template.
+        pub stream: Template,
+    }
 }
 
 /// Puts events on Kinesis data streams.

@@ -85,6 +85,60 @@ macro_rules! sink_debug {
 #[allow(unused_imports)]
 pub(crate) use sink_debug;
 
+/// Declares a sink type in its module, Vector-style: the registry entry `KIND` of `type = $kind`,
+/// whose build reads the destination's settings as `$config` and makes the sink with `$sink::new`
+/// (through `broker::build` or `aws::build`, as the keys its kind shares say), and `$config`
+/// itself: the keys only this type takes (`$own`, declared with `own_settings!`) beside those it
+/// shares with the sinks of its kind (`$common`), read as one table ([`crate::config::Flat`]).
+/// Doc lines before `$kind` are added to `$config`'s.
+// A build without the sinks that use it leaves it unused.
+#[allow(unused_macros)]
+macro_rules! sink_type {
+    (
+        $(#[$doc:meta])*
+        $kind:literal: $sink:ident, $config:ident = $own:ident + $common:ident
+    ) => {
+        #[doc = concat!("Registry entry: `type = \"", $kind, "\"`.")]
+        pub const KIND: $crate::sinks::SinkKind = $crate::sinks::SinkKind {
+            name: $kind,
+            build: $crate::sinks::sink_type!(@build $common, $sink),
+        };
+
+        #[doc = concat!(
+            "Settings of `type = \"", $kind, "\"`: [`", stringify!($own),
+            "`] and the shared [`", stringify!($common), "`]."
+        )]
+        $(#[$doc])*
+        pub type $config = $crate::config::Flat<$own, $common>;
+    };
+    (@build BrokerSettings, $sink:ident) => {
+        |name, settings| $crate::sinks::broker::build(name, settings, $sink::new)
+    };
+    (@build AwsSettings, $sink:ident) => {
+        |_, settings| $crate::sinks::aws::build(settings, $sink::new)
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use sink_type;
+
+/// Declares the struct of the keys only one sink type takes, the first part of its settings
+/// ([`crate::config::Flat`]): read with serde and, as every table of the configuration, refusing
+/// a key it does not name (`deny_unknown_fields`).
+// A build without the sinks that use it leaves it unused.
+#[allow(unused_macros)]
+macro_rules! own_settings {
+    ($(#[$doc:meta])* pub struct $own:ident { $($fields:tt)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, ::serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $own {
+            $($fields)*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use own_settings;
+
 /// A destination events are published to.
 #[async_trait]
 pub trait Sink: Send + Sync {

@@ -33,14 +33,13 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use rumqttc::{Outgoing, TlsConfiguration, Transport};
-use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
 use super::body::{Binding, Message, Shape};
 use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
-use super::{Sink, SinkKind};
+use super::Sink;
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -50,36 +49,29 @@ use crate::model::template::Template;
 /// The largest MQTT packet (remaining length is at most 268,435,455 bytes).
 const MQTT_MAX_PACKET: usize = 268_435_455;
 
-/// Registry entry: `type = "mqtt"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "mqtt",
-    build: |name, settings| broker::build(name, settings, MqttSink::new),
-};
+super::sink_type!("mqtt": MqttSink, MqttConfig = MqttSettings + BrokerSettings);
 
-/// Settings of `type = "mqtt"`: [`MqttSettings`] and the shared [`BrokerSettings`].
-pub type MqttConfig = Flat<MqttSettings, BrokerSettings>;
-
-/// The keys only `type = "mqtt"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MqttSettings {
-    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default), or `mqtts://`
-    /// for TLS (port 8883 by default). User and password are percent-decoded: write `%40` for
-    /// `@`, `%3A` for `:` in the user name, `%25` for `%`; a `+` is a `+`.
-    pub url: crate::config::Secret,
-    /// Topic template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub topic: Template,
-    /// MQTT client id; default `pgoutbox-` plus a random suffix (two clients with one id evict
-    /// each other).
-    pub client_id: Option<String>,
-    /// Publish with the retain flag.
-    #[serde(default)]
-    pub retain: bool,
-    /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
-    /// MQTT's 256 MiB).
-    #[serde(default = "default_max_message_bytes")]
-    pub max_message_bytes: usize,
+super::own_settings! {
+    /// The keys only `type = "mqtt"` takes.
+    pub struct MqttSettings {
+        /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default), or `mqtts://`
+        /// for TLS (port 8883 by default). User and password are percent-decoded: write `%40` for
+        /// `@`, `%3A` for `:` in the user name, `%25` for `%`; a `+` is a `+`.
+        pub url: crate::config::Secret,
+        /// Topic template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub topic: Template,
+        /// MQTT client id; default `pgoutbox-` plus a random suffix (two clients with one id evict
+        /// each other).
+        pub client_id: Option<String>,
+        /// Publish with the retain flag.
+        #[serde(default)]
+        pub retain: bool,
+        /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
+        /// MQTT's 256 MiB).
+        #[serde(default = "default_max_message_bytes")]
+        pub max_message_bytes: usize,
+    }
 }
 
 fn default_max_message_bytes() -> usize {

@@ -32,13 +32,12 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::ErrorCode;
 use async_nats::ServerAddr;
 use async_trait::async_trait;
-use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
-use super::{Sink, SinkKind};
+use super::Sink;
 use crate::config::{Flat, Secret};
 use crate::error::error_chain;
 use crate::model::event::OutboxEvent;
@@ -51,43 +50,36 @@ use crate::model::template::Template;
 /// that, sent whole before awaiting, would wait on itself.
 const PIPELINE_WINDOW: usize = 256;
 
-/// Registry entry: `type = "nats"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "nats",
-    build: |name, settings| broker::build(name, settings, NatsSink::new),
-};
+super::sink_type!("nats": NatsSink, NatsConfig = NatsSettings + BrokerSettings);
 
-/// Settings of `type = "nats"`: [`NatsSettings`] and the shared [`BrokerSettings`].
-pub type NatsConfig = Flat<NatsSettings, BrokerSettings>;
-
-/// The keys only `type = "nats"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NatsSettings {
-    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
-    /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
-    /// never shown in messages.
-    pub url: Secret,
-    /// Subject template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub subject: Template,
-    /// Create the stream `stream` with `subjects` if it does not exist (off by default).
-    #[serde(default)]
-    pub create_stream: bool,
-    /// Stream name, for `create_stream`.
-    pub stream: Option<String>,
-    /// Subjects the created stream takes (NATS wildcards allowed), for `create_stream`.
-    #[serde(default)]
-    pub subjects: Vec<String>,
-    /// JetStream duplicate window of the created stream; default the server's (2 minutes).
-    #[serde(default, with = "opt_duration")]
-    pub duplicate_window: Option<Duration>,
-    /// NKey authentication: the user's seed (`SU…`), best given as `{ file = … }` or
-    /// `{ env = … }`.
-    pub nkey_seed: Option<Secret>,
-    /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
-    /// configuration loads.
-    pub credentials_file: Option<PathBuf>,
+super::own_settings! {
+    /// The keys only `type = "nats"` takes.
+    pub struct NatsSettings {
+        /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
+        /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
+        /// never shown in messages.
+        pub url: Secret,
+        /// Subject template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub subject: Template,
+        /// Create the stream `stream` with `subjects` if it does not exist (off by default).
+        #[serde(default)]
+        pub create_stream: bool,
+        /// Stream name, for `create_stream`.
+        pub stream: Option<String>,
+        /// Subjects the created stream takes (NATS wildcards allowed), for `create_stream`.
+        #[serde(default)]
+        pub subjects: Vec<String>,
+        /// JetStream duplicate window of the created stream; default the server's (2 minutes).
+        #[serde(default, with = "opt_duration")]
+        pub duplicate_window: Option<Duration>,
+        /// NKey authentication: the user's seed (`SU…`), best given as `{ file = … }` or
+        /// `{ env = … }`.
+        pub nkey_seed: Option<Secret>,
+        /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
+        /// configuration loads.
+        pub credentials_file: Option<PathBuf>,
+    }
 }
 
 /// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.

@@ -24,12 +24,11 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
-use serde::Deserialize;
 
 use super::body::{Binding, Message, Shape};
 use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::{Sink, SinkKind};
+use super::Sink;
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -46,30 +45,24 @@ const RESERVED_NAMES: &[&str] = &["cc", "bcc"];
 /// Event header prefixes this sink writes.
 const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
 
-/// Registry entry: `type = "rabbitmq"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "rabbitmq",
-    build: |name, settings| broker::build(name, settings, RabbitMqSink::new),
-};
+super::sink_type!("rabbitmq": RabbitMqSink, RabbitMqConfig = RabbitMqSettings + BrokerSettings);
 
-/// Settings of `type = "rabbitmq"`: [`RabbitMqSettings`] and the shared [`BrokerSettings`].
-pub type RabbitMqConfig = Flat<RabbitMqSettings, BrokerSettings>;
-
-/// The keys only `type = "rabbitmq"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RabbitMqSettings {
-    /// AMQP URI, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS).
-    pub url: crate::config::Secret,
-    /// Exchange to publish to; default `""`, the default exchange (routing key = queue name).
-    #[serde(default)]
-    pub exchange: String,
-    /// Routing key template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub routing_key: Template,
-    /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`, 128 MiB).
-    #[serde(default = "default_max_message_bytes")]
-    pub max_message_bytes: usize,
+super::own_settings! {
+    /// The keys only `type = "rabbitmq"` takes.
+    pub struct RabbitMqSettings {
+        /// AMQP URI, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS).
+        pub url: crate::config::Secret,
+        /// Exchange to publish to; default `""`, the default exchange (routing key = queue name).
+        #[serde(default)]
+        pub exchange: String,
+        /// Routing key template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub routing_key: Template,
+        /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`,
+        /// 128 MiB).
+        #[serde(default = "default_max_message_bytes")]
+        pub max_message_bytes: usize,
+    }
 }
 
 fn default_max_message_bytes() -> usize {

@@ -20,11 +20,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
-use super::{Sink, SinkKind};
+use super::broker::{BrokerSettings, Connection, Kept, Reconnects};
+use super::Sink;
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -34,27 +33,20 @@ use crate::model::template::Template;
 /// Server error codes that say this event's `XADD` cannot succeed, however often it is tried.
 const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];
 
-/// Registry entry: `type = "redis"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "redis",
-    build: |name, settings| broker::build(name, settings, RedisSink::new),
-};
+super::sink_type!("redis": RedisSink, RedisConfig = RedisSettings + BrokerSettings);
 
-/// Settings of `type = "redis"`: [`RedisSettings`] and the shared [`BrokerSettings`].
-pub type RedisConfig = Flat<RedisSettings, BrokerSettings>;
-
-/// The keys only `type = "redis"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisSettings {
-    /// Redis URL, e.g. `redis://127.0.0.1:6379/0`, `rediss://relay:password@redis:6380/0` for
-    /// TLS with an ACL user.
-    pub url: crate::config::Secret,
-    /// Stream name template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub stream: Template,
-    /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
-    pub maxlen: Option<u64>,
+super::own_settings! {
+    /// The keys only `type = "redis"` takes.
+    pub struct RedisSettings {
+        /// Redis URL, e.g. `redis://127.0.0.1:6379/0`, `rediss://relay:password@redis:6380/0` for
+        /// TLS with an ACL user.
+        pub url: crate::config::Secret,
+        /// Stream name template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub stream: Template,
+        /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
+        pub maxlen: Option<u64>,
+    }
 }
 
 /// Appends events to Redis streams.
