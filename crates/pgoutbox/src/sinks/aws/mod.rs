@@ -50,7 +50,7 @@ use tokio::sync::OnceCell;
 pub(crate) use answers::{call_failed, entry_outcomes, in_order, positional};
 pub(crate) use calls::{by_target, group, publish_each, Calls, Limits};
 #[cfg(any(feature = "sqs", feature = "sns"))]
-pub(crate) use messages::message_api;
+pub(crate) use messages::message_sink;
 #[cfg(any(feature = "sqs", feature = "sns"))]
 pub use messages::{MessageApi, Messages};
 pub use settings::AwsSettings;
