@@ -27,17 +27,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
-use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishAckFuture, PublishError, PublishErrorKind,
+};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::ErrorCode;
 use async_nats::ServerAddr;
 use async_trait::async_trait;
 
 use super::body::{Binding, Shape};
-use super::broker::{BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{Broker, BrokerSettings, Connection, Kept, Names, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
-use super::Sink;
 use crate::config::{Flat, Secret};
 use crate::error::error_chain;
 use crate::model::event::OutboxEvent;
@@ -93,6 +94,12 @@ mod opt_duration {
     }
 }
 
+/// NATS subjects, as `subject` renders them.
+const SUBJECTS: Names = Names {
+    what: "NATS subject",
+    valid: valid_subject,
+};
+
 /// Event header names JetStream or this sink act on.
 const RESERVED_PREFIXES: &[&str] = &["nats-", "pgoutbox-"];
 
@@ -124,7 +131,7 @@ enum Auth {
 }
 
 #[derive(Clone)]
-struct Conn {
+pub(crate) struct Conn {
     client: async_nats::Client,
     js: async_nats::jetstream::Context,
 }
@@ -207,12 +214,7 @@ impl NatsSink {
             );
         }
         common.check_timeout()?;
-        if cfg.subject.is_constant() && !valid_subject(cfg.subject.as_str()) {
-            return Err(format!(
-                "key `subject`: {:?} is not a valid NATS subject",
-                cfg.subject.as_str()
-            ));
-        }
+        SUBJECTS.check("subject", &cfg.subject)?;
         if cfg.create_stream {
             match cfg.stream.as_deref() {
                 None | Some("") => {
@@ -262,66 +264,6 @@ impl NatsSink {
     /// How many publishes JetStream acknowledged as duplicates (redeliveries it dropped).
     pub fn duplicates(&self) -> u64 {
         self.duplicates.load(Ordering::Relaxed)
-    }
-
-    async fn connect(&self) -> Result<Conn, String> {
-        self.conn
-            .get(|| async {
-                let mut options = async_nats::ConnectOptions::new()
-                    .connection_timeout(self.timeout)
-                    .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
-                    // Reconnect forever: the relay keeps running through broker outages.
-                    .max_reconnects(None);
-                options = match &self.credentials {
-                    Some(Credentials {
-                        user,
-                        password: Some(password),
-                    }) => options.user_and_password(user.clone(), password.clone()),
-                    Some(Credentials {
-                        user,
-                        password: None,
-                    }) => options.token(user.clone()),
-                    None => options,
-                };
-                options = match &self.auth {
-                    Auth::None => options,
-                    Auth::Nkey(seed) => options.nkey(seed.expose().to_owned()),
-                    Auth::Creds(creds) => options
-                        .credentials(creds.expose())
-                        .map_err(|e| format!("the NATS credentials file cannot be used: {e}"))?,
-                };
-                if let Some(files) = &self.tls {
-                    options = options
-                        .require_tls(true)
-                        .tls_client_config(files.client_config()?);
-                }
-                let client = options
-                    .connect(self.servers.as_slice())
-                    .await
-                    .map_err(|e| {
-                        self.scrub(format!("cannot connect to NATS: {}", error_chain(&e)))
-                    })?;
-                let js = async_nats::jetstream::context::ContextBuilder::new()
-                    .timeout(self.timeout)
-                    .build(client.clone());
-                if self.cfg.create_stream {
-                    let config = async_nats::jetstream::stream::Config {
-                        name: self.cfg.stream.clone().unwrap_or_default(),
-                        subjects: self.cfg.subjects.clone(),
-                        duplicate_window: self.cfg.duplicate_window.unwrap_or_default(),
-                        ..Default::default()
-                    };
-                    js.get_or_create_stream(config).await.map_err(|e| {
-                        self.scrub(format!(
-                            "cannot create the JetStream stream: {}",
-                            error_chain(&e)
-                        ))
-                    })?;
-                }
-                self.reconnects.connected();
-                Ok(Conn { client, js })
-            })
-            .await
     }
 
     fn message(&self, event: &OutboxEvent) -> PublishMessage {
@@ -420,12 +362,10 @@ fn valid_subject(subject: &str) -> bool {
 }
 
 #[async_trait]
-impl Sink for NatsSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let conn = match self.connect().await {
-            Ok(conn) => conn,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
+impl Broker for NatsSink {
+    type Link = Conn;
+
+    async fn send(&self, conn: Conn, events: &[&OutboxEvent]) -> Vec<Outcome> {
         if conn.client.connection_state() != async_nats::connection::State::Connected {
             return vec![Outcome::retry("not connected to NATS (reconnecting)"); events.len()];
         }
@@ -437,12 +377,66 @@ impl Sink for NatsSink {
         outcomes
     }
 
-    fn reconnect(&self) {
-        self.conn.drop_current();
+    async fn connect(&self) -> Result<Conn, String> {
+        let mut options = async_nats::ConnectOptions::new()
+            .connection_timeout(self.timeout)
+            .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
+            // Reconnect forever: the relay keeps running through broker outages.
+            .max_reconnects(None);
+        options = match &self.credentials {
+            Some(Credentials {
+                user,
+                password: Some(password),
+            }) => options.user_and_password(user.clone(), password.clone()),
+            Some(Credentials {
+                user,
+                password: None,
+            }) => options.token(user.clone()),
+            None => options,
+        };
+        options = match &self.auth {
+            Auth::None => options,
+            Auth::Nkey(seed) => options.nkey(seed.expose().to_owned()),
+            Auth::Creds(creds) => options
+                .credentials(creds.expose())
+                .map_err(|e| format!("the NATS credentials file cannot be used: {e}"))?,
+        };
+        if let Some(files) = &self.tls {
+            options = options
+                .require_tls(true)
+                .tls_client_config(files.client_config()?);
+        }
+        let client = options
+            .connect(self.servers.as_slice())
+            .await
+            .map_err(|e| self.scrub(format!("cannot connect to NATS: {}", error_chain(&e))))?;
+        let js = async_nats::jetstream::context::ContextBuilder::new()
+            .timeout(self.timeout)
+            .build(client.clone());
+        if self.cfg.create_stream {
+            let config = async_nats::jetstream::stream::Config {
+                name: self.cfg.stream.clone().unwrap_or_default(),
+                subjects: self.cfg.subjects.clone(),
+                duplicate_window: self.cfg.duplicate_window.unwrap_or_default(),
+                ..Default::default()
+            };
+            js.get_or_create_stream(config).await.map_err(|e| {
+                self.scrub(format!(
+                    "cannot create the JetStream stream: {}",
+                    error_chain(&e)
+                ))
+            })?;
+        }
+        self.reconnects.connected();
+        Ok(Conn { client, js })
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        let conn = self.connect().await?;
+    fn kept(&self) -> &Kept<Conn> {
+        &self.conn
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        let conn = self.link().await?;
         conn.client
             .flush()
             .await
@@ -460,29 +454,7 @@ impl NatsSink {
     ) -> Vec<Outcome> {
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
-            let subject = self.cfg.subject.render(event);
-            if !valid_subject(&subject) {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!("invalid NATS subject {subject:?}"),
-                }));
-                continue;
-            }
-            let sent = conn
-                .js
-                .send_publish(subject.clone(), self.message(event))
-                .await;
-            pending.push(match sent {
-                Ok(ack) => Ok((subject, ack)),
-                Err(e) => {
-                    let reason = self.scrub(format!(
-                        "publish to {subject:?} failed: {}",
-                        error_chain(&e)
-                    ));
-                    Err(self
-                        .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
-                        .await)
-                }
-            });
+            pending.push(self.send_one(conn, event, streamless).await);
         }
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
@@ -506,6 +478,32 @@ impl NatsSink {
             });
         }
         outcomes
+    }
+
+    /// Sends `event` without waiting: its subject and PubAck to come, or its outcome at once.
+    async fn send_one(
+        &self,
+        conn: &Conn,
+        event: &OutboxEvent,
+        streamless: &mut HashMap<String, bool>,
+    ) -> Result<(String, PublishAckFuture), Outcome> {
+        let subject = SUBJECTS.of(&self.cfg.subject, event)?;
+        let sent = conn
+            .js
+            .send_publish(subject.clone(), self.message(event))
+            .await;
+        match sent {
+            Ok(ack) => Ok((subject, ack)),
+            Err(e) => {
+                let reason = self.scrub(format!(
+                    "publish to {subject:?} failed: {}",
+                    error_chain(&e)
+                ));
+                Err(self
+                    .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
+                    .await)
+            }
+        }
     }
 }
 

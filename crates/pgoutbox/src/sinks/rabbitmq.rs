@@ -23,12 +23,11 @@ use async_trait::async_trait;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties, PublisherConfirm};
 
 use super::body::{Binding, Message, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{self, Broker, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::Sink;
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -44,6 +43,12 @@ const RESERVED_NAMES: &[&str] = &["cc", "bcc"];
 
 /// Event header prefixes this sink writes.
 const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
+
+/// Every message is `mandatory`: one no queue takes comes back, and is rejected.
+const PUBLISH: BasicPublishOptions = BasicPublishOptions {
+    mandatory: true,
+    immediate: false,
+};
 
 super::sink_type!("rabbitmq": RabbitMqSink, RabbitMqConfig = RabbitMqSettings + BrokerSettings);
 
@@ -82,7 +87,7 @@ pub struct RabbitMqSink {
     reconnects: Reconnects,
 }
 
-struct Link {
+pub(crate) struct Link {
     conn: lapin::Connection,
     channel: Channel,
 }
@@ -155,40 +160,31 @@ impl RabbitMqSink {
         secrets::scrub(&e.to_string(), &self.cfg.url.0)
     }
 
-    async fn link(&self) -> Result<Arc<Link>, String> {
-        self.link.get(|| self.connect()).await
-    }
-
-    async fn connect(&self) -> Result<Arc<Link>, String> {
-        let connect = async {
-            let conn = lapin::Connection::connect_with_config(
-                &self.cfg.url.0,
-                ConnectionProperties::default()
-                    .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
-                self.tls.clone(),
-                lapin::runtime::default_runtime()?,
-            )
-            .await?;
-            let channel = conn.create_channel().await?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await?;
-            Ok::<_, lapin::Error>(Link { conn, channel })
-        };
-        match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(link)) => {
-                self.reconnects.connected();
-                Ok(Arc::new(link))
-            }
-            Ok(Err(e)) => Err(format!(
-                "cannot connect to RabbitMQ: {}",
-                self.error_text(&e)
-            )),
-            Err(_) => Err(format!(
-                "cannot connect to RabbitMQ: no answer within {:?}",
-                self.timeout
-            )),
+    /// Publishes `event` on `channel` without waiting: its confirm to come, or its outcome at once.
+    async fn send_one(
+        &self,
+        channel: &Channel,
+        event: &OutboxEvent,
+    ) -> Result<PublisherConfirm, Outcome> {
+        let routing_key = self.cfg.routing_key.render(event);
+        let message = self.shape.message(event, Binding::Amqp);
+        let payload: &[u8] = &message.body;
+        if routing_key.len() > SHORT_STRING_MAX {
+            return Err(Outcome::Rejected {
+                reason: format!("routing key longer than {SHORT_STRING_MAX} bytes"),
+            });
         }
+        broker::within_max("message", payload.len(), self.cfg.max_message_bytes)?;
+        channel
+            .basic_publish(
+                self.cfg.exchange.as_str().into(),
+                routing_key.into(),
+                PUBLISH,
+                payload,
+                self.properties(event, &message),
+            )
+            .await
+            .map_err(|e| Outcome::retry(format!("publish failed: {}", self.error_text(&e))))
     }
 
     fn properties(&self, event: &OutboxEvent, message: &Message<'_>) -> BasicProperties {
@@ -228,49 +224,15 @@ impl RabbitMqSink {
 }
 
 #[async_trait]
-impl Sink for RabbitMqSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let link = match self.link().await {
-            Ok(link) => link,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
+impl Broker for RabbitMqSink {
+    type Link = Arc<Link>;
+
+    async fn send(&self, link: Self::Link, events: &[&OutboxEvent]) -> Vec<Outcome> {
         // Publish all in batch order on one channel (AMQP keeps channel order), then await the
         // confirms.
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
-            let routing_key = self.cfg.routing_key.render(event);
-            let message = self.shape.message(event, Binding::Amqp);
-            let payload: &[u8] = &message.body;
-            if routing_key.len() > SHORT_STRING_MAX {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!("routing key longer than {SHORT_STRING_MAX} bytes"),
-                }));
-                continue;
-            }
-            let max = self.cfg.max_message_bytes;
-            if let Some(rejected) = broker::oversized("message", payload.len(), max) {
-                pending.push(Err(rejected));
-                continue;
-            }
-            let sent = link
-                .channel
-                .basic_publish(
-                    self.cfg.exchange.as_str().into(),
-                    routing_key.into(),
-                    options,
-                    payload,
-                    self.properties(event, &message),
-                )
-                .await;
-            pending.push(
-                sent.map_err(|e| {
-                    Outcome::retry(format!("publish failed: {}", self.error_text(&e)))
-                }),
-            );
+            pending.push(self.send_one(&link.channel, event).await);
         }
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
@@ -301,11 +263,43 @@ impl Sink for RabbitMqSink {
         outcomes
     }
 
-    fn reconnect(&self) {
-        self.link.drop_current();
+    async fn connect(&self) -> Result<Self::Link, String> {
+        let connect = async {
+            let conn = lapin::Connection::connect_with_config(
+                &self.cfg.url.0,
+                ConnectionProperties::default()
+                    .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
+                self.tls.clone(),
+                lapin::runtime::default_runtime()?,
+            )
+            .await?;
+            let channel = conn.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(Link { conn, channel })
+        };
+        match tokio::time::timeout(self.timeout, connect).await {
+            Ok(Ok(link)) => {
+                self.reconnects.connected();
+                Ok(Arc::new(link))
+            }
+            Ok(Err(e)) => Err(format!(
+                "cannot connect to RabbitMQ: {}",
+                self.error_text(&e)
+            )),
+            Err(_) => Err(format!(
+                "cannot connect to RabbitMQ: no answer within {:?}",
+                self.timeout
+            )),
+        }
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        self.link().await.map(|_| ())
+    fn kept(&self) -> &Kept<Self::Link> {
+        &self.link
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        self.link().await.map(drop)
     }
 }

@@ -22,8 +22,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::body::{Binding, Shape};
-use super::broker::{BrokerSettings, Connection, Kept, Reconnects};
-use super::Sink;
+use super::broker::{Broker, BrokerSettings, Connection, Kept, Reconnects};
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -109,25 +108,6 @@ impl RedisSink {
         })
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, String> {
-        self.conn
-            .get(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    // Reconnection happens in the background; the relay's retry policy decides
-                    // when the events are tried again, so no retries inside the client.
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_secs(2));
-                let manager = ConnectionManager::new_with_config(self.client.clone(), config)
-                    .await
-                    .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))?;
-                self.reconnects.connected();
-                Ok(manager)
-            })
-            .await
-    }
-
     fn xadd(&self, pipe: &mut redis::Pipeline, event: &OutboxEvent) {
         let headers: serde_json::Map<String, serde_json::Value> = event
             .headers
@@ -178,12 +158,10 @@ impl RedisSink {
 }
 
 #[async_trait]
-impl Sink for RedisSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let mut conn = match self.connection().await {
-            Ok(conn) => conn,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
+impl Broker for RedisSink {
+    type Link = ConnectionManager;
+
+    async fn send(&self, mut conn: Self::Link, events: &[&OutboxEvent]) -> Vec<Outcome> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for event in events {
@@ -212,12 +190,27 @@ impl Sink for RedisSink {
         }
     }
 
-    fn reconnect(&self) {
-        self.conn.drop_current();
+    async fn connect(&self) -> Result<Self::Link, String> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            // Reconnection happens in the background; the relay's retry policy decides
+            // when the events are tried again, so no retries inside the client.
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(2));
+        let manager = ConnectionManager::new_with_config(self.client.clone(), config)
+            .await
+            .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))?;
+        self.reconnects.connected();
+        Ok(manager)
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        let mut conn = self.connection().await?;
+    fn kept(&self) -> &Kept<Self::Link> {
+        &self.conn
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        let mut conn = self.link().await?;
         redis::cmd("PING")
             .query_async::<String>(&mut conn)
             .await
