@@ -172,8 +172,7 @@ super::sink_debug!(KafkaSink {
 impl KafkaSink {
     /// Validates the settings of destination `destination`; the producer (and its connections)
     /// is created on the first publish.
-    pub fn new(destination: &str, cfg: KafkaConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: KafkaConfig) -> Result<Self, String> {
         if cfg.brokers.trim().is_empty() {
             return Err("key `brokers`: must not be empty".into());
         }

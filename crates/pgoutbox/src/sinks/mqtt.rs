@@ -131,8 +131,7 @@ struct Waiters {
 
 impl MqttSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: MqttConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: MqttConfig) -> Result<Self, String> {
         let url = url::Url::parse(&cfg.url.0).map_err(|e| format!("key `url`: not a URL: {e}"))?;
         let secure = match url.scheme() {
             "mqtt" | "tcp" => false,

@@ -146,8 +146,7 @@ super::sink_debug!(NatsSink {
 
 impl NatsSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: NatsConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: NatsConfig) -> Result<Self, String> {
         if cfg.url.0.trim().is_empty() {
             return Err("key `url`: must not be empty".into());
         }

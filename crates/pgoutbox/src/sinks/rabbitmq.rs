@@ -107,8 +107,10 @@ super::sink_debug!(RabbitMqSink {
 
 impl RabbitMqSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: RabbitMqConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(
+        destination: &str,
+        Flat { own: cfg, common }: RabbitMqConfig,
+    ) -> Result<Self, String> {
         let uri = cfg
             .url
             .0

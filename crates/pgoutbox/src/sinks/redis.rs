@@ -68,8 +68,7 @@ super::sink_debug!(RedisSink {
 
 impl RedisSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: RedisConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: RedisConfig) -> Result<Self, String> {
         // `open` and `build_with_tls` only parse the URL and the certificates.
         let not_a_url = |e: redis::RedisError| {
             format!(

@@ -93,8 +93,7 @@ fn line(body: &[u8]) -> Vec<u8> {
 
 impl S3Sink {
     /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: S3Config) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(Flat { own: cfg, common }: S3Config) -> Result<Self, String> {
         if cfg.bucket.trim().is_empty() {
             return Err("key `bucket`: must not be empty".into());
         }
