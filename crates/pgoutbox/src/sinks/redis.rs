@@ -51,9 +51,10 @@ super::own_settings! {
 /// Appends events to Redis streams.
 pub struct RedisSink {
     cfg: RedisSettings,
-    timeout: Duration,
     shape: Shape,
     client: redis::Client,
+    /// How a connection manager connects, waits and reconnects.
+    manager: ConnectionManagerConfig,
     conn: Kept<ConnectionManager>,
     reconnects: Reconnects,
 }
@@ -100,8 +101,14 @@ impl RedisSink {
         Ok(Self {
             shape: common.shape()?,
             cfg,
-            timeout: common.timeout,
             client,
+            manager: ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(common.timeout))
+                .set_response_timeout(Some(common.timeout))
+                // Reconnection happens in the background; the relay's retry policy decides
+                // when the events are tried again, so no retries inside the client.
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_secs(2)),
             conn: Kept::new(),
             reconnects: Reconnects::new(destination),
         })
@@ -190,14 +197,7 @@ impl Broker for RedisSink {
     }
 
     async fn connect(&self) -> Result<Self::Link, String> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            // Reconnection happens in the background; the relay's retry policy decides
-            // when the events are tried again, so no retries inside the client.
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        let manager = ConnectionManager::new_with_config(self.client.clone(), config)
+        let manager = ConnectionManager::new_with_config(self.client.clone(), self.manager.clone())
             .await
             .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))?;
         self.reconnects.connected();
