@@ -76,7 +76,8 @@ impl EventBridgeSink {
             return Err("key `source`: must be 1 to 256 characters".into());
         }
         let (shape, client) = cfg.common.build(
-            ("EventBridge", Body::Envelope),
+            "EventBridge",
+            Body::Envelope,
             aws_sdk_eventbridge::Client::new,
         )?;
         Ok(Self {
@@ -121,14 +122,10 @@ impl aws::Batches for EventBridgeSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        aws::ready(
-            &self.cfg.event_bus,
-            ("event bus", "EventBridge"),
-            |bus| async move {
-                let client = self.client.get().await;
-                client.describe_event_bus().name(bus).send().await
-            },
-        )
-        .await
+        self.client
+            .ready(&self.cfg.event_bus, "event bus", |client, bus| {
+                client.describe_event_bus().name(bus).send()
+            })
+            .await
     }
 }

@@ -53,9 +53,9 @@ super::sink_debug!(KinesisSink { stream: cfg.stream });
 impl KinesisSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: KinesisConfig) -> Result<Self, String> {
-        let (shape, client) = cfg
-            .common
-            .build(("Kinesis", Body::Envelope), aws_sdk_kinesis::Client::new)?;
+        let (shape, client) =
+            cfg.common
+                .build("Kinesis", Body::Envelope, aws_sdk_kinesis::Client::new)?;
         Ok(Self {
             cfg: cfg.own,
             shape,
@@ -103,19 +103,16 @@ impl aws::Batches for KinesisSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        aws::ready(
-            &self.cfg.stream,
-            ("stream", "Kinesis"),
-            |stream| async move {
-                let call = self.client.get().await.describe_stream_summary();
+        self.client
+            .ready(&self.cfg.stream, "stream", |client, stream| {
+                let call = client.describe_stream_summary();
                 let call = if stream.starts_with("arn:") {
                     call.stream_arn(stream)
                 } else {
                     call.stream_name(stream)
                 };
-                call.send().await
-            },
-        )
-        .await
+                call.send()
+            })
+            .await
     }
 }

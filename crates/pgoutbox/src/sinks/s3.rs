@@ -100,7 +100,7 @@ impl S3Sink {
         let path_style = cfg
             .force_path_style
             .unwrap_or(common.endpoint_url.is_some());
-        let (shape, client) = common.build(("S3", Body::Envelope), move |sdk| {
+        let (shape, client) = common.build("S3", Body::Envelope, move |sdk| {
             let config = aws_sdk_s3::config::Builder::from(sdk)
                 .force_path_style(path_style)
                 .build();

@@ -210,7 +210,7 @@ impl<A: MessageApi> Messages<A> {
     /// `payload` by default); connects on the first publish.
     pub fn new(cfg: Flat<A::Settings, AwsSettings>) -> Result<Self, String> {
         let (service, sink) = A::NAMES;
-        let (shape, client) = cfg.common.build((service, Body::Payload), A::client)?;
+        let (shape, client) = cfg.common.build(service, Body::Payload, A::client)?;
         Ok(Self {
             target: A::target(cfg.own),
             shape,
