@@ -67,22 +67,24 @@ pub(crate) fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
-/// `Debug` for a sink: its type and the settings that tell its destinations apart (`name: path`
-/// of each, from `self`), never a secret nor a client.
-// A build without the sinks that use it leaves it unused.
-#[allow(unused_macros)]
+/// `Debug` for a sink: its type and the settings that tell its destinations apart, never a
+/// secret nor a client: `name: path` of each, from `self`, or, for a value shown otherwise than
+/// it is kept (a URL redacted), `|sink| { name: value }`, each value a reference made of `sink`.
 macro_rules! sink_debug {
     ($sink:ident { $($name:ident: $($path:ident).+),+ $(,)? }) => {
+        $crate::sinks::sink_debug!($sink |sink| { $($name: &sink.$($path).+),+ });
+    };
+    ($sink:ident |$binding:ident| { $($name:ident: $value:expr),+ $(,)? }) => {
         impl std::fmt::Debug for $sink {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $binding = self;
                 f.debug_struct(stringify!($sink))
-                    $(.field(stringify!($name), &self.$($path).+))+
+                    $(.field(stringify!($name), $value))+
                     .finish_non_exhaustive()
             }
         }
     };
 }
-#[allow(unused_imports)]
 pub(crate) use sink_debug;
 
 /// Declares a sink type in its module, Vector-style: the registry entry `KIND` of `type = $kind`,
