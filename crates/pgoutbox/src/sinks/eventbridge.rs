@@ -10,12 +10,9 @@
 use async_trait::async_trait;
 use aws_sdk_eventbridge::primitives::DateTime;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
-use serde::Deserialize;
 
 use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
-use super::SinkKind;
-use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -33,26 +30,21 @@ const CALLS: Calls = Calls {
 /// The `source` of a destination that sets none.
 const DEFAULT_SOURCE: &str = "pgoutbox";
 
-/// Registry entry: `type = "eventbridge"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "eventbridge",
-    build: |_name, settings| aws::build(settings, EventBridgeSink::new),
-};
+super::sink_type!(
+    /// `body` (what `detail` holds) is `envelope` by default, and `payload` only does for
+    /// payloads that are JSON objects.
+    "eventbridge": EventBridgeSink, EventBridgeConfig = EventBridgeSettings + AwsSettings
+);
 
-/// Settings of `type = "eventbridge"`: [`EventBridgeSettings`] and the [`AwsSettings`] every AWS
-/// sink takes; `body` (what `detail` holds) is `envelope` by default, and `payload` only does for
-/// payloads that are JSON objects.
-pub type EventBridgeConfig = Flat<EventBridgeSettings, AwsSettings>;
-
-/// The keys only `type = "eventbridge"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventBridgeSettings {
-    /// The bus's name or ARN, a template; default `default`.
-    #[serde(default = "default_bus")]
-    pub event_bus: Template,
-    /// Each event's `source`; default `pgoutbox`.
-    pub source: Option<String>,
+super::own_settings! {
+    /// The keys only `type = "eventbridge"` takes.
+    pub struct EventBridgeSettings {
+        /// The bus's name or ARN, a template; default `default`.
+        #[serde(default = "default_bus")]
+        pub event_bus: Template,
+        /// Each event's `source`; default `pgoutbox`.
+        pub source: Option<String>,
+    }
 }
 
 fn default_bus() -> Template {
@@ -84,7 +76,8 @@ impl EventBridgeSink {
             return Err("key `source`: must be 1 to 256 characters".into());
         }
         let (shape, client) = cfg.common.build(
-            ("EventBridge", Body::Envelope),
+            "EventBridge",
+            Body::Envelope,
             aws_sdk_eventbridge::Client::new,
         )?;
         Ok(Self {
@@ -129,14 +122,10 @@ impl aws::Batches for EventBridgeSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        aws::ready(
-            &self.cfg.event_bus,
-            ("event bus", "EventBridge"),
-            |bus| async move {
-                let client = self.client.get().await;
-                client.describe_event_bus().name(bus).send().await
-            },
-        )
-        .await
+        self.client
+            .ready(&self.cfg.event_bus, "event bus", |client, bus| {
+                client.describe_event_bus().name(bus).send()
+            })
+            .await
     }
 }

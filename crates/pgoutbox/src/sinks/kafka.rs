@@ -39,43 +39,40 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use serde::Deserialize;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{Broker, BrokerSettings, Connection, Kept, Names, Reconnects};
 use super::reserved::Reserved;
-use super::{Sink, SinkKind};
 use crate::config::{Flat, Secret};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// Registry entry: `type = "kafka"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "kafka",
-    build: |name, settings| broker::build(name, settings, KafkaSink::new),
-};
+super::sink_type!("kafka": KafkaSink, KafkaConfig = KafkaSettings + BrokerSettings);
 
-/// Settings of `type = "kafka"`: [`KafkaSettings`] and the shared [`BrokerSettings`].
-pub type KafkaConfig = Flat<KafkaSettings, BrokerSettings>;
-
-/// The keys only `type = "kafka"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSettings {
-    /// Bootstrap brokers, `host:port[,host:port…]`.
-    pub brokers: String,
-    /// Topic template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub topic: Template,
-    /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
-    /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence. Values
-    /// may hold credentials (`"sasl.password"`): each may be `{ env = "NAME" }` or
-    /// `{ file = "PATH" }`, and none is shown in messages.
-    #[serde(default)]
-    pub properties: BTreeMap<String, Secret>,
+super::own_settings! {
+    /// The keys only `type = "kafka"` takes.
+    pub struct KafkaSettings {
+        /// Bootstrap brokers, `host:port[,host:port…]`.
+        pub brokers: String,
+        /// Topic template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub topic: Template,
+        /// Extra librdkafka producer properties (e.g. `"security.protocol" = "ssl"`,
+        /// `"compression.type" = "zstd"`); they cannot turn off `acks=all` or idempotence. Values
+        /// may hold credentials (`"sasl.password"`): each may be `{ env = "NAME" }` or
+        /// `{ file = "PATH" }`, and none is shown in messages.
+        #[serde(default)]
+        pub properties: BTreeMap<String, Secret>,
+    }
 }
+
+/// Kafka topic names, as `topic` renders them.
+const TOPICS: Names = Names {
+    what: "Kafka topic name",
+    valid: valid_topic,
+};
 
 /// librdkafka properties the `tls` table sets; set them through `tls`, not `properties`.
 const TLS_PROPERTIES: &[&str] = &[
@@ -135,7 +132,7 @@ pub struct KafkaSink {
 }
 
 /// One librdkafka producer, with the errors only it reported.
-struct KeptProducer {
+pub(crate) struct KeptProducer {
     /// Taken only when dropped.
     producer: Option<FutureProducer<BrokerErrors>>,
     errors: BrokerErrors,
@@ -175,8 +172,7 @@ super::sink_debug!(KafkaSink {
 impl KafkaSink {
     /// Validates the settings of destination `destination`; the producer (and its connections)
     /// is created on the first publish.
-    pub fn new(destination: &str, cfg: KafkaConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: KafkaConfig) -> Result<Self, String> {
         if cfg.brokers.trim().is_empty() {
             return Err("key `brokers`: must not be empty".into());
         }
@@ -184,12 +180,7 @@ impl KafkaSink {
         if timeout_ms == 0 || timeout_ms > i32::MAX as u128 {
             return Err("key `timeout`: must be between 1ms and 24 days".into());
         }
-        if cfg.topic.is_constant() && !valid_topic(cfg.topic.as_str()) {
-            return Err(format!(
-                "key `topic`: {:?} is not a valid Kafka topic name",
-                cfg.topic.as_str()
-            ));
-        }
+        TOPICS.check("topic", &cfg.topic)?;
         let mut client_config = ClientConfig::new();
         for (k, v) in &cfg.properties {
             if FIXED.iter().any(|(f, _)| f == k) || k == "bootstrap.servers" {
@@ -239,21 +230,61 @@ impl KafkaSink {
         })
     }
 
-    async fn producer(&self) -> Result<Arc<KeptProducer>, String> {
-        self.producer
-            .get(|| async {
-                let errors = BrokerErrors::default();
-                let producer = self
-                    .client_config
-                    .create_with_context(errors.clone())
-                    .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
-                Ok(Arc::new(KeptProducer {
-                    producer: Some(producer),
-                    errors,
-                    delivered: AtomicBool::new(false),
-                }))
+    /// Hands `event` to `producer`: its delivery report to come, or its outcome at once.
+    fn enqueue(
+        &self,
+        producer: &FutureProducer<BrokerErrors>,
+        event: &OutboxEvent,
+    ) -> Result<DeliveryFuture, Outcome> {
+        let topic = TOPICS.of(&self.cfg.topic, event)?;
+        let id = event.id.to_string();
+        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 2)
+            .insert(Header {
+                key: "id",
+                value: Some(id.as_str()),
             })
-            .await
+            .insert(Header {
+                key: "topic",
+                value: Some(event.topic.as_str()),
+            });
+        for (k, v) in event
+            .headers
+            .iter()
+            .filter(|(k, _)| self.reserved.permits(k))
+        {
+            headers = headers.insert(Header {
+                key: k.as_str(),
+                value: Some(v.as_str()),
+            });
+        }
+        let message = self.shape.message(event, Binding::Kafka);
+        for (name, value) in &message.attributes {
+            headers = headers.insert(Header {
+                key: name.as_str(),
+                value: Some(value.as_str()),
+            });
+        }
+        if self.shape.states_content_type() {
+            headers = headers.insert(Header {
+                key: "content-type",
+                value: Some(message.content_type),
+            });
+        }
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&topic)
+            .payload(&message.body[..])
+            .headers(headers)
+            .timestamp(event.created_at.timestamp_millis());
+        if let Some(key) = &event.key {
+            record = record.key(key.as_str());
+        }
+        producer
+            .send_result(record)
+            .map_err(|(e, _)| match e.rdkafka_error_code() {
+                Some(RDKafkaErrorCode::QueueFull) => {
+                    Outcome::retry("the Kafka producer queue is full")
+                }
+                _ => classify(&e),
+            })
     }
 }
 
@@ -304,72 +335,16 @@ fn classify(e: &KafkaError) -> Outcome {
 }
 
 #[async_trait]
-impl Sink for KafkaSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let kept = match self.producer().await {
-            Ok(p) => p,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
+impl Broker for KafkaSink {
+    type Link = Arc<KeptProducer>;
+
+    async fn send(&self, kept: Self::Link, events: &[&OutboxEvent]) -> Vec<Outcome> {
         let producer = kept.producer();
         // Enqueue all in batch order (idempotence keeps per-partition order), then await reports.
-        let mut pending = Vec::with_capacity(events.len());
-        for event in events {
-            let topic = self.cfg.topic.render(event);
-            if !valid_topic(&topic) {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!("invalid Kafka topic name {topic:?}"),
-                }));
-                continue;
-            }
-            let id = event.id.to_string();
-            let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 2)
-                .insert(Header {
-                    key: "id",
-                    value: Some(id.as_str()),
-                })
-                .insert(Header {
-                    key: "topic",
-                    value: Some(event.topic.as_str()),
-                });
-            for (k, v) in event
-                .headers
-                .iter()
-                .filter(|(k, _)| self.reserved.permits(k))
-            {
-                headers = headers.insert(Header {
-                    key: k.as_str(),
-                    value: Some(v.as_str()),
-                });
-            }
-            let message = self.shape.message(event, Binding::Kafka);
-            for (name, value) in &message.attributes {
-                headers = headers.insert(Header {
-                    key: name.as_str(),
-                    value: Some(value.as_str()),
-                });
-            }
-            if self.shape.states_content_type() {
-                headers = headers.insert(Header {
-                    key: "content-type",
-                    value: Some(message.content_type),
-                });
-            }
-            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&topic)
-                .payload(&message.body[..])
-                .headers(headers)
-                .timestamp(event.created_at.timestamp_millis());
-            if let Some(key) = &event.key {
-                record = record.key(key.as_str());
-            }
-            pending.push(producer.send_result(record).map_err(
-                |(e, _)| match e.rdkafka_error_code() {
-                    Some(RDKafkaErrorCode::QueueFull) => {
-                        Outcome::retry("the Kafka producer queue is full")
-                    }
-                    _ => classify(&e),
-                },
-            ));
-        }
+        let pending: Vec<_> = events
+            .iter()
+            .map(|event| self.enqueue(producer, event))
+            .collect();
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
             outcomes.push(match p {
@@ -391,12 +366,25 @@ impl Sink for KafkaSink {
         outcomes
     }
 
-    fn reconnect(&self) {
-        self.producer.drop_current();
+    async fn connect(&self) -> Result<Self::Link, String> {
+        let errors = BrokerErrors::default();
+        let producer = self
+            .client_config
+            .create_with_context(errors.clone())
+            .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
+        Ok(Arc::new(KeptProducer {
+            producer: Some(producer),
+            errors,
+            delivered: AtomicBool::new(false),
+        }))
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        let kept = self.producer().await?;
+    fn kept(&self) -> &Kept<Self::Link> {
+        &self.producer
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        let kept = self.link().await?;
         // librdkafka's metadata request blocks its thread until answered or timed out.
         tokio::task::spawn_blocking(move || {
             kept.producer()
@@ -422,12 +410,14 @@ const HEALTHCHECK_TIMEOUT: Duration = Duration::from_millis(1500);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sinks::broker::testing::assert_names;
 
     #[test]
     fn topic_names_are_checked() {
-        assert!(valid_topic("orders.created-v1_x"));
-        assert!(!valid_topic("orders/created"));
-        assert!(!valid_topic(".."));
-        assert!(!valid_topic(""));
+        assert_names(
+            valid_topic,
+            &["orders.created-v1_x"],
+            &["orders/created", "..", ""],
+        );
     }
 }

@@ -11,12 +11,9 @@
 use async_trait::async_trait;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
-use serde::Deserialize;
 
 use super::aws::{self, AwsSettings, Calls, Limits};
 use super::body::{Binding, Body, Shape};
-use super::SinkKind;
-use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -31,22 +28,17 @@ const CALLS: Calls = Calls {
     ordered: |_| true,
 };
 
-/// Registry entry: `type = "kinesis"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "kinesis",
-    build: |_name, settings| aws::build(settings, KinesisSink::new),
-};
+super::sink_type!(
+    /// `body` (what a record's data holds) is `envelope` by default.
+    "kinesis": KinesisSink, KinesisConfig = KinesisSettings + AwsSettings
+);
 
-/// Settings of `type = "kinesis"`: [`KinesisSettings`] and the [`AwsSettings`] every AWS sink
-/// takes; `body` (what a record's data holds) is `envelope` by default.
-pub type KinesisConfig = Flat<KinesisSettings, AwsSettings>;
-
-/// The keys only `type = "kinesis"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KinesisSettings {
-    /// The stream's name or ARN, a template.
-    pub stream: Template,
+super::own_settings! {
+    /// The keys only `type = "kinesis"` takes.
+    pub struct KinesisSettings {
+        /// The stream's name or ARN, a template.
+        pub stream: Template,
+    }
 }
 
 /// Puts events on Kinesis data streams.
@@ -61,9 +53,9 @@ super::sink_debug!(KinesisSink { stream: cfg.stream });
 impl KinesisSink {
     /// Validates the settings; connects on the first publish.
     pub fn new(cfg: KinesisConfig) -> Result<Self, String> {
-        let (shape, client) = cfg
-            .common
-            .build(("Kinesis", Body::Envelope), aws_sdk_kinesis::Client::new)?;
+        let (shape, client) =
+            cfg.common
+                .build("Kinesis", Body::Envelope, aws_sdk_kinesis::Client::new)?;
         Ok(Self {
             cfg: cfg.own,
             shape,
@@ -111,19 +103,16 @@ impl aws::Batches for KinesisSink {
     }
 
     async fn ready(&self) -> Result<(), String> {
-        aws::ready(
-            &self.cfg.stream,
-            ("stream", "Kinesis"),
-            |stream| async move {
-                let call = self.client.get().await.describe_stream_summary();
+        self.client
+            .ready(&self.cfg.stream, "stream", |client, stream| {
+                let call = client.describe_stream_summary();
                 let call = if stream.starts_with("arn:") {
                     call.stream_arn(stream)
                 } else {
                     call.stream_name(stream)
                 };
-                call.send().await
-            },
-        )
-        .await
+                call.send()
+            })
+            .await
     }
 }

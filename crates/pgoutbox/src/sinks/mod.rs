@@ -67,23 +67,79 @@ pub(crate) fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
-/// `Debug` for a sink: its type and the settings that tell its destinations apart (`name: path`
-/// of each, from `self`), never a secret nor a client.
-// A build without the sinks that use it leaves it unused.
-#[allow(unused_macros)]
+/// `Debug` for a sink: its type and the settings that tell its destinations apart, never a
+/// secret nor a client: `name: path` of each, from `self`, or, for a value shown otherwise than
+/// it is kept (a URL redacted), `|sink| { name: value }`, each value a reference made of `sink`.
 macro_rules! sink_debug {
     ($sink:ident { $($name:ident: $($path:ident).+),+ $(,)? }) => {
+        $crate::sinks::sink_debug!($sink |sink| { $($name: &sink.$($path).+),+ });
+    };
+    ($sink:ident |$binding:ident| { $($name:ident: $value:expr),+ $(,)? }) => {
         impl std::fmt::Debug for $sink {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $binding = self;
                 f.debug_struct(stringify!($sink))
-                    $(.field(stringify!($name), &self.$($path).+))+
+                    $(.field(stringify!($name), $value))+
                     .finish_non_exhaustive()
             }
         }
     };
 }
-#[allow(unused_imports)]
 pub(crate) use sink_debug;
+
+/// Declares a sink type in its module, Vector-style: the registry entry `KIND` of `type = $kind`,
+/// whose build reads the destination's settings as `$config` and makes the sink with `$sink::new`
+/// (through `broker::build` or `aws::build`, as the keys its kind shares say), and `$config`
+/// itself: the keys only this type takes (`$own`, declared with `own_settings!`) beside those it
+/// shares with the sinks of its kind (`$common`), read as one table ([`crate::config::Flat`]).
+/// Doc lines before `$kind` are added to `$config`'s.
+// A build without the sinks that use it leaves it unused.
+#[allow(unused_macros)]
+macro_rules! sink_type {
+    (
+        $(#[$doc:meta])*
+        $kind:literal: $sink:ident, $config:ident = $own:ident + $common:ident
+    ) => {
+        #[doc = concat!("Registry entry: `type = \"", $kind, "\"`.")]
+        pub const KIND: $crate::sinks::SinkKind = $crate::sinks::SinkKind {
+            name: $kind,
+            build: $crate::sinks::sink_type!(@build $common, $sink),
+        };
+
+        #[doc = concat!(
+            "Settings of `type = \"", $kind, "\"`: [`", stringify!($own),
+            "`] and the shared [`", stringify!($common), "`]."
+        )]
+        $(#[$doc])*
+        pub type $config = $crate::config::Flat<$own, $common>;
+    };
+    (@build BrokerSettings, $sink:ident) => {
+        |name, settings| $crate::sinks::broker::build(name, settings, $sink::new)
+    };
+    (@build AwsSettings, $sink:ident) => {
+        |_, settings| $crate::sinks::aws::build(settings, $sink::new)
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use sink_type;
+
+/// Declares the struct of the keys only one sink type takes, the first part of its settings
+/// ([`crate::config::Flat`]): read with serde and, as every table of the configuration, refusing
+/// a key it does not name (`deny_unknown_fields`).
+// A build without the sinks that use it leaves it unused.
+#[allow(unused_macros)]
+macro_rules! own_settings {
+    ($(#[$doc:meta])* pub struct $own:ident { $($fields:tt)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, ::serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $own {
+            $($fields)*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use own_settings;
 
 /// A destination events are published to.
 #[async_trait]

@@ -33,14 +33,12 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use rumqttc::{Outgoing, TlsConfiguration, Transport};
-use serde::Deserialize;
 use tokio::sync::{oneshot, Mutex};
 
 use super::body::{Binding, Message, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{self, Broker, BrokerSettings, Connection, Kept, Names, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
-use super::{Sink, SinkKind};
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -50,36 +48,35 @@ use crate::model::template::Template;
 /// The largest MQTT packet (remaining length is at most 268,435,455 bytes).
 const MQTT_MAX_PACKET: usize = 268_435_455;
 
-/// Registry entry: `type = "mqtt"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "mqtt",
-    build: |name, settings| broker::build(name, settings, MqttSink::new),
+/// MQTT topic names, as `topic` renders them.
+const TOPICS: Names = Names {
+    what: "MQTT topic name",
+    valid: valid_topic,
 };
 
-/// Settings of `type = "mqtt"`: [`MqttSettings`] and the shared [`BrokerSettings`].
-pub type MqttConfig = Flat<MqttSettings, BrokerSettings>;
+super::sink_type!("mqtt": MqttSink, MqttConfig = MqttSettings + BrokerSettings);
 
-/// The keys only `type = "mqtt"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MqttSettings {
-    /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default), or `mqtts://`
-    /// for TLS (port 8883 by default). User and password are percent-decoded: write `%40` for
-    /// `@`, `%3A` for `:` in the user name, `%25` for `%`; a `+` is a `+`.
-    pub url: crate::config::Secret,
-    /// Topic template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub topic: Template,
-    /// MQTT client id; default `pgoutbox-` plus a random suffix (two clients with one id evict
-    /// each other).
-    pub client_id: Option<String>,
-    /// Publish with the retain flag.
-    #[serde(default)]
-    pub retain: bool,
-    /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
-    /// MQTT's 256 MiB).
-    #[serde(default = "default_max_message_bytes")]
-    pub max_message_bytes: usize,
+super::own_settings! {
+    /// The keys only `type = "mqtt"` takes.
+    pub struct MqttSettings {
+        /// Broker URL: `mqtt://[user:password@]host[:port]` (port 1883 by default), or `mqtts://`
+        /// for TLS (port 8883 by default). User and password are percent-decoded: write `%40` for
+        /// `@`, `%3A` for `:` in the user name, `%25` for `%`; a `+` is a `+`.
+        pub url: crate::config::Secret,
+        /// Topic template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub topic: Template,
+        /// MQTT client id; default `pgoutbox-` plus a random suffix (two clients with one id evict
+        /// each other).
+        pub client_id: Option<String>,
+        /// Publish with the retain flag.
+        #[serde(default)]
+        pub retain: bool,
+        /// Larger payloads are rejected before sending; default 1 MiB (brokers often cap lower than
+        /// MQTT's 256 MiB).
+        #[serde(default = "default_max_message_bytes")]
+        pub max_message_bytes: usize,
+    }
 }
 
 fn default_max_message_bytes() -> usize {
@@ -100,7 +97,7 @@ pub struct MqttSink {
 super::sink_debug!(MqttSink { topic: cfg.topic });
 
 /// One connection: the client that queues publishes and the waiters the event loop resolves.
-struct Session {
+pub(crate) struct Session {
     client: AsyncClient,
     waiters: Arc<StdMutex<Waiters>>,
     alive: Arc<AtomicBool>,
@@ -134,8 +131,7 @@ struct Waiters {
 
 impl MqttSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: MqttConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: MqttConfig) -> Result<Self, String> {
         let url = url::Url::parse(&cfg.url.0).map_err(|e| format!("key `url`: not a URL: {e}"))?;
         let secure = match url.scheme() {
             "mqtt" | "tcp" => false,
@@ -157,12 +153,7 @@ impl MqttSink {
                 "key `max_message_bytes`: must be between 1 and {MQTT_MAX_PACKET}"
             ));
         }
-        if cfg.topic.is_constant() && !valid_topic(cfg.topic.as_str()) {
-            return Err(format!(
-                "key `topic`: {:?} is not a valid MQTT topic name",
-                cfg.topic.as_str()
-            ));
-        }
+        TOPICS.check("topic", &cfg.topic)?;
         let client_id = match &cfg.client_id {
             Some(id) if id.is_empty() => return Err("key `client_id`: must not be empty".into()),
             Some(id) => id.clone(),
@@ -197,28 +188,46 @@ impl MqttSink {
         })
     }
 
-    async fn session(&self) -> Arc<Session> {
-        let made = self.session.get(|| async {
-            let (client, eventloop) = AsyncClient::new(self.options.clone(), 1024);
-            let waiters = Arc::new(StdMutex::new(Waiters::default()));
-            let alive = Arc::new(AtomicBool::new(true));
-            tokio::spawn(drive(
-                eventloop,
-                waiters.clone(),
-                alive.clone(),
-                self.reconnects.clone(),
+    /// Queues `event` on `session`: its PUBACK to come, or its outcome at once.
+    async fn queue(
+        &self,
+        session: &Session,
+        event: &OutboxEvent,
+    ) -> Result<oneshot::Receiver<Outcome>, Outcome> {
+        let topic = TOPICS.of(&self.cfg.topic, event)?;
+        let message = self.shape.message(event, Binding::Mqtt);
+        let payload: &[u8] = &message.body;
+        broker::within_max("payload", payload.len(), self.cfg.max_message_bytes)?;
+        let (tx, rx) = oneshot::channel();
+        session
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unsent
+            .push_back(tx);
+        let queued = session
+            .client
+            .publish_with_properties(
+                topic,
+                QoS::AtLeastOnce,
+                self.cfg.retain,
+                payload.to_vec(),
+                self.properties(event, &message),
+            )
+            .await;
+        // A request that never entered the queue has no packet coming: its waiter (the last one
+        // pushed) must not be bound to the next packet id.
+        if let Err(e) = queued {
+            let ended = {
+                let mut w = session.waiters.lock().unwrap_or_else(|p| p.into_inner());
+                w.unsent.pop_back();
+                w.ended.clone()
+            };
+            return Err(Outcome::retry(
+                ended.unwrap_or_else(|| format!("MQTT client closed: {e}")),
             ));
-            Ok::<_, std::convert::Infallible>(Arc::new(Session {
-                client,
-                waiters,
-                alive,
-                send: Mutex::new(()),
-            }))
-        });
-        match made.await {
-            Ok(session) => session,
-            Err(never) => match never {},
         }
+        Ok(rx)
     }
 
     fn properties(&self, event: &OutboxEvent, message: &Message<'_>) -> PublishProperties {
@@ -317,57 +326,15 @@ fn classify(reason: PubAckReason) -> Outcome {
 }
 
 #[async_trait]
-impl Sink for MqttSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let session = self.session().await;
+impl Broker for MqttSink {
+    type Link = Arc<Session>;
+
+    async fn send(&self, session: Self::Link, events: &[&OutboxEvent]) -> Vec<Outcome> {
         let mut pending = Vec::with_capacity(events.len());
         {
             let _order = session.send.lock().await;
             for event in events {
-                let topic = self.cfg.topic.render(event);
-                let message = self.shape.message(event, Binding::Mqtt);
-                let payload: &[u8] = &message.body;
-                if !valid_topic(&topic) {
-                    pending.push(Err(Outcome::Rejected {
-                        reason: format!("invalid MQTT topic name {topic:?}"),
-                    }));
-                    continue;
-                }
-                let max = self.cfg.max_message_bytes;
-                if let Some(rejected) = broker::oversized("payload", payload.len(), max) {
-                    pending.push(Err(rejected));
-                    continue;
-                }
-                let (tx, rx) = oneshot::channel();
-                session
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .unsent
-                    .push_back(tx);
-                let queued = session
-                    .client
-                    .publish_with_properties(
-                        topic,
-                        QoS::AtLeastOnce,
-                        self.cfg.retain,
-                        payload.to_vec(),
-                        self.properties(event, &message),
-                    )
-                    .await;
-                // A request that never entered the queue has no packet coming: its waiter (the
-                // last one pushed) must not be bound to the next packet id.
-                if let Err(e) = queued {
-                    let ended = {
-                        let mut w = session.waiters.lock().unwrap_or_else(|p| p.into_inner());
-                        w.unsent.pop_back();
-                        w.ended.clone()
-                    };
-                    let reason = ended.unwrap_or_else(|| format!("MQTT client closed: {e}"));
-                    pending.push(Err(Outcome::retry(reason)));
-                    continue;
-                }
-                pending.push(Ok(rx));
+                pending.push(self.queue(&session, event).await);
             }
         }
         let mut outcomes = Vec::with_capacity(events.len());
@@ -384,20 +351,39 @@ impl Sink for MqttSink {
         outcomes
     }
 
-    fn reconnect(&self) {
-        self.session.drop_current();
+    /// Starts a session. Its event loop makes the connection, in the background: this never
+    /// fails, and a session whose connection fails fails its waiting events instead.
+    async fn connect(&self) -> Result<Self::Link, String> {
+        let (client, eventloop) = AsyncClient::new(self.options.clone(), 1024);
+        let waiters = Arc::new(StdMutex::new(Waiters::default()));
+        let alive = Arc::new(AtomicBool::new(true));
+        tokio::spawn(drive(
+            eventloop,
+            waiters.clone(),
+            alive.clone(),
+            self.reconnects.clone(),
+        ));
+        Ok(Arc::new(Session {
+            client,
+            waiters,
+            alive,
+            send: Mutex::new(()),
+        }))
+    }
+
+    fn kept(&self) -> &Kept<Self::Link> {
+        &self.session
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sinks::broker::testing::assert_names;
 
     #[test]
     fn topics_are_checked() {
-        assert!(valid_topic("orders/created"));
-        assert!(!valid_topic("orders/+"));
-        assert!(!valid_topic(""));
+        assert_names(valid_topic, &["orders/created"], &["orders/+", ""]);
     }
 
     fn sink(url: &str) -> Result<MqttSink, String> {

@@ -27,18 +27,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
-use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishAckFuture, PublishError, PublishErrorKind,
+};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::ErrorCode;
 use async_nats::ServerAddr;
 use async_trait::async_trait;
-use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{Broker, BrokerSettings, Connection, Kept, Names, Reconnects};
 use super::reserved::Reserved;
 use super::tls::TlsFiles;
-use super::{Sink, SinkKind};
 use crate::config::{Flat, Secret};
 use crate::error::error_chain;
 use crate::model::event::OutboxEvent;
@@ -51,43 +51,36 @@ use crate::model::template::Template;
 /// that, sent whole before awaiting, would wait on itself.
 const PIPELINE_WINDOW: usize = 256;
 
-/// Registry entry: `type = "nats"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "nats",
-    build: |name, settings| broker::build(name, settings, NatsSink::new),
-};
+super::sink_type!("nats": NatsSink, NatsConfig = NatsSettings + BrokerSettings);
 
-/// Settings of `type = "nats"`: [`NatsSettings`] and the shared [`BrokerSettings`].
-pub type NatsConfig = Flat<NatsSettings, BrokerSettings>;
-
-/// The keys only `type = "nats"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NatsSettings {
-    /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
-    /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
-    /// never shown in messages.
-    pub url: Secret,
-    /// Subject template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub subject: Template,
-    /// Create the stream `stream` with `subjects` if it does not exist (off by default).
-    #[serde(default)]
-    pub create_stream: bool,
-    /// Stream name, for `create_stream`.
-    pub stream: Option<String>,
-    /// Subjects the created stream takes (NATS wildcards allowed), for `create_stream`.
-    #[serde(default)]
-    pub subjects: Vec<String>,
-    /// JetStream duplicate window of the created stream; default the server's (2 minutes).
-    #[serde(default, with = "opt_duration")]
-    pub duplicate_window: Option<Duration>,
-    /// NKey authentication: the user's seed (`SU…`), best given as `{ file = … }` or
-    /// `{ env = … }`.
-    pub nkey_seed: Option<Secret>,
-    /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
-    /// configuration loads.
-    pub credentials_file: Option<PathBuf>,
+super::own_settings! {
+    /// The keys only `type = "nats"` takes.
+    pub struct NatsSettings {
+        /// Server URL(s), comma-separated, e.g. `nats://127.0.0.1:4222`. Credentials may go in the
+        /// URL (`user:password@` or `token@`, percent-encoded; the same on every server); they are
+        /// never shown in messages.
+        pub url: Secret,
+        /// Subject template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub subject: Template,
+        /// Create the stream `stream` with `subjects` if it does not exist (off by default).
+        #[serde(default)]
+        pub create_stream: bool,
+        /// Stream name, for `create_stream`.
+        pub stream: Option<String>,
+        /// Subjects the created stream takes (NATS wildcards allowed), for `create_stream`.
+        #[serde(default)]
+        pub subjects: Vec<String>,
+        /// JetStream duplicate window of the created stream; default the server's (2 minutes).
+        #[serde(default, with = "opt_duration")]
+        pub duplicate_window: Option<Duration>,
+        /// NKey authentication: the user's seed (`SU…`), best given as `{ file = … }` or
+        /// `{ env = … }`.
+        pub nkey_seed: Option<Secret>,
+        /// Decentralized (JWT) authentication: the path of a `.creds` file, read when the
+        /// configuration loads.
+        pub credentials_file: Option<PathBuf>,
+    }
 }
 
 /// `duplicate_window = "2m"`: present means `Some`; absent is handled by `#[serde(default)]`.
@@ -100,6 +93,12 @@ mod opt_duration {
         crate::config::duration_str::deserialize(d).map(Some)
     }
 }
+
+/// NATS subjects, as `subject` renders them.
+const SUBJECTS: Names = Names {
+    what: "NATS subject",
+    valid: valid_subject,
+};
 
 /// Event header names JetStream or this sink act on.
 const RESERVED_PREFIXES: &[&str] = &["nats-", "pgoutbox-"];
@@ -132,7 +131,7 @@ enum Auth {
 }
 
 #[derive(Clone)]
-struct Conn {
+pub(crate) struct Conn {
     client: async_nats::Client,
     js: async_nats::jetstream::Context,
 }
@@ -147,8 +146,7 @@ super::sink_debug!(NatsSink {
 
 impl NatsSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: NatsConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: NatsConfig) -> Result<Self, String> {
         if cfg.url.0.trim().is_empty() {
             return Err("key `url`: must not be empty".into());
         }
@@ -215,12 +213,7 @@ impl NatsSink {
             );
         }
         common.check_timeout()?;
-        if cfg.subject.is_constant() && !valid_subject(cfg.subject.as_str()) {
-            return Err(format!(
-                "key `subject`: {:?} is not a valid NATS subject",
-                cfg.subject.as_str()
-            ));
-        }
+        SUBJECTS.check("subject", &cfg.subject)?;
         if cfg.create_stream {
             match cfg.stream.as_deref() {
                 None | Some("") => {
@@ -270,66 +263,6 @@ impl NatsSink {
     /// How many publishes JetStream acknowledged as duplicates (redeliveries it dropped).
     pub fn duplicates(&self) -> u64 {
         self.duplicates.load(Ordering::Relaxed)
-    }
-
-    async fn connect(&self) -> Result<Conn, String> {
-        self.conn
-            .get(|| async {
-                let mut options = async_nats::ConnectOptions::new()
-                    .connection_timeout(self.timeout)
-                    .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
-                    // Reconnect forever: the relay keeps running through broker outages.
-                    .max_reconnects(None);
-                options = match &self.credentials {
-                    Some(Credentials {
-                        user,
-                        password: Some(password),
-                    }) => options.user_and_password(user.clone(), password.clone()),
-                    Some(Credentials {
-                        user,
-                        password: None,
-                    }) => options.token(user.clone()),
-                    None => options,
-                };
-                options = match &self.auth {
-                    Auth::None => options,
-                    Auth::Nkey(seed) => options.nkey(seed.expose().to_owned()),
-                    Auth::Creds(creds) => options
-                        .credentials(creds.expose())
-                        .map_err(|e| format!("the NATS credentials file cannot be used: {e}"))?,
-                };
-                if let Some(files) = &self.tls {
-                    options = options
-                        .require_tls(true)
-                        .tls_client_config(files.client_config()?);
-                }
-                let client = options
-                    .connect(self.servers.as_slice())
-                    .await
-                    .map_err(|e| {
-                        self.scrub(format!("cannot connect to NATS: {}", error_chain(&e)))
-                    })?;
-                let js = async_nats::jetstream::context::ContextBuilder::new()
-                    .timeout(self.timeout)
-                    .build(client.clone());
-                if self.cfg.create_stream {
-                    let config = async_nats::jetstream::stream::Config {
-                        name: self.cfg.stream.clone().unwrap_or_default(),
-                        subjects: self.cfg.subjects.clone(),
-                        duplicate_window: self.cfg.duplicate_window.unwrap_or_default(),
-                        ..Default::default()
-                    };
-                    js.get_or_create_stream(config).await.map_err(|e| {
-                        self.scrub(format!(
-                            "cannot create the JetStream stream: {}",
-                            error_chain(&e)
-                        ))
-                    })?;
-                }
-                self.reconnects.connected();
-                Ok(Conn { client, js })
-            })
-            .await
     }
 
     fn message(&self, event: &OutboxEvent) -> PublishMessage {
@@ -428,12 +361,10 @@ fn valid_subject(subject: &str) -> bool {
 }
 
 #[async_trait]
-impl Sink for NatsSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let conn = match self.connect().await {
-            Ok(conn) => conn,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
+impl Broker for NatsSink {
+    type Link = Conn;
+
+    async fn send(&self, conn: Conn, events: &[&OutboxEvent]) -> Vec<Outcome> {
         if conn.client.connection_state() != async_nats::connection::State::Connected {
             return vec![Outcome::retry("not connected to NATS (reconnecting)"); events.len()];
         }
@@ -445,12 +376,66 @@ impl Sink for NatsSink {
         outcomes
     }
 
-    fn reconnect(&self) {
-        self.conn.drop_current();
+    async fn connect(&self) -> Result<Conn, String> {
+        let mut options = async_nats::ConnectOptions::new()
+            .connection_timeout(self.timeout)
+            .name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
+            // Reconnect forever: the relay keeps running through broker outages.
+            .max_reconnects(None);
+        options = match &self.credentials {
+            Some(Credentials {
+                user,
+                password: Some(password),
+            }) => options.user_and_password(user.clone(), password.clone()),
+            Some(Credentials {
+                user,
+                password: None,
+            }) => options.token(user.clone()),
+            None => options,
+        };
+        options = match &self.auth {
+            Auth::None => options,
+            Auth::Nkey(seed) => options.nkey(seed.expose().to_owned()),
+            Auth::Creds(creds) => options
+                .credentials(creds.expose())
+                .map_err(|e| format!("the NATS credentials file cannot be used: {e}"))?,
+        };
+        if let Some(files) = &self.tls {
+            options = options
+                .require_tls(true)
+                .tls_client_config(files.client_config()?);
+        }
+        let client = options
+            .connect(self.servers.as_slice())
+            .await
+            .map_err(|e| self.scrub(format!("cannot connect to NATS: {}", error_chain(&e))))?;
+        let js = async_nats::jetstream::context::ContextBuilder::new()
+            .timeout(self.timeout)
+            .build(client.clone());
+        if self.cfg.create_stream {
+            let config = async_nats::jetstream::stream::Config {
+                name: self.cfg.stream.clone().unwrap_or_default(),
+                subjects: self.cfg.subjects.clone(),
+                duplicate_window: self.cfg.duplicate_window.unwrap_or_default(),
+                ..Default::default()
+            };
+            js.get_or_create_stream(config).await.map_err(|e| {
+                self.scrub(format!(
+                    "cannot create the JetStream stream: {}",
+                    error_chain(&e)
+                ))
+            })?;
+        }
+        self.reconnects.connected();
+        Ok(Conn { client, js })
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        let conn = self.connect().await?;
+    fn kept(&self) -> &Kept<Conn> {
+        &self.conn
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        let conn = self.link().await?;
         conn.client
             .flush()
             .await
@@ -468,29 +453,7 @@ impl NatsSink {
     ) -> Vec<Outcome> {
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
-            let subject = self.cfg.subject.render(event);
-            if !valid_subject(&subject) {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!("invalid NATS subject {subject:?}"),
-                }));
-                continue;
-            }
-            let sent = conn
-                .js
-                .send_publish(subject.clone(), self.message(event))
-                .await;
-            pending.push(match sent {
-                Ok(ack) => Ok((subject, ack)),
-                Err(e) => {
-                    let reason = self.scrub(format!(
-                        "publish to {subject:?} failed: {}",
-                        error_chain(&e)
-                    ));
-                    Err(self
-                        .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
-                        .await)
-                }
-            });
+            pending.push(self.send_one(conn, event, streamless).await);
         }
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
@@ -515,18 +478,45 @@ impl NatsSink {
         }
         outcomes
     }
+
+    /// Sends `event` without waiting: its subject and PubAck to come, or its outcome at once.
+    async fn send_one(
+        &self,
+        conn: &Conn,
+        event: &OutboxEvent,
+        streamless: &mut HashMap<String, bool>,
+    ) -> Result<(String, PublishAckFuture), Outcome> {
+        let subject = SUBJECTS.of(&self.cfg.subject, event)?;
+        let sent = conn
+            .js
+            .send_publish(subject.clone(), self.message(event))
+            .await;
+        match sent {
+            Ok(ack) => Ok((subject, ack)),
+            Err(e) => {
+                let reason = self.scrub(format!(
+                    "publish to {subject:?} failed: {}",
+                    error_chain(&e)
+                ));
+                Err(self
+                    .classify_publish_error(&conn.js, &subject, &e, reason, streamless)
+                    .await)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sinks::broker::testing::assert_names;
 
     #[test]
     fn subjects_are_checked() {
-        assert!(valid_subject("orders.created"));
-        assert!(!valid_subject("orders..created"));
-        assert!(!valid_subject("orders.*"));
-        assert!(!valid_subject("orders created"));
-        assert!(!valid_subject(""));
+        assert_names(
+            valid_subject,
+            &["orders.created"],
+            &["orders..created", "orders.*", "orders created", ""],
+        );
     }
 }

@@ -23,13 +23,11 @@ use async_trait::async_trait;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
-use serde::Deserialize;
+use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties, PublisherConfirm};
 
 use super::body::{Binding, Message, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
+use super::broker::{self, Broker, BrokerSettings, Connection, Kept, Reconnects};
 use super::reserved::Reserved;
-use super::{Sink, SinkKind};
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -46,30 +44,30 @@ const RESERVED_NAMES: &[&str] = &["cc", "bcc"];
 /// Event header prefixes this sink writes.
 const RESERVED_PREFIXES: &[&str] = &["pgoutbox-"];
 
-/// Registry entry: `type = "rabbitmq"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "rabbitmq",
-    build: |name, settings| broker::build(name, settings, RabbitMqSink::new),
+/// Every message is `mandatory`: one no queue takes comes back, and is rejected.
+const PUBLISH: BasicPublishOptions = BasicPublishOptions {
+    mandatory: true,
+    immediate: false,
 };
 
-/// Settings of `type = "rabbitmq"`: [`RabbitMqSettings`] and the shared [`BrokerSettings`].
-pub type RabbitMqConfig = Flat<RabbitMqSettings, BrokerSettings>;
+super::sink_type!("rabbitmq": RabbitMqSink, RabbitMqConfig = RabbitMqSettings + BrokerSettings);
 
-/// The keys only `type = "rabbitmq"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RabbitMqSettings {
-    /// AMQP URI, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS).
-    pub url: crate::config::Secret,
-    /// Exchange to publish to; default `""`, the default exchange (routing key = queue name).
-    #[serde(default)]
-    pub exchange: String,
-    /// Routing key template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub routing_key: Template,
-    /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`, 128 MiB).
-    #[serde(default = "default_max_message_bytes")]
-    pub max_message_bytes: usize,
+super::own_settings! {
+    /// The keys only `type = "rabbitmq"` takes.
+    pub struct RabbitMqSettings {
+        /// AMQP URI, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS).
+        pub url: crate::config::Secret,
+        /// Exchange to publish to; default `""`, the default exchange (routing key = queue name).
+        #[serde(default)]
+        pub exchange: String,
+        /// Routing key template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub routing_key: Template,
+        /// Larger messages are rejected before sending (RabbitMQ's default `max_message_size`,
+        /// 128 MiB).
+        #[serde(default = "default_max_message_bytes")]
+        pub max_message_bytes: usize,
+    }
 }
 
 fn default_max_message_bytes() -> usize {
@@ -89,7 +87,7 @@ pub struct RabbitMqSink {
     reconnects: Reconnects,
 }
 
-struct Link {
+pub(crate) struct Link {
     conn: lapin::Connection,
     channel: Channel,
 }
@@ -109,8 +107,10 @@ super::sink_debug!(RabbitMqSink {
 
 impl RabbitMqSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: RabbitMqConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(
+        destination: &str,
+        Flat { own: cfg, common }: RabbitMqConfig,
+    ) -> Result<Self, String> {
         let uri = cfg
             .url
             .0
@@ -162,40 +162,31 @@ impl RabbitMqSink {
         secrets::scrub(&e.to_string(), &self.cfg.url.0)
     }
 
-    async fn link(&self) -> Result<Arc<Link>, String> {
-        self.link.get(|| self.connect()).await
-    }
-
-    async fn connect(&self) -> Result<Arc<Link>, String> {
-        let connect = async {
-            let conn = lapin::Connection::connect_with_config(
-                &self.cfg.url.0,
-                ConnectionProperties::default()
-                    .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
-                self.tls.clone(),
-                lapin::runtime::default_runtime()?,
-            )
-            .await?;
-            let channel = conn.create_channel().await?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await?;
-            Ok::<_, lapin::Error>(Link { conn, channel })
-        };
-        match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(link)) => {
-                self.reconnects.connected();
-                Ok(Arc::new(link))
-            }
-            Ok(Err(e)) => Err(format!(
-                "cannot connect to RabbitMQ: {}",
-                self.error_text(&e)
-            )),
-            Err(_) => Err(format!(
-                "cannot connect to RabbitMQ: no answer within {:?}",
-                self.timeout
-            )),
+    /// Publishes `event` on `channel` without waiting: its confirm to come, or its outcome at once.
+    async fn send_one(
+        &self,
+        channel: &Channel,
+        event: &OutboxEvent,
+    ) -> Result<PublisherConfirm, Outcome> {
+        let routing_key = self.cfg.routing_key.render(event);
+        let message = self.shape.message(event, Binding::Amqp);
+        let payload: &[u8] = &message.body;
+        if routing_key.len() > SHORT_STRING_MAX {
+            return Err(Outcome::Rejected {
+                reason: format!("routing key longer than {SHORT_STRING_MAX} bytes"),
+            });
         }
+        broker::within_max("message", payload.len(), self.cfg.max_message_bytes)?;
+        channel
+            .basic_publish(
+                self.cfg.exchange.as_str().into(),
+                routing_key.into(),
+                PUBLISH,
+                payload,
+                self.properties(event, &message),
+            )
+            .await
+            .map_err(|e| Outcome::retry(format!("publish failed: {}", self.error_text(&e))))
     }
 
     fn properties(&self, event: &OutboxEvent, message: &Message<'_>) -> BasicProperties {
@@ -235,49 +226,15 @@ impl RabbitMqSink {
 }
 
 #[async_trait]
-impl Sink for RabbitMqSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let link = match self.link().await {
-            Ok(link) => link,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
-        let options = BasicPublishOptions {
-            mandatory: true,
-            immediate: false,
-        };
+impl Broker for RabbitMqSink {
+    type Link = Arc<Link>;
+
+    async fn send(&self, link: Self::Link, events: &[&OutboxEvent]) -> Vec<Outcome> {
         // Publish all in batch order on one channel (AMQP keeps channel order), then await the
         // confirms.
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
-            let routing_key = self.cfg.routing_key.render(event);
-            let message = self.shape.message(event, Binding::Amqp);
-            let payload: &[u8] = &message.body;
-            if routing_key.len() > SHORT_STRING_MAX {
-                pending.push(Err(Outcome::Rejected {
-                    reason: format!("routing key longer than {SHORT_STRING_MAX} bytes"),
-                }));
-                continue;
-            }
-            let max = self.cfg.max_message_bytes;
-            if let Some(rejected) = broker::oversized("message", payload.len(), max) {
-                pending.push(Err(rejected));
-                continue;
-            }
-            let sent = link
-                .channel
-                .basic_publish(
-                    self.cfg.exchange.as_str().into(),
-                    routing_key.into(),
-                    options,
-                    payload,
-                    self.properties(event, &message),
-                )
-                .await;
-            pending.push(
-                sent.map_err(|e| {
-                    Outcome::retry(format!("publish failed: {}", self.error_text(&e)))
-                }),
-            );
+            pending.push(self.send_one(&link.channel, event).await);
         }
         let mut outcomes = Vec::with_capacity(events.len());
         for p in pending {
@@ -308,11 +265,43 @@ impl Sink for RabbitMqSink {
         outcomes
     }
 
-    fn reconnect(&self) {
-        self.link.drop_current();
+    async fn connect(&self) -> Result<Self::Link, String> {
+        let connect = async {
+            let conn = lapin::Connection::connect_with_config(
+                &self.cfg.url.0,
+                ConnectionProperties::default()
+                    .with_connection_name(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")).into()),
+                self.tls.clone(),
+                lapin::runtime::default_runtime()?,
+            )
+            .await?;
+            let channel = conn.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(Link { conn, channel })
+        };
+        match tokio::time::timeout(self.timeout, connect).await {
+            Ok(Ok(link)) => {
+                self.reconnects.connected();
+                Ok(Arc::new(link))
+            }
+            Ok(Err(e)) => Err(format!(
+                "cannot connect to RabbitMQ: {}",
+                self.error_text(&e)
+            )),
+            Err(_) => Err(format!(
+                "cannot connect to RabbitMQ: no answer within {:?}",
+                self.timeout
+            )),
+        }
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        self.link().await.map(|_| ())
+    fn kept(&self) -> &Kept<Self::Link> {
+        &self.link
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        self.link().await.map(drop)
     }
 }

@@ -20,11 +20,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use serde::Deserialize;
 
 use super::body::{Binding, Shape};
-use super::broker::{self, BrokerSettings, Connection, Kept, Reconnects};
-use super::{Sink, SinkKind};
+use super::broker::{Broker, BrokerSettings, Connection, Kept, Reconnects};
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -34,35 +32,29 @@ use crate::model::template::Template;
 /// Server error codes that say this event's `XADD` cannot succeed, however often it is tried.
 const PERMANENT_CODES: &[&str] = &["WRONGTYPE"];
 
-/// Registry entry: `type = "redis"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "redis",
-    build: |name, settings| broker::build(name, settings, RedisSink::new),
-};
+super::sink_type!("redis": RedisSink, RedisConfig = RedisSettings + BrokerSettings);
 
-/// Settings of `type = "redis"`: [`RedisSettings`] and the shared [`BrokerSettings`].
-pub type RedisConfig = Flat<RedisSettings, BrokerSettings>;
-
-/// The keys only `type = "redis"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisSettings {
-    /// Redis URL, e.g. `redis://127.0.0.1:6379/0`, `rediss://relay:password@redis:6380/0` for
-    /// TLS with an ACL user.
-    pub url: crate::config::Secret,
-    /// Stream name template; default `{topic}`.
-    #[serde(default = "Template::topic")]
-    pub stream: Template,
-    /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
-    pub maxlen: Option<u64>,
+super::own_settings! {
+    /// The keys only `type = "redis"` takes.
+    pub struct RedisSettings {
+        /// Redis URL, e.g. `redis://127.0.0.1:6379/0`, `rediss://relay:password@redis:6380/0` for
+        /// TLS with an ACL user.
+        pub url: crate::config::Secret,
+        /// Stream name template; default `{topic}`.
+        #[serde(default = "Template::topic")]
+        pub stream: Template,
+        /// Trim each stream to about this many entries (`MAXLEN ~ N`); no trimming when absent.
+        pub maxlen: Option<u64>,
+    }
 }
 
 /// Appends events to Redis streams.
 pub struct RedisSink {
     cfg: RedisSettings,
-    timeout: Duration,
     shape: Shape,
     client: redis::Client,
+    /// How a connection manager connects, waits and reconnects.
+    manager: ConnectionManagerConfig,
     conn: Kept<ConnectionManager>,
     reconnects: Reconnects,
 }
@@ -77,8 +69,7 @@ super::sink_debug!(RedisSink {
 
 impl RedisSink {
     /// Validates the settings of destination `destination`; connects on the first publish.
-    pub fn new(destination: &str, cfg: RedisConfig) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(destination: &str, Flat { own: cfg, common }: RedisConfig) -> Result<Self, String> {
         // `open` and `build_with_tls` only parse the URL and the certificates.
         let not_a_url = |e: redis::RedisError| {
             format!(
@@ -110,30 +101,17 @@ impl RedisSink {
         Ok(Self {
             shape: common.shape()?,
             cfg,
-            timeout: common.timeout,
             client,
+            manager: ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(common.timeout))
+                .set_response_timeout(Some(common.timeout))
+                // Reconnection happens in the background; the relay's retry policy decides
+                // when the events are tried again, so no retries inside the client.
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_secs(2)),
             conn: Kept::new(),
             reconnects: Reconnects::new(destination),
         })
-    }
-
-    async fn connection(&self) -> Result<ConnectionManager, String> {
-        self.conn
-            .get(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    // Reconnection happens in the background; the relay's retry policy decides
-                    // when the events are tried again, so no retries inside the client.
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_secs(2));
-                let manager = ConnectionManager::new_with_config(self.client.clone(), config)
-                    .await
-                    .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))?;
-                self.reconnects.connected();
-                Ok(manager)
-            })
-            .await
     }
 
     fn xadd(&self, pipe: &mut redis::Pipeline, event: &OutboxEvent) {
@@ -186,12 +164,10 @@ impl RedisSink {
 }
 
 #[async_trait]
-impl Sink for RedisSink {
-    async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let mut conn = match self.connection().await {
-            Ok(conn) => conn,
-            Err(reason) => return vec![Outcome::retry(reason); events.len()],
-        };
+impl Broker for RedisSink {
+    type Link = ConnectionManager;
+
+    async fn send(&self, mut conn: Self::Link, events: &[&OutboxEvent]) -> Vec<Outcome> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for event in events {
@@ -220,12 +196,20 @@ impl Sink for RedisSink {
         }
     }
 
-    fn reconnect(&self) {
-        self.conn.drop_current();
+    async fn connect(&self) -> Result<Self::Link, String> {
+        let manager = ConnectionManager::new_with_config(self.client.clone(), self.manager.clone())
+            .await
+            .map_err(|e| format!("cannot connect to Redis: {}", self.error_text(&e)))?;
+        self.reconnects.connected();
+        Ok(manager)
     }
 
-    async fn healthcheck(&self) -> Result<(), String> {
-        let mut conn = self.connection().await?;
+    fn kept(&self) -> &Kept<Self::Link> {
+        &self.conn
+    }
+
+    async fn ready(&self) -> Result<(), String> {
+        let mut conn = self.link().await?;
         redis::cmd("PING")
             .query_async::<String>(&mut conn)
             .await

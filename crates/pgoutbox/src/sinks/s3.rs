@@ -12,11 +12,9 @@ use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use serde::Deserialize;
 
 use super::aws::{self, AwsSettings};
 use super::body::{Binding, Body, Shape};
-use super::SinkKind;
 use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
@@ -28,26 +26,21 @@ const OBJECTS_IN_FLIGHT: usize = 8;
 /// The media type of a JSON Lines object.
 const JSON_LINES: &str = "application/x-ndjson";
 
-/// Registry entry: `type = "s3"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "s3",
-    build: |_name, settings| aws::build(settings, S3Sink::new),
-};
+super::sink_type!(
+    /// `body` (what a line holds) is `envelope` by default.
+    "s3": S3Sink, S3Config = S3Settings + AwsSettings
+);
 
-/// Settings of `type = "s3"`: [`S3Settings`] and the [`AwsSettings`] every AWS sink takes; `body`
-/// (what a line holds) is `envelope` by default.
-pub type S3Config = Flat<S3Settings, AwsSettings>;
-
-/// The keys only `type = "s3"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct S3Settings {
-    /// The bucket.
-    pub bucket: String,
-    /// What object names start with, a template (`events/{header.x-tenant}`); default none.
-    pub prefix: Option<Template>,
-    /// Path-style addressing (`host/bucket/key`); default on when `endpoint_url` is set.
-    pub force_path_style: Option<bool>,
+super::own_settings! {
+    /// The keys only `type = "s3"` takes.
+    pub struct S3Settings {
+        /// The bucket.
+        pub bucket: String,
+        /// What object names start with, a template (`events/{header.x-tenant}`); default none.
+        pub prefix: Option<Template>,
+        /// Path-style addressing (`host/bucket/key`); default on when `endpoint_url` is set.
+        pub force_path_style: Option<bool>,
+    }
 }
 
 /// Archives events in S3.
@@ -100,15 +93,14 @@ fn line(body: &[u8]) -> Vec<u8> {
 
 impl S3Sink {
     /// Validates the settings; connects on the first publish.
-    pub fn new(cfg: S3Config) -> Result<Self, String> {
-        let Flat { own: cfg, common } = cfg;
+    pub fn new(Flat { own: cfg, common }: S3Config) -> Result<Self, String> {
         if cfg.bucket.trim().is_empty() {
             return Err("key `bucket`: must not be empty".into());
         }
         let path_style = cfg
             .force_path_style
             .unwrap_or(common.endpoint_url.is_some());
-        let (shape, client) = common.build(("S3", Body::Envelope), move |sdk| {
+        let (shape, client) = common.build("S3", Body::Envelope, move |sdk| {
             let config = aws_sdk_s3::config::Builder::from(sdk)
                 .force_path_style(path_style)
                 .build();

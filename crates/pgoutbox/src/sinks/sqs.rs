@@ -9,46 +9,27 @@
 //! alone, the delivered ones are never sent again.
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use serde::Deserialize;
 
 use super::aws::{self, AwsSettings};
-use super::SinkKind;
-use crate::config::Flat;
-use crate::model::template::Template;
 
-/// Registry entry: `type = "sqs"`.
-pub const KIND: SinkKind = SinkKind {
-    name: "sqs",
-    build: |_name, settings| {
-        aws::build(settings, |cfg: SqsConfig| {
-            SqsSink::new(cfg.own.queue_url, cfg.common)
-        })
+aws::message_sink! {
+    kind: "sqs",
+    service: "SQS",
+    sdk: aws_sdk_sqs,
+    /// Sends events to SQS queues; a queue is there when `GetQueueAttributes` answers.
+    sink: SqsSink,
+    config: SqsConfig,
+    /// The keys only `type = "sqs"` takes.
+    settings: SqsSettings {
+        /// The queue's URL, a template:
+        /// `https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo`.
+        queue_url
     },
-};
-
-/// Settings of `type = "sqs"`: [`SqsSettings`] and the [`AwsSettings`] every AWS sink takes; `body`
-/// (what a message's body holds) is `payload` by default.
-pub type SqsConfig = Flat<SqsSettings, AwsSettings>;
-
-/// The keys only `type = "sqs"` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SqsSettings {
-    /// The queue's URL, a template: `https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo`.
-    pub queue_url: Template,
-}
-
-/// Sends events to SQS queues; a queue is there when `GetQueueAttributes` answers.
-pub type SqsSink = aws::Messages<aws_sdk_sqs::Client>;
-
-aws::message_api!(
-    aws_sdk_sqs,
-    ("SQS", "sqs"),
-    "queue",
-    SendMessageBatchRequestEntry.message_body,
-    send_message_batch.queue_url.set_entries,
-    |client, queue| client
+    target: "queue",
+    entry: SendMessageBatchRequestEntry.message_body,
+    call: send_message_batch.queue_url.set_entries,
+    check: |client, queue| client
         .get_queue_attributes()
         .queue_url(queue)
-        .attribute_names(QueueAttributeName::QueueArn)
-);
+        .attribute_names(QueueAttributeName::QueueArn),
+}

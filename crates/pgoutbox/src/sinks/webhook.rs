@@ -150,17 +150,13 @@ pub struct WebhookSink {
     latency: Latency,
 }
 
-impl std::fmt::Debug for WebhookSink {
-    // The URL may hold a token, the headers credentials, the key signs: none of them is shown.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebhookSink")
-            .field("url", &redact_url(self.url.as_str()))
-            .field("shape", &self.shape)
-            .field("concurrency", &self.concurrency)
-            .field("permanent_statuses", &self.permanent_statuses)
-            .finish_non_exhaustive()
-    }
-}
+// The URL may hold a token, the headers credentials, the key signs: none of them is shown.
+super::sink_debug!(WebhookSink |sink| {
+    url: &redact_url(sink.url.as_str()),
+    shape: &sink.shape,
+    concurrency: &sink.concurrency,
+    permanent_statuses: &sink.permanent_statuses,
+});
 
 impl WebhookSink {
     /// Builds the sink; the HTTP client keeps connections alive across batches.

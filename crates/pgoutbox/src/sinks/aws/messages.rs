@@ -5,15 +5,18 @@
 //! side by side. Each entry gets its own answer.
 //!
 //! The two SDKs name alike all that this needs but the batch call, the entry's body and the
-//! readiness check: [`message_api!`] writes an SDK's [`MessageApi`] from those names.
+//! readiness check: [`message_sink!`] writes an SDK's [`MessageApi`] from those names, with the
+//! sink's registry entry and settings.
 
 use async_trait::async_trait;
 use aws_config::SdkConfig;
+use serde::de::DeserializeOwned;
 
 use super::{
     fifo, group, message, publish_each, ready_as, reserved, AwsSettings, Batches, Calls,
     Connection, Limits, Message, Record,
 };
+use crate::config::Flat;
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
@@ -39,6 +42,11 @@ pub trait MessageApi: Send + Sync + 'static {
     const TARGET: &'static str;
     /// One message of a batch call.
     type Entry: Clone + Send + Sync + 'static;
+    /// The keys only its sink takes.
+    type Settings: DeserializeOwned;
+
+    /// The template of `settings` that names each event's queue or topic.
+    fn target(settings: Self::Settings) -> Template;
 
     /// The client of the SDK configuration `sdk`.
     fn client(sdk: &SdkConfig) -> Self;
@@ -58,22 +66,55 @@ pub trait MessageApi: Send + Sync + 'static {
     async fn check(&self, target: &str) -> Result<(), Outcome>;
 }
 
-/// Implements [`MessageApi`] for the client of the SDK crate `$sdk`: `$names` and `$target` are
-/// its constants; `$entry` its batch entry, whose builder takes the body with `$body`; `$call` its
-/// batch call, which takes the target with `$to` and the entries with `$entries`; and the closure
-/// its readiness check (a request ready to send).
-macro_rules! message_api {
+/// Declares the sink of one service in its module: its registry entry and settings
+/// ([`crate::sinks::sink_type!`]) for `type = $kind`; `$settings`, its one key `$field`, the
+/// template naming each event's queue or topic; `$sink`, the [`Messages`] sink over the client of
+/// the SDK crate `$sdk`; and that client's [`MessageApi`]: `$service` names the service in
+/// messages and `$target` what a destination names, `$entry` is its batch entry, whose builder
+/// takes the body with `$body`, `$call` its batch call, which takes the target with `$to` and the
+/// entries with `$entries`, and `check` its readiness check (a request ready to send). The module
+/// names `AwsSettings`, as any AWS sink's does.
+macro_rules! message_sink {
     (
-        $sdk:ident, $names:expr, $target:literal,
-        $entry:ident.$body:ident,
-        $call:ident.$to:ident.$entries:ident,
-        |$client:ident, $name:ident| $check:expr
+        kind: $kind:literal,
+        service: $service:literal,
+        sdk: $sdk:ident,
+        $(#[$sink_doc:meta])*
+        sink: $sink:ident,
+        config: $config:ident,
+        $(#[$settings_doc:meta])*
+        settings: $settings:ident { $(#[$field_doc:meta])* $field:ident },
+        target: $target:literal,
+        entry: $entry:ident.$body:ident,
+        call: $call:ident.$to:ident.$entries:ident,
+        check: |$client:ident, $name:ident| $check:expr $(,)?
     ) => {
+        $crate::sinks::sink_type!(
+            /// `body` (what a message holds) is `payload` by default.
+            $kind: $sink, $config = $settings + AwsSettings
+        );
+
+        $crate::sinks::own_settings! {
+            $(#[$settings_doc])*
+            pub struct $settings {
+                $(#[$field_doc])*
+                pub $field: $crate::model::template::Template,
+            }
+        }
+
+        $(#[$sink_doc])*
+        pub type $sink = $crate::sinks::aws::Messages<$sdk::Client>;
+
         #[async_trait::async_trait]
         impl $crate::sinks::aws::MessageApi for $sdk::Client {
-            const NAMES: (&'static str, &'static str) = $names;
+            const NAMES: (&'static str, &'static str) = ($service, $kind);
             const TARGET: &'static str = $target;
             type Entry = $sdk::types::$entry;
+            type Settings = $settings;
+
+            fn target(settings: $settings) -> $crate::model::template::Template {
+                settings.$field
+            }
 
             fn client(sdk: &::aws_config::SdkConfig) -> Self {
                 Self::new(sdk)
@@ -145,7 +186,7 @@ macro_rules! message_api {
         }
     };
 }
-pub(crate) use message_api;
+pub(crate) use message_sink;
 
 /// An SQS or SNS sink: the queue or topic each event goes to, and how its message is made.
 pub struct Messages<A> {
@@ -165,13 +206,13 @@ impl<A: MessageApi> std::fmt::Debug for Messages<A> {
 }
 
 impl<A: MessageApi> Messages<A> {
-    /// Validates the settings of a sink sending to the queues or topics `target` names (`body`
-    /// is `payload` by default); connects on the first publish.
-    pub fn new(target: Template, aws: AwsSettings) -> Result<Self, String> {
+    /// Validates the settings of a sink sending to the queues or topics they name (`body` is
+    /// `payload` by default); connects on the first publish.
+    pub fn new(cfg: Flat<A::Settings, AwsSettings>) -> Result<Self, String> {
         let (service, sink) = A::NAMES;
-        let (shape, client) = aws.build((service, Body::Payload), A::client)?;
+        let (shape, client) = cfg.common.build(service, Body::Payload, A::client)?;
         Ok(Self {
-            target,
+            target: A::target(cfg.own),
             shape,
             reserved: reserved(sink),
             client,

@@ -50,7 +50,7 @@ use tokio::sync::OnceCell;
 pub(crate) use answers::{call_failed, entry_outcomes, in_order, positional};
 pub(crate) use calls::{by_target, group, publish_each, Calls, Limits};
 #[cfg(any(feature = "sqs", feature = "sns"))]
-pub(crate) use messages::message_api;
+pub(crate) use messages::message_sink;
 #[cfg(any(feature = "sqs", feature = "sns"))]
 pub use messages::{MessageApi, Messages};
 pub use settings::AwsSettings;
@@ -133,26 +133,8 @@ pub(crate) fn shape(body: Body, source: Option<String>, service: &str) -> Result
 }
 
 /// The readiness of the destination `name` names (`what`: `queue`, `stream`, …), asked by
-/// `check`, one call of `service`. A template's names are known only per event: not checked.
-pub(crate) async fn ready<'n, T, E, Fut>(
-    name: &'n Template,
-    (what, service): (&str, &str),
-    check: impl FnOnce(&'n str) -> Fut,
-) -> Result<(), String>
-where
-    Fut: std::future::Future<Output = Result<T, SdkError<E, HttpResponse>>>,
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-{
-    ready_as(name, what, |name| async move {
-        check(name)
-            .await
-            .map(drop)
-            .map_err(|e| call_failed(service, &e))
-    })
-    .await
-}
-
-/// [`ready`], with `check` giving the outcome its failure comes to.
+/// `check`, which gives the outcome its failure comes to. A template's names are known only per
+/// event: not checked.
 pub(crate) async fn ready_as<'n, Fut>(
     name: &'n Template,
     what: &str,
@@ -281,6 +263,8 @@ fn attributes(
 
 /// An AWS sink's SDK client, made from its [`Account`] on first use: building a sink does no I/O.
 pub struct Connection<C> {
+    /// The service, in messages: `Kinesis`.
+    service: &'static str,
     account: Account,
     make: Box<dyn Fn(&SdkConfig) -> C + Send + Sync>,
     client: OnceCell<C>,
@@ -295,9 +279,14 @@ impl<C> std::fmt::Debug for Connection<C> {
 }
 
 impl<C> Connection<C> {
-    /// The client `make` builds from `account`'s SDK configuration.
-    pub fn new(account: Account, make: impl Fn(&SdkConfig) -> C + Send + Sync + 'static) -> Self {
+    /// The client of `service` that `make` builds from `account`'s SDK configuration.
+    pub fn new(
+        service: &'static str,
+        account: Account,
+        make: impl Fn(&SdkConfig) -> C + Send + Sync + 'static,
+    ) -> Self {
         Self {
+            service,
             account,
             make: Box::new(make),
             client: OnceCell::new(),
@@ -309,6 +298,28 @@ impl<C> Connection<C> {
         self.client
             .get_or_init(|| async { (self.make)(self.account.sdk().await) })
             .await
+    }
+
+    /// The readiness of the destination `name` names (`what`: `stream`, `event bus`), asked by
+    /// `check` of the client in one call. A template's names are known only per event: not
+    /// checked.
+    pub(crate) async fn ready<'a, 'n, T, E, Fut>(
+        &'a self,
+        name: &'n Template,
+        what: &str,
+        check: impl FnOnce(&'a C, &'n str) -> Fut,
+    ) -> Result<(), String>
+    where
+        Fut: std::future::Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        ready_as(name, what, |name| async move {
+            check(self.get().await, name)
+                .await
+                .map(drop)
+                .map_err(|e| call_failed(self.service, &e))
+        })
+        .await
     }
 }
 

@@ -40,7 +40,8 @@ impl AwsSettings {
     /// the SDK configuration on first use.
     pub(crate) fn build<C>(
         self,
-        (service, default): (&str, Body),
+        service: &'static str,
+        default: Body,
         make: impl Fn(&SdkConfig) -> C + Send + Sync + 'static,
     ) -> Result<(Shape, Connection<C>), String> {
         let shape = shape(
@@ -49,6 +50,6 @@ impl AwsSettings {
             service,
         )?;
         let account = Account::new(self.region, self.endpoint_url, self.timeout, &self.tls)?;
-        Ok((shape, Connection::new(account, make)))
+        Ok((shape, Connection::new(service, account, make)))
     }
 }
