@@ -75,13 +75,7 @@ pub async fn sql_limit_only(scratch: &Scratch, out: &Output, args: &Args) -> any
     for mode in &args.settle {
         let settle = settle_mode(mode)?;
         let r = sql_limit(scratch, out, args, settle).await?;
-        out.row(Row {
-            scenario: "sql-limit".into(),
-            variant: format!("{mode}, batch {}", args.batch_size),
-            value: r,
-            unit: "ev/s",
-            detail: format!("{} events, {} workers", args.events, args.workers),
-        });
+        out.row(ceiling_row(args, mode, r));
     }
     Ok(())
 }
@@ -97,16 +91,7 @@ pub async fn run(
     for mode in &args.settle {
         let settle = settle_mode(mode)?;
         let ceiling = sql_limit(scratch, out, args, settle).await?;
-        out.row(Row {
-            scenario: "sql-limit".into(),
-            variant: format!("{mode}, batch {}", args.batch_size),
-            value: ceiling,
-            unit: "ev/s",
-            detail: format!(
-                "{} events, {} workers: claim and settle, nothing to publish",
-                args.events, args.workers
-            ),
-        });
+        out.row(ceiling_row(args, mode, ceiling));
         for sink in &args.sinks {
             for layout in &args.destinations {
                 if layout.fans_out() && sink != "null" {
@@ -199,6 +184,20 @@ impl std::str::FromStr for Layout {
             destinations,
             one_down,
         })
+    }
+}
+
+/// The row of the ceiling (`sql-limit`) in settle mode `mode`: `rate` events a second.
+fn ceiling_row(args: &Args, mode: &str, rate: f64) -> Row {
+    Row {
+        scenario: "sql-limit".into(),
+        variant: format!("{mode}, batch {}", args.batch_size),
+        value: rate,
+        unit: "ev/s",
+        detail: format!(
+            "{} events, {} workers: claim and settle, nothing to publish",
+            args.events, args.workers
+        ),
     }
 }
 
