@@ -65,7 +65,7 @@ enum Scenario {
     /// Prefill N events, then time the relay draining them, per sink and settle mode; also runs
     /// sql-limit and baseline on the same data for comparison.
     Drain(drain::Args),
-    /// The claim + settle statements back to back with no publishing: the ceiling.
+    /// Batches claimed and settled back to back, with nothing to publish: the ceiling.
     SqlLimit(drain::Args),
     /// The minimal design (10 per transaction, per-row UPDATE, no index, ORDER BY created_at).
     Baseline(baseline::Args),
@@ -79,7 +79,8 @@ enum Scenario {
     /// by default, poll and WAL), optionally producers at a rate for a long time (`--rate 3000
     /// --duration 1h`).
     Memory(memory::Args),
-    /// Claim cost with 0 vs many already-published rows retained.
+    /// A batch's cost (claim and settle, nothing to publish) with 0 vs many already-published
+    /// rows retained.
     History(history::Args),
     /// The rate a receiver sees from a destination with `rate_limit` (200/s by default), served
     /// by 1 and by 4 relays over a backlog: events/s per 10 s window and the error.

@@ -110,26 +110,14 @@ impl RelayProcess {
                 cleanup = spec.cleanup_interval,
                 min_poll = spec.min_poll,
                 sync = spec.synchronous_commit,
-                poll = spec
-                    .poll_interval
-                    .map(|p| format!("poll_interval = \"{p}\"\n"))
-                    .unwrap_or_default(),
-                fill = spec
-                    .batch_wait
-                    .map(|w| format!("batch_wait = \"{w}\"\n"))
-                    .unwrap_or_default(),
+                poll = optional("poll_interval", spec.poll_interval),
+                fill = optional("batch_wait", spec.batch_wait),
                 batch = spec
                     .batch_size
                     .map(|b| format!("batch_size = {b}\n"))
                     .unwrap_or_default(),
-                status = spec
-                    .wal_status_interval
-                    .map(|s| format!("status_interval = \"{s}\"\n"))
-                    .unwrap_or_default(),
-                batch_wait = spec
-                    .wal_batch_wait
-                    .map(|w| format!("batch_wait = \"{w}\"\n"))
-                    .unwrap_or_default(),
+                status = optional("status_interval", spec.wal_status_interval),
+                batch_wait = optional("batch_wait", spec.wal_batch_wait),
             ),
         )?;
         // Its log is kept beside the config, to explain a relay that stops early.
@@ -260,4 +248,11 @@ pub async fn in_process_relays(
         tasks.push(tokio::spawn(relay.run(stop.clone())));
     }
     Ok(tasks)
+}
+
+/// A configuration line `key = "value"`, or nothing when the value is not given.
+fn optional(key: &str, value: Option<&str>) -> String {
+    value
+        .map(|v| format!("{key} = \"{v}\"\n"))
+        .unwrap_or_default()
 }
