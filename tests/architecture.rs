@@ -209,7 +209,8 @@ fn paths(code: &str) -> Vec<String> {
 /// top-level modules are named apart from the command's, and `pgoutbox_bench::` the harness.
 fn target(
     path: &str,
-    (here, root): (&[String], &[String]),
+    here: &[String],
+    root: &[String],
     modules: &BTreeSet<Vec<String>>,
 ) -> Option<Vec<String>> {
     let mut parts: Vec<&str> = path.split("::").collect();
@@ -390,7 +391,7 @@ fn check_imports(files: &[File]) -> Result<(), String> {
         };
         let from_floor = floor(first);
         for p in paths(&code(text)) {
-            let Some(to) = target(&p, (module, root), &modules) else {
+            let Some(to) = target(&p, module, root, &modules) else {
                 continue;
             };
             let Some(to_first) = to.first() else { continue };
@@ -499,7 +500,7 @@ fn self_and_super_resolve_from_the_file_s_own_module() {
     ];
     for (here, path, want) in cases {
         assert_eq!(
-            target(path, (&m(here), &[]), &modules),
+            target(path, &m(here), &[], &modules),
             want.map(m),
             "{path} from {here}"
         );

@@ -133,19 +133,12 @@ async fn round(
         bytes: wal_bytes,
     };
     let recv = async {
-        let run = recvlogical(
-            scratch,
-            out,
-            program,
-            (&second, &names.publication),
-            &backlog,
-        )
-        .await?;
+        let run = recvlogical(scratch, out, program, &second, &names.publication, &backlog).await?;
         // Its slot holds WAL back and has done its part.
         sql::setup::drop_replication_slot(&scratch.pool, &second).await?;
         Ok::<_, anyhow::Error>(run)
     };
-    let relay = relay(scratch, out, (args, batch_size), &names.slot, &backlog);
+    let relay = relay(scratch, out, args, batch_size, &names.slot, &backlog);
     // One after the other (they share the cores), in the order asked.
     let (recv, relay) = if args.relay_first {
         let relay = relay.await?;
@@ -223,7 +216,8 @@ async fn recvlogical(
     scratch: &Scratch,
     out: &Output,
     program: &Path,
-    (slot, publication): (&str, &str),
+    slot: &str,
+    publication: &str,
     backlog: &Backlog<'_>,
 ) -> anyhow::Result<RecvRun> {
     let Backlog {
@@ -338,7 +332,8 @@ fn walsender_cpu(cpu: Option<Duration>, elapsed: Duration) -> String {
 async fn relay(
     scratch: &Scratch,
     out: &Output,
-    (args, batch_size): (&Args, usize),
+    args: &Args,
+    batch_size: usize,
     slot: &str,
     backlog: &Backlog<'_>,
 ) -> anyhow::Result<RelayRun> {

@@ -210,7 +210,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
         });
     }
     if !args.no_kill {
-        killed(scratch, out, &store, args, (&spec, relay), &a_log).await?;
+        killed(scratch, out, &store, args, &spec, relay, &a_log).await?;
     }
     Ok(())
 }
@@ -336,7 +336,8 @@ async fn killed(
     out: &Output,
     store: &Store,
     args: &Args,
-    (spec, relay): (&RelaySpec<'_>, RelayProcess),
+    spec: &RelaySpec<'_>,
+    relay: RelayProcess,
     log: &Log,
 ) -> anyhow::Result<()> {
     let from = mark(log);

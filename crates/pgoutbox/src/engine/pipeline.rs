@@ -43,13 +43,16 @@ pub(super) trait Origin: Send {
     /// What the batch's settle writes under, and how its events settle.
     fn settling(&mut self) -> Settling<'_>;
 
-    /// Gives the whole batch back untouched: its routing failed.
+    /// Gives the whole batch back untouched: its routing failed. A batch nothing holds (read
+    /// from the WAL: it is read again) has nothing to give back.
     fn release(
         &mut self,
-        store: &Store,
-        events: &[OutboxEvent],
-        poison: &[(Uuid, String)],
-    ) -> impl Future<Output = Result<()>> + Send;
+        _store: &Store,
+        _events: &[OutboxEvent],
+        _poison: &[(Uuid, String)],
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
 
     /// Some lane of the batch is done while another is not: the claim loop may go on.
     fn detach(&mut self) {}

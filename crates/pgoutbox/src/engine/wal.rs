@@ -26,7 +26,6 @@ use super::context::Context;
 use super::pipeline::{self, Origin, Read, Settling};
 use crate::config::Config;
 use crate::error::Result;
-use crate::model::event::OutboxEvent;
 use crate::model::report::DeliveredRows;
 use crate::settle::Settled;
 use crate::sources::wal::{WalBatch, WalEngine, WalSettled};
@@ -107,16 +106,6 @@ impl Origin for FromWal {
             },
             cut_off: &[],
         }
-    }
-
-    async fn release(
-        &mut self,
-        _store: &Store,
-        _events: &[OutboxEvent],
-        _poison: &[(Uuid, String)],
-    ) -> Result<()> {
-        // Nothing is held: the batch is read from the slot again.
-        Ok(())
     }
 
     fn settled_early(&mut self, early: &Settled) {
