@@ -446,6 +446,32 @@ fn bad_settings_are_config_errors() {
         ("eventbridge", "source = \"\"", "source"),
         ("eventbridge", "bus = \"b\"", "unknown field"),
         ("s3", "bucket = \" \"", "bucket"),
+        // Settings that can never work are refused when loaded, naming the key.
+        ("sqs", "queue_url = \"orders\"", "key `queue_url`"),
+        (
+            "sqs",
+            "queue_url = \"ftp://sqs.example.com/1/q\"",
+            "key `queue_url`",
+        ),
+        ("sqs", "queue_url = \"{topic}\"", "key `queue_url`"),
+        (
+            "sqs",
+            "queue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q\"\nregion = \"eu west 1\"",
+            "key `region`",
+        ),
+        ("sns", "topic_arn = \"orders\"", "key `topic_arn`"),
+        (
+            "sns",
+            "topic_arn = \"arn:aws:sqs:eu-west-1:1:q\"",
+            "key `topic_arn`",
+        ),
+        ("kinesis", "stream = \"a stream\"", "key `stream`"),
+        (
+            "eventbridge",
+            "event_bus = \"arn:aws:sns:x:1:b\"",
+            "key `event_bus`",
+        ),
+        ("s3", "bucket = \"My_Bucket\"", "key `bucket`"),
     ] {
         let text = format!("[[destinations]]\nname = \"aws\"\ntype = \"{kind}\"\n{settings}\n");
         let e = pgoutbox::config::Config::parse(&text, |_| None)

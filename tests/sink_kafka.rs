@@ -200,6 +200,7 @@ fn bad_settings_are_config_errors() {
             "cannot be overridden",
         ),
         ("brokers = \"\"", "brokers"),
+        ("brokers = \"kafka:ninety\"", "key `brokers`"),
         (
             "brokers = \"h:1\"\ntls = { ca_file = \"/etc/ssl/certs/ca-certificates.crt\" }",
             "is not \"ssl\" or \"sasl_ssl\"",

@@ -135,6 +135,14 @@ fn bad_settings_are_config_errors() {
             "url = \"amqp://h\"\nmax_message_bytes = 0",
             "max_message_bytes",
         ),
+        (
+            format!(
+                "url = \"amqp://h\"\nrouting_key = \"{}.{{topic}}\"",
+                "k".repeat(256)
+            )
+            .as_str(),
+            "key `routing_key`",
+        ),
     ] {
         let text = format!("[[destinations]]\nname = \"r\"\ntype = \"rabbitmq\"\n{settings}\n");
         let e = pgoutbox::config::Config::parse(&text, |_| None)

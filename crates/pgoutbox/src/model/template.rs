@@ -120,6 +120,19 @@ impl Template {
         self.parts.iter().all(|p| matches!(p, Part::Literal(_)))
     }
 
+    /// The template with every placeholder filled with `fill`: what its literal parts make of
+    /// a name, checked when the settings load (a placeholder may hold anything at run time).
+    pub fn sample(&self, fill: &str) -> String {
+        let mut out = String::with_capacity(self.source.len());
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => out.push_str(s),
+                Part::Topic | Part::Key | Part::Header(_) => out.push_str(fill),
+            }
+        }
+        out
+    }
+
     /// The name for one event.
     pub fn render(&self, event: &OutboxEvent) -> String {
         let mut out = String::with_capacity(self.source.len() + event.topic.len());

@@ -80,6 +80,7 @@ impl EventBridgeSink {
             Body::Envelope,
             aws_sdk_eventbridge::Client::new,
         )?;
+        aws::names::name_or_arn("event_bus", &cfg.own.event_bus, "events", 256, "/._-")?;
         Ok(Self {
             cfg: cfg.own,
             source,

@@ -169,13 +169,38 @@ super::sink_debug!(KafkaSink {
     topic: cfg.topic
 });
 
+/// Checks `brokers`: a comma-separated list of `host[:port]` (librdkafka would otherwise try
+/// forever to reach a broker that cannot exist).
+fn brokers(brokers: &str) -> Result<(), String> {
+    if brokers.trim().is_empty() {
+        return Err("key `brokers`: must not be empty".into());
+    }
+    for broker in brokers.split(',').map(str::trim) {
+        // A scheme (`SSL://host:9093`) is librdkafka's to read; what follows it is host:port.
+        let address = broker.split_once("://").map_or(broker, |(_, rest)| rest);
+        let host_ok = |host: &str| !host.is_empty() && !host.contains(char::is_whitespace);
+        let valid = !address.contains('/')
+            && match address.rsplit_once(':') {
+                // `[::1]` is an address with no port.
+                Some((host, port)) if !address.ends_with(']') => {
+                    host_ok(host) && port.parse::<u16>().is_ok_and(|p| p > 0)
+                }
+                _ => host_ok(address),
+            };
+        if !valid {
+            return Err(format!(
+                "key `brokers`: {broker:?} is not host:port (as \"kafka-1:9092,kafka-2:9092\")"
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl KafkaSink {
     /// Validates the settings of destination `destination`; the producer (and its connections)
     /// is created on the first publish.
     pub fn new(destination: &str, Flat { own: cfg, common }: KafkaConfig) -> Result<Self, String> {
-        if cfg.brokers.trim().is_empty() {
-            return Err("key `brokers`: must not be empty".into());
-        }
+        brokers(&cfg.brokers)?;
         let timeout_ms = common.timeout.as_millis();
         if timeout_ms == 0 || timeout_ms > i32::MAX as u128 {
             return Err("key `timeout`: must be between 1ms and 24 days".into());
@@ -411,6 +436,25 @@ const HEALTHCHECK_TIMEOUT: Duration = Duration::from_millis(1500);
 mod tests {
     use super::*;
     use crate::sinks::broker::testing::assert_names;
+
+    #[test]
+    fn brokers_are_host_and_port() {
+        for good in [
+            "h:1",
+            "kafka-1:9092, kafka-2:9092",
+            "kafka",
+            "SSL://k:9093",
+            "[::1]:9092",
+        ] {
+            assert!(brokers(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "", " ", "h:", ":9092", "h:x", "h:0", "h:70000", "a b:1", "h:1,,k:2", "h/x:1",
+        ] {
+            let e = brokers(bad).expect_err(bad);
+            assert!(e.starts_with("key `brokers`"), "{e}");
+        }
+    }
 
     #[test]
     fn topic_names_are_checked() {

@@ -56,6 +56,7 @@ impl KinesisSink {
         let (shape, client) =
             cfg.common
                 .build("Kinesis", Body::Envelope, aws_sdk_kinesis::Client::new)?;
+        aws::names::name_or_arn("stream", &cfg.own.stream, "kinesis", 128, "_.-")?;
         Ok(Self {
             cfg: cfg.own,
             shape,

@@ -137,6 +137,12 @@ impl RabbitMqSink {
                     .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
             },
         };
+        // A key's placeholders only lengthen it: its literal parts alone must fit.
+        if cfg.routing_key.sample("").len() > SHORT_STRING_MAX {
+            return Err(format!(
+                "key `routing_key`: longer than {SHORT_STRING_MAX} bytes"
+            ));
+        }
         if cfg.exchange.len() > SHORT_STRING_MAX {
             return Err(format!(
                 "key `exchange`: longer than {SHORT_STRING_MAX} bytes"

@@ -94,9 +94,7 @@ fn line(body: &[u8]) -> Vec<u8> {
 impl S3Sink {
     /// Validates the settings; connects on the first publish.
     pub fn new(Flat { own: cfg, common }: S3Config) -> Result<Self, String> {
-        if cfg.bucket.trim().is_empty() {
-            return Err("key `bucket`: must not be empty".into());
-        }
+        super::aws::names::bucket(&cfg.bucket)?;
         let path_style = cfg
             .force_path_style
             .unwrap_or(common.endpoint_url.is_some());

@@ -23,5 +23,11 @@ aws::message_sink! {
     target: "topic",
     entry: PublishBatchRequestEntry.message,
     call: publish_batch.topic_arn.set_publish_batch_request_entries,
+    valid: topic_arn,
     check: |client, topic| client.get_topic_attributes().topic_arn(topic),
+}
+
+/// A topic ARN of SNS (a template): checked when the settings load.
+fn topic_arn(arn: &crate::model::template::Template) -> Result<(), String> {
+    aws::names::arn("topic_arn", arn, "sns")
 }

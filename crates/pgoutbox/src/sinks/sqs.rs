@@ -28,6 +28,7 @@ aws::message_sink! {
     target: "queue",
     entry: SendMessageBatchRequestEntry.message_body,
     call: send_message_batch.queue_url.set_entries,
+    valid: aws::names::queue_url,
     check: |client, queue| client
         .get_queue_attributes()
         .queue_url(queue)

@@ -48,6 +48,9 @@ pub trait MessageApi: Send + Sync + 'static {
     /// The template of `settings` that names each event's queue or topic.
     fn target(settings: Self::Settings) -> Template;
 
+    /// Whether `target` can name a queue or topic (no I/O); the error names the key.
+    fn valid(target: &Template) -> Result<(), String>;
+
     /// The client of the SDK configuration `sdk`.
     fn client(sdk: &SdkConfig) -> Self;
 
@@ -72,7 +75,7 @@ pub trait MessageApi: Send + Sync + 'static {
 /// the SDK crate `$sdk`; and that client's [`MessageApi`]: `$service` names the service in
 /// messages and `$target` what a destination names, `$entry` is its batch entry, whose builder
 /// takes the body with `$body`, `$call` its batch call, which takes the target with `$to` and the
-/// entries with `$entries`, and `check` its readiness check (a request ready to send). The module
+/// entries with `$entries`, `$valid` checks a target's template when the settings load, and `check` its readiness check (a request ready to send). The module
 /// names `AwsSettings`, as any AWS sink's does.
 macro_rules! message_sink {
     (
@@ -87,6 +90,7 @@ macro_rules! message_sink {
         target: $target:literal,
         entry: $entry:ident.$body:ident,
         call: $call:ident.$to:ident.$entries:ident,
+        valid: $valid:path,
         check: |$client:ident, $name:ident| $check:expr $(,)?
     ) => {
         $crate::sinks::sink_type!(
@@ -114,6 +118,10 @@ macro_rules! message_sink {
 
             fn target(settings: $settings) -> $crate::model::template::Template {
                 settings.$field
+            }
+
+            fn valid(target: &$crate::model::template::Template) -> Result<(), String> {
+                $valid(target)
             }
 
             fn client(sdk: &::aws_config::SdkConfig) -> Self {
@@ -211,8 +219,10 @@ impl<A: MessageApi> Messages<A> {
     pub fn new(cfg: Flat<A::Settings, AwsSettings>) -> Result<Self, String> {
         let (service, sink) = A::NAMES;
         let (shape, client) = cfg.common.build(service, Body::Payload, A::client)?;
+        let target = A::target(cfg.own);
+        A::valid(&target)?;
         Ok(Self {
-            target: A::target(cfg.own),
+            target,
             shape,
             reserved: reserved(sink),
             client,

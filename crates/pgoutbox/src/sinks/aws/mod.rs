@@ -31,6 +31,7 @@ mod answers;
 mod calls;
 #[cfg(any(feature = "sqs", feature = "sns"))]
 mod messages;
+pub(crate) mod names;
 mod settings;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -341,8 +342,8 @@ impl Account {
         timeout: Duration,
         tls: &TlsConfig,
     ) -> Result<Self, String> {
-        if region.as_deref().is_some_and(|r| r.trim().is_empty()) {
-            return Err("key `region`: must not be empty".into());
+        if let Some(region) = &region {
+            names::region(region)?;
         }
         if let Some(url) = &endpoint_url {
             let parsed =
