@@ -151,9 +151,12 @@ impl aws::Batches for S3Sink {
             let members: Vec<&OutboxEvent> = positions.iter().map(|&i| events[i]).collect();
             let (key, lines) = self.object(&members, &folder);
             let outcome = self.put(key, lines).await;
-            for i in positions {
-                record(i, outcome.clone());
-            }
+            record.call(
+                positions
+                    .into_iter()
+                    .map(|i| (i, outcome.clone()))
+                    .collect(),
+            );
         });
         futures::stream::iter(puts)
             .buffer_unordered(OBJECTS_IN_FLIGHT)

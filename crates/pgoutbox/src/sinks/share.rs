@@ -204,13 +204,43 @@ impl<'a> Share<'a> {
         let _ = slot.answer.set((outcome, counted));
     }
 
-    /// Dead-letters the call's `i`-th event without sending it (its transform failed): the
-    /// destination was not asked, so its breaker does not count it.
+    /// Records the outcomes of one call that carried several of the share's events (a batch API
+    /// call), by position: the destination answered once, so its breaker counts one answer
+    /// ([`call_answer`]), and each event's failure counts as that answer did (held when the
+    /// breaker was already open). The first outcome recorded for an event stands.
+    pub fn record_call(&self, outcomes: Vec<(usize, Outcome)>) {
+        let fresh: Vec<(usize, Outcome)> = outcomes
+            .into_iter()
+            .filter(|(i, _)| !self.has(*i))
+            .collect();
+        let Some(answer) = call_answer(fresh.iter().map(|(_, o)| o)) else {
+            return;
+        };
+        let counted = self.gate.answered(answer);
+        for (i, outcome) in fresh {
+            let counted = match outcome {
+                Outcome::Retry { .. } => counted,
+                Outcome::Delivered | Outcome::Rejected { .. } => Counted::Attempt,
+            };
+            self.set(i, outcome, counted);
+        }
+    }
+
+    /// Records the outcome of the call's `i`-th event, which was not sent (an earlier event of its
+    /// key failed, its transform failed): the destination was not asked, so its breaker does not
+    /// count it.
+    pub fn record_unsent(&self, i: usize, outcome: Outcome) {
+        self.set(i, outcome, Counted::Attempt);
+    }
+
+    /// Dead-letters the call's `i`-th event without sending it (its transform failed).
     pub fn refuse(&self, i: usize, reason: String) {
+        self.record_unsent(i, Outcome::Rejected { reason });
+    }
+
+    fn set(&self, i: usize, outcome: Outcome, counted: Counted) {
         if let Some(slot) = self.slot(i) {
-            let _ = slot
-                .answer
-                .set((Outcome::Rejected { reason }, Counted::Attempt));
+            let _ = slot.answer.set((outcome, counted));
         }
     }
 
@@ -233,6 +263,24 @@ impl<'a> Share<'a> {
     pub fn request_limit(&self, own_timeout: Duration) -> Duration {
         self.budget.request_limit(own_timeout)
     }
+}
+
+/// The one answer a call carrying several events gives its destination's breaker: delivered if
+/// any of them was (the destination is up), else failed if any is to be retried, else rejected
+/// (which proves it up too); `None` for a call with no event.
+pub fn call_answer<'o>(outcomes: impl IntoIterator<Item = &'o Outcome>) -> Option<&'o Outcome> {
+    let mut answer: Option<&Outcome> = None;
+    for outcome in outcomes {
+        let rank = |o: &Outcome| match o {
+            Outcome::Delivered => 2,
+            Outcome::Retry { .. } => 1,
+            Outcome::Rejected { .. } => 0,
+        };
+        if answer.is_none_or(|a| rank(outcome) > rank(a)) {
+            answer = Some(outcome);
+        }
+    }
+    answer
 }
 
 /// A moving average of a destination's request latency, for [`Share::admit`].
@@ -264,6 +312,7 @@ impl Latency {
 mod tests {
     use super::*;
     use crate::model::breaker::BreakerPolicy;
+    use crate::sinks::gate::BreakerState;
 
     #[tokio::test]
     async fn a_share_waits_for_room_under_concurrency_and_stops_when_told() {
@@ -290,6 +339,76 @@ mod tests {
         budget.stop();
         assert!(share.admit(2, Duration::ZERO).await.is_none());
         assert!(!slots[2].started());
+    }
+
+    #[test]
+    fn a_call_is_one_answer() {
+        let (ok, retry, no) = (
+            Outcome::Delivered,
+            Outcome::retry("503"),
+            Outcome::Rejected {
+                reason: "too big".into(),
+            },
+        );
+        // outcomes of one call's events → the one answer its breaker counts
+        let cases: &[(&[&Outcome], Option<&Outcome>)] = &[
+            (&[], None),
+            (&[&retry, &retry, &retry], Some(&retry)),
+            (&[&retry, &ok, &retry], Some(&ok)),
+            (&[&no, &retry], Some(&retry)),
+            (&[&no, &no], Some(&no)),
+        ];
+        for (outcomes, expected) in cases {
+            assert_eq!(
+                call_answer(outcomes.iter().copied()),
+                *expected,
+                "{outcomes:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_of_ten_events_counts_one_failure() {
+        let policy = BreakerPolicy {
+            failures: 3,
+            ..BreakerPolicy::default()
+        };
+        let gate = Gate::new("d", policy.clone(), None);
+        let budget = Budget::until(Instant::now() + Duration::from_secs(5));
+        let slots: Vec<Slot> = (0..30).map(|_| Slot::default()).collect();
+        let at: Vec<usize> = (0..30).collect();
+        let share = Share::new(&gate, &budget, &slots, &at);
+        let failed = |from: usize| {
+            (from..from + 10)
+                .map(|i| (i, Outcome::retry("500")))
+                .collect()
+        };
+        share.record_call(failed(0));
+        share.record_call(failed(10));
+        let breaker = |gate: &Gate| gate.state().0;
+        assert_eq!(
+            breaker(&gate),
+            BreakerState::Closed,
+            "two failed calls are two failures, not twenty"
+        );
+        assert!(slots[..20]
+            .iter()
+            .all(|s| matches!(s.answer(), Some((Outcome::Retry { .. }, Counted::Attempt)))));
+        share.record_call(failed(20));
+        assert_eq!(
+            breaker(&gate),
+            BreakerState::Open,
+            "the third failed call opens the breaker"
+        );
+        // Events held back behind their key's failure were never sent: no answer at all.
+        let gate = Gate::new("d", policy.clone(), None);
+        let slots: Vec<Slot> = (0..30).map(|_| Slot::default()).collect();
+        let share = Share::new(&gate, &budget, &slots, &at);
+        for i in 0..30 {
+            share.record_unsent(i, Outcome::retry("an earlier event of its key failed"));
+        }
+        assert_eq!(breaker(&gate), BreakerState::Closed);
+        assert!(slots.iter().all(|s| s.outcome().is_some()));
     }
 
     #[tokio::test]

@@ -139,7 +139,7 @@ pub(crate) async fn publish_batched<F, Fut>(
                 .into_iter()
                 .partition(|&i| ordered && failed.contains(&group(events[i])));
             for i in held {
-                record(
+                record.unsent(
                     i,
                     Outcome::retry(
                         "an earlier event of its key was not accepted by this FIFO target; sent after it",
@@ -150,12 +150,13 @@ pub(crate) async fn publish_batched<F, Fut>(
                 continue;
             }
             let outcomes = send(target.clone(), sent.clone()).await;
-            for (&i, outcome) in sent.iter().zip(outcomes) {
+            let answered: Vec<(usize, Outcome)> = sent.into_iter().zip(outcomes).collect();
+            for (i, outcome) in &answered {
                 if ordered && !matches!(outcome, Outcome::Delivered) {
-                    failed.insert(group(events[i]));
+                    failed.insert(group(events[*i]));
                 }
-                record(i, outcome);
             }
+            record.call(answered);
         }
     });
     futures::stream::iter(runs)
@@ -306,7 +307,7 @@ mod tests {
             .collect();
         let refs: Vec<&OutboxEvent> = events.iter().collect();
         let calls = Mutex::new(Vec::new());
-        let answers = Mutex::new(vec![None; 4]);
+        let answers = super::super::Collected::new(4);
         let send = |_target: String, positions: Vec<usize>| {
             calls.lock().expect("calls").push(positions.clone());
             async move {
@@ -323,12 +324,11 @@ mod tests {
             entries: 1,
             bytes: 100,
         };
-        let record = |i: usize, o: Outcome| answers.lock().expect("answers")[i] = Some(o);
         let targets = vec!["q.fifo".to_owned(); 4];
-        publish_batched(&refs, targets, &[1; 4], one, |_| ordered, send, &record).await;
+        publish_batched(&refs, targets, &[1; 4], one, |_| ordered, send, &answers).await;
         let mut calls = calls.into_inner().expect("calls");
         calls.sort();
-        (calls, answers.into_inner().expect("answers"))
+        (calls, answers.into_outcomes())
     }
     #[tokio::test]
     async fn an_ordered_target_holds_a_key_back_after_its_failure() {

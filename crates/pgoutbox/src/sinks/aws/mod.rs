@@ -64,14 +64,71 @@ use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 use crate::model::template::Template;
 
-/// Where a sink records each event's outcome as soon as its call is answered (by position).
-pub(crate) type Record<'a> = &'a (dyn Fn(usize, Outcome) + Sync);
+/// Where an AWS sink records its events' outcomes (by position) as soon as each call is answered.
+pub(crate) trait Recorder: Sync {
+    /// The outcomes of the events one call carried: their destination answered once.
+    fn call(&self, outcomes: Vec<(usize, Outcome)>);
+
+    /// The outcome of an event that was not sent (an earlier event of its key failed): no answer.
+    fn unsent(&self, i: usize, outcome: Outcome);
+}
+
+/// Where a sink records outcomes ([`Recorder`]).
+pub(crate) type Record<'a> = &'a dyn Recorder;
+
+impl Recorder for Share<'_> {
+    fn call(&self, outcomes: Vec<(usize, Outcome)>) {
+        self.record_call(outcomes);
+    }
+
+    fn unsent(&self, i: usize, outcome: Outcome) {
+        self.record_unsent(i, outcome);
+    }
+}
+
+/// Outcomes kept by position, for a publish with no share (and tests).
+pub(crate) struct Collected(Mutex<Vec<Option<Outcome>>>);
+
+impl Collected {
+    /// Room for `n` events' outcomes.
+    pub(crate) fn new(n: usize) -> Self {
+        Self(Mutex::new(vec![None; n]))
+    }
+
+    fn set(&self, i: usize, outcome: Outcome) {
+        if let Some(slot) = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(i)
+        {
+            *slot = Some(outcome);
+        }
+    }
+
+    /// Each event's outcome, `None` where none was recorded.
+    pub(crate) fn into_outcomes(self) -> Vec<Option<Outcome>> {
+        self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Recorder for Collected {
+    fn call(&self, outcomes: Vec<(usize, Outcome)>) {
+        for (i, outcome) in outcomes {
+            self.set(i, outcome);
+        }
+    }
+
+    fn unsent(&self, i: usize, outcome: Outcome) {
+        self.set(i, outcome);
+    }
+}
 
 /// What an AWS sink does: send a batch, recording each event's outcome as its call is answered,
 /// and check readiness. [`Batched`] makes one a [`Sink`].
 #[async_trait]
 pub(crate) trait Batches: Send + Sync + 'static {
-    /// Sends `events`, calling `record(position, outcome)` for each as soon as it is known.
+    /// Sends `events`, recording each call's outcomes in `record` as soon as it is answered.
     async fn send_all(&self, events: &[&OutboxEvent], record: Record<'_>);
 
     /// A cheap check that the destination is reachable.
@@ -85,27 +142,20 @@ pub(crate) struct Batched<S>(pub S);
 #[async_trait]
 impl<S: Batches> Sink for Batched<S> {
     async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let answers = Mutex::new(vec![Outcome::retry("not sent"); events.len()]);
-        let record = |i: usize, outcome: Outcome| {
-            if let Some(slot) = answers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_mut(i)
-            {
-                *slot = outcome;
-            }
-        };
-        self.0.send_all(events, &record).await;
-        answers.into_inner().unwrap_or_else(PoisonError::into_inner)
+        let collected = Collected::new(events.len());
+        self.0.send_all(events, &collected).await;
+        collected
+            .into_outcomes()
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::retry("not sent")))
+            .collect()
     }
 
     async fn publish_until(&self, events: &[&OutboxEvent], share: &Share<'_>) {
         let Some(_permit) = share.admit_all().await else {
             return;
         };
-        self.0
-            .send_all(events, &|i, outcome| share.record(i, outcome))
-            .await;
+        self.0.send_all(events, share).await;
     }
 
     async fn healthcheck(&self) -> Result<(), String> {
