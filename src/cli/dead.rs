@@ -58,10 +58,13 @@ pub struct FilterArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct Selection {
-    /// Event ids.
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    /// Event ids; without any, --destination, --topic or --all says which.
+    #[arg(
+        required_unless_present_any = ["all", "destination", "topic"],
+        conflicts_with = "all"
+    )]
     ids: Vec<Uuid>,
-    /// Every dead event (narrowed by --topic / --destination).
+    /// Every dead event (narrowed by --topic / --destination, which select alone too).
     #[arg(long)]
     all: bool,
     #[command(flatten)]

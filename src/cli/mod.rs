@@ -11,6 +11,7 @@ mod replay;
 mod slot;
 mod status;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -98,7 +99,13 @@ enum Command {
 /// writes, among them `connection.start-ok`, whose SASL response holds the AMQP password.
 const SECRET_TRACING_TARGETS: &[&str] = &["lapin::io_loop=debug"];
 
-/// Sets up `tracing` on standard error.
+/// Whether logs are coloured: only on a terminal, and not when `NO_COLOR` is set to anything
+/// but the empty string (<https://no-color.org>).
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Sets up `tracing` on standard error (coloured only on a terminal, see [`colour`]).
 pub fn init_logging(cli: &Cli) {
     let default = match cli.verbose {
         // The bench migrates a fresh table before each run: its step lines would bury the results.
@@ -120,6 +127,10 @@ pub fn init_logging(cli: &Cli) {
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Human => builder.init(),
@@ -235,5 +246,56 @@ pub fn human_age(seconds: Option<f64>) -> String {
         (0, 0, _) => format!("{m}m {sec}s"),
         (0, _, _) => format!("{h}h {m}m"),
         _ => format!("{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn dead_events_are_selected_by_ids_a_filter_or_all() {
+        use clap::Parser;
+        let parses = |args: &[&str]| {
+            super::Cli::try_parse_from(["pgoutbox", "dead"].iter().chain(args)).is_ok()
+        };
+        let id = "018f3c1e-0000-7000-8000-000000000001";
+        for ok in [
+            &["retry", "--destination", "webhook"][..],
+            &["retry", "--topic", "order.created"],
+            &["retry", "--all"],
+            &["retry", id],
+            &["retry", id, "--destination", "webhook"],
+            &["discard", "--destination", "webhook", "--yes"],
+        ] {
+            assert!(parses(ok), "{ok:?}");
+        }
+        for refused in [
+            &["retry"][..],
+            &["retry", "--all", id],
+            &["discard", "--yes"],
+        ] {
+            assert!(!parses(refused), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        // (terminal, NO_COLOR) → coloured
+        let cases: &[((bool, Option<&str>), bool)] = &[
+            ((true, None), true),
+            ((true, Some("")), true),
+            ((true, Some("1")), false),
+            ((false, None), false),
+            ((false, Some("1")), false),
+        ];
+        for &((terminal, no_color), expected) in cases {
+            assert_eq!(
+                colour(terminal, no_color.map(OsStr::new)),
+                expected,
+                "{terminal} {no_color:?}"
+            );
+        }
     }
 }

@@ -22,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::steps::{Action, Body, Migration, Step};
 use super::{MigrateReport, MIGRATE_LOCK_KEY, REGISTRY_DDL};
@@ -130,7 +130,7 @@ pub(crate) async fn run_migrations(
                 .await?;
             }
         }
-        info!(
+        debug!(
             table = registry_key,
             version = m.version,
             "migration applied: {}",
@@ -143,10 +143,18 @@ pub(crate) async fn run_migrations(
         .execute(&mut *conn)
         .await?;
     conn.close().await?;
-    Ok(MigrateReport {
-        applied,
-        version: current.max(latest),
-    })
+    let version = current.max(latest);
+    // One line for a person; each migration and step is at debug (`-v`).
+    match applied.len() {
+        0 => debug!(table = registry_key, version, "schema up to date"),
+        n => info!(
+            table = registry_key,
+            version,
+            applied = n,
+            "schema of {registry_key} migrated from version {current} to {version} ({n} migrations)"
+        ),
+    }
+    Ok(MigrateReport { applied, version })
 }
 
 /// Takes the session advisory lock that serializes `migrate` runs, polling with the non-blocking
@@ -224,7 +232,7 @@ async fn run_step(
         }
         Action::NotNull { column } => set_not_null(conn, column, table, render).await?,
     }
-    info!(
+    debug!(
         table,
         version = m.version,
         elapsed_ms = started.elapsed().as_millis() as u64,
@@ -347,6 +355,7 @@ async fn build_index(
         let plain = sql.replacen(" INDEX CONCURRENTLY ", " INDEX ", 1);
         ddl_transaction(conn, &plain, None, table).await?;
     } else {
+        // On a table with rows this takes a while: say what is going on.
         info!(index = name, "building an index concurrently");
         simple(conn, sql).await?;
     }
@@ -491,7 +500,16 @@ async fn set_not_null(
     }
     if validated != Some(true) {
         // SHARE UPDATE EXCLUSIVE: writes go on while it waits and scans, so no lock timeout.
-        info!(table, column, "validating NOT NULL (a scan; inserts go on)");
+        // Only a table with rows makes that scan worth a line for a person.
+        let empty: bool =
+            sqlx::query_scalar(&format!("SELECT NOT EXISTS (SELECT FROM {relation})"))
+                .fetch_one(&mut *conn)
+                .await?;
+        if empty {
+            debug!(table, column, "validating NOT NULL (an empty table)");
+        } else {
+            info!(table, column, "validating NOT NULL (a scan; inserts go on)");
+        }
         simple(
             conn,
             &format!("ALTER TABLE {relation} VALIDATE CONSTRAINT {constraint}"),
