@@ -26,6 +26,7 @@ mod ordering;
 mod produce;
 mod rate_limit;
 mod replay;
+mod routing;
 mod soak;
 mod steady;
 
@@ -88,6 +89,9 @@ enum Scenario {
     /// A replay of 1,000,000 retained events beside 3,000 live events/s: the live p99 with and
     /// without it, the replay's rate, per-key order (`--ordered`), a relay killed half-way.
     Replay(replay::Args),
+    /// What routing one event costs as destinations grow (1 to 100,000, each on its own topic,
+    /// some with globs and filters): the relay's router alone, no database read.
+    Routing(routing::Args),
     /// The cost of per-key ordering: the same keyed backlog, several relays, ordered vs not.
     Ordering(ordering::Args),
     /// `migrate` upgrading a large minimal table in place while producers insert: how long the
@@ -149,6 +153,7 @@ pub async fn run(
             Scenario::RateLimit(a) => rate_limit::run(&scratch, &out, a).await,
             Scenario::Replay(a) => replay::run(&scratch, &out, a).await,
             Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
+            Scenario::Routing(a) => routing::run(&out, a).await,
             Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
             Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
             Scenario::Console(a) => console::run(&scratch, &out, a).await,

@@ -226,7 +226,7 @@ pub(crate) fn parse_destination(
     };
 
     for glob in &common.topics {
-        glob::Pattern::new(glob)
+        crate::model::subscription::topic_glob(glob)
             .map_err(|e| ConfigError::at(at("topics"), format!("invalid glob {glob:?}: {e}")))?;
     }
 

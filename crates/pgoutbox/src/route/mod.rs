@@ -7,61 +7,56 @@
 //! run ([`dry_run`]): which retained events one destination would take.
 
 mod dry_run;
+mod topics;
 
 use std::collections::HashSet;
 use std::ops::Range;
-
-use glob::Pattern;
 
 use crate::model::event::OutboxEvent;
 use crate::model::filter::{event_scope, Filter};
 use crate::model::subscription::Subscription;
 
 pub use dry_run::{dry_run, DryRun};
+pub use topics::Topics;
 
-/// Topic globs and filter of every destination, in the order they were given.
+/// Topic globs and filter of every destination, in the order they were given: the topics
+/// indexed ([`Topics`]), so that routing an event costs what its matches cost, and the filters
+/// evaluated only for the destinations its topic matched.
 #[derive(Debug, Clone)]
 pub struct Router {
-    routes: Vec<(Vec<Pattern>, Option<Filter>)>,
+    topics: Topics,
+    filters: Vec<Option<Filter>>,
 }
 
 impl Router {
     /// Builds the router over each destination's subscription; globs and filters were validated
     /// when they were loaded (an invalid glob matches nothing).
     pub fn new<D: AsRef<Subscription>>(destinations: &[D]) -> Self {
-        let routes = destinations
-            .iter()
-            .map(|d| {
-                let s = d.as_ref();
-                let globs = s
-                    .topics
-                    .iter()
-                    .filter_map(|g| Pattern::new(g).ok())
-                    .collect();
-                (globs, s.filter.clone())
-            })
-            .collect();
-        Self { routes }
+        Self {
+            topics: Topics::new(destinations.iter().map(AsRef::as_ref)),
+            filters: destinations
+                .iter()
+                .map(|d| d.as_ref().filter.clone())
+                .collect(),
+        }
     }
 
     /// Whether any destination has a filter (routing then reads payloads).
     pub fn filters(&self) -> bool {
-        self.routes.iter().any(|(_, f)| f.is_some())
+        self.filters.iter().any(Option::is_some)
     }
 
     /// The destinations whose topic globs match `topic`, filters aside (for counts by topic).
     pub fn by_topic(&self, topic: &str) -> Vec<usize> {
-        (0..self.routes.len())
-            .filter(|&d| topic_matches(&self.routes[d].0, topic))
-            .collect()
+        self.topics.matching(topic)
     }
 
     /// Whether destination `d` takes `event` (its topics and filter).
     pub fn takes(&self, d: usize, event: &OutboxEvent) -> bool {
-        let Some((globs, filter)) = self.routes.get(d) else {
+        let Some(filter) = self.filters.get(d) else {
             return false;
         };
-        topic_matches(globs, &event.topic) && filter.as_ref().is_none_or(|f| f.eval(event))
+        self.topics.matches(d, &event.topic) && filter.as_ref().is_none_or(|f| f.eval(event))
     }
 
     /// Whether a replay to destination `d` sends `event`: the destination takes it and the
@@ -88,22 +83,16 @@ impl Router {
             .iter()
             .map(|event| {
                 let mut input: Option<cel::Context<'_>> = None;
-                (0..self.routes.len())
-                    .filter(|&d| {
-                        let (globs, filter) = &self.routes[d];
-                        topic_matches(globs, &event.topic)
-                            && filter.as_ref().is_none_or(|f| {
-                                f.matches(input.get_or_insert_with(|| event_scope(&root, event)))
-                            })
+                let mut candidates = self.topics.matching(&event.topic);
+                candidates.retain(|&d| {
+                    self.filters[d].as_ref().is_none_or(|f| {
+                        f.matches(input.get_or_insert_with(|| event_scope(&root, event)))
                     })
-                    .collect()
+                });
+                candidates
             })
             .collect()
     }
-}
-
-fn topic_matches(globs: &[Pattern], topic: &str) -> bool {
-    globs.is_empty() || globs.iter().any(|g| g.matches(topic))
 }
 
 /// What happens to an item now.
