@@ -17,7 +17,7 @@ use crate::config::{ClaimMode, DestinationConfig, Ordering};
 
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
-use crate::store::deliveries::{self, ClaimPairs, ClaimedPair};
+use crate::store::due::{self, ClaimPairs, ClaimedPair};
 use crate::store::outbox::{self, Claim, Guard, OrderedClaim};
 use crate::store::{Lease, Store};
 
@@ -184,7 +184,7 @@ pub async fn claim_pairs(
     lease: Duration,
 ) -> Result<ClaimedPairs> {
     let token = Uuid::new_v4();
-    let pairs = deliveries::claim(
+    let pairs = due::claim(
         store,
         &ClaimPairs {
             destination: &destination.name,
@@ -212,7 +212,7 @@ pub async fn claim_probe_pair(
         length: lease,
         token,
     };
-    let pairs = deliveries::claim_probe(store, destination, lease).await?;
+    let pairs = due::claim_probe(store, destination, lease).await?;
     Ok(pair_rows(pairs, token))
 }
 

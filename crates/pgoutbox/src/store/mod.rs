@@ -8,7 +8,7 @@
 //! in `pgoutbox-core`.
 //!
 //! A file per table or concern. The relay's own: the [`outbox`] table, the split events'
-//! [`deliveries`], the [`held_batches`], the rows and pairs [`held`] at 'infinity', the
+//! [`deliveries`] and the claims of those [`due`], the [`held_batches`], the rows and pairs [`held`] at 'infinity', the
 //! [`destinations`]' shared state and the failed [`attempts`]. The operator's: [`dead`] letters,
 //! the event search ([`inspect`]), the [`status`] and [`backlog`] counts, [`cleanup`] and the
 //! partitioned [`history`]. Then the statements about the server rather than the outbox table,
@@ -23,6 +23,7 @@ pub mod dead;
 pub mod deliveries;
 pub mod demo;
 pub mod destinations;
+pub mod due;
 pub mod held;
 pub mod held_batches;
 pub mod history;
@@ -59,6 +60,7 @@ struct Statements {
     dead: dead::Sql,
     deliveries: deliveries::Sql,
     destinations: destinations::Sql,
+    due: due::Sql,
     held_batches: held_batches::Sql,
     history: history::Sql,
     inspect: inspect::Sql,
@@ -80,6 +82,7 @@ impl Statements {
             dead: dead::Sql::render(table),
             deliveries: deliveries::Sql::render(table),
             destinations: destinations::Sql::render(table),
+            due: due::Sql::render(table),
             held_batches: held_batches::Sql::render(table),
             history: history::Sql::render(table),
             inspect: inspect::Sql::render(table),
