@@ -45,7 +45,7 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         e.file = cli.config.clone();
         e
     })?;
-    let pool_settings = pool_settings(&config.relay, config.destinations.len());
+    let pool_settings = pool_settings(&config.relay);
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
     super::check_relay_privileges(&pool, &config).await?;
     if config.source == Source::Wal {
@@ -299,24 +299,20 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// - Size: every claim worker holds a connection for its whole batch in transaction mode and takes
 ///   another to settle in lease mode (2 per worker); cleanup holds its leader lock on one and
-///   deletes on another, the deliveries loop (fan-out retries, probes), the gauge refresher and
-///   `/readyz` take one each: `workers * 2 + 5`.
+///   deletes on another, the retry scheduler (every destination's due pairs, whatever their
+///   number; its lanes' batches take one in turn to settle), the gauge refresher and `/readyz`
+///   take one each: `workers * 2 + 5`, whatever the number of destinations.
 /// - `idle_in_transaction_session_timeout`: a transaction-mode claim stays idle in its transaction
 ///   while it publishes, for up to `publish_timeout`; the server ends the session only well past
 ///   that (twice it, plus 30 s), so a server default cannot cut a healthy claim, while a relay
 ///   that hangs with its rows locked still loses them.
 /// - `statement_timeout`: [`STATEMENT_TIMEOUT`], whatever the server's default.
-fn pool_settings(relay: &RelayConfig, destinations: usize) -> PoolSettings {
+fn pool_settings(relay: &RelayConfig) -> PoolSettings {
     let workers = u32::try_from(relay.workers).unwrap_or(u32::MAX);
-    // Each destination's retry loop takes one to claim and settle its pairs.
-    let lanes = u32::try_from(destinations).unwrap_or(u32::MAX);
     let idle_in_transaction = relay.publish_timeout * 2 + Duration::from_secs(30);
     PoolSettings {
         application_name: "pgoutbox-relay",
-        max_connections: workers
-            .saturating_mul(2)
-            .saturating_add(lanes)
-            .saturating_add(5),
+        max_connections: workers.saturating_mul(2).saturating_add(5),
         acquire_timeout: ACQUIRE_TIMEOUT,
         session: vec![
             ("statement_timeout", millis(STATEMENT_TIMEOUT)),
@@ -378,12 +374,9 @@ mod tests {
             publish_timeout: Duration::from_secs(20),
             ..RelayConfig::default()
         };
-        let settings = pool_settings(&relay, 4);
+        let settings = pool_settings(&relay);
         assert_eq!(settings.application_name, "pgoutbox-relay");
-        assert_eq!(
-            settings.max_connections, 15,
-            "3 workers x 2, 4 retry loops, 5 others"
-        );
+        assert_eq!(settings.max_connections, 11, "3 workers x 2, 5 others");
         assert_eq!(
             settings.session,
             vec![

@@ -43,6 +43,9 @@ pub(super) struct Context {
     pub(super) progress: Progress,
     /// Set when a worker died: `/healthz` reports it.
     pub(super) failure: Mutex<Option<String>>,
+    /// Woken when pairs are due now (a batch handed some over, a destination is back, a replay
+    /// queued some): the retry scheduler looks at once.
+    pub(super) retries_due: tokio::sync::Notify,
 }
 
 impl Context {
@@ -88,6 +91,7 @@ impl Context {
             stopping: CancellationToken::new(),
             progress: Progress::default(),
             failure: Mutex::new(None),
+            retries_due: tokio::sync::Notify::new(),
         }
     }
 

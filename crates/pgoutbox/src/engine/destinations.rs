@@ -73,9 +73,7 @@ pub(super) async fn sync(ctx: &Context) -> Result<()> {
     }
     if freed {
         held::unpark_followers(&ctx.store).await?;
-        for lane in ctx.lanes.iter() {
-            lane.handed.notify_one();
-        }
+        ctx.retries_due.notify_one();
     }
     Ok(())
 }
@@ -283,7 +281,7 @@ async fn probe_answered(ctx: &Context, d: usize) -> Result<()> {
     lane.gate.close();
     destinations::close(&ctx.store, &lane.name).await?;
     let released = held::unpark_followers(&ctx.store).await?;
-    lane.handed.notify_one();
+    ctx.retries_due.notify_one();
     info!(destination = %lane.name, released, "probe answered: circuit breaker closed, held events are due again");
     Ok(())
 }

@@ -1,15 +1,13 @@
 //! A lane: one destination as the engine drives it — its sink, its retry policy, its gate (pause,
-//! breaker, concurrency for the whole process), its rate limit — and the signal that wakes its
-//! retry loop; and the [`Lanes`] of a relay, which routing's indexes name.
+//! breaker, concurrency for the whole process), its rate limit; and the [`Lanes`] of a relay,
+//! which routing's indexes name.
 //!
 //! Every batch routes its items into the lanes; each lane publishes its share at its own pace,
 //! and what a lane has not finished when the others have is handed over to the deliveries table
-//! as that pair's state, where the lane's own retry loop picks it up. So a destination that is
+//! as that pair's state, where the retry scheduler picks it up for the lane. So a destination that is
 //! slow, paused, failing or ordered never sets another's pace.
 
 use std::sync::Arc;
-
-use tokio::sync::Notify;
 
 use crate::config::{DestinationConfig, OnDead, Ordering, SinkConfig};
 use crate::model::event::OutboxEvent;
@@ -47,8 +45,6 @@ pub(super) struct Lane {
     pub(super) gate: Gate,
     /// Its `rate_limit`, when it has one: tokens from the destination's shared bucket.
     pub(super) rate: Option<Limiter>,
-    /// Woken when a batch hands pairs over to this lane: its retry loop looks at once.
-    pub(super) handed: Notify,
     /// The sink's last health check for readiness: when, and its error if it failed. Held while
     /// a check runs, so that concurrent `/readyz` calls share one.
     health: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
@@ -85,7 +81,6 @@ impl Lane {
             retry: destination.retry,
             config,
             gate,
-            handed: Notify::new(),
             health: tokio::sync::Mutex::new(None),
         }
     }

@@ -9,9 +9,9 @@
 //! When they all finish, each item is judged and the batch settles in a few statements
 //! ([`crate::settle`]). When one lane lags behind the others ([`watch`]), it is handed over: the
 //! batch settles without it, what it had not finished becoming that pair's state in the
-//! deliveries table, and the claim loop goes on. Each lane's retry loop ([`retries`]) claims its
-//! own due pairs from there, so a slow, paused, failing or ordered destination never sets
-//! another's pace. The destinations loop ([`destinations`]) keeps the lanes' shared state
+//! deliveries table, and the claim loop goes on. The retry scheduler ([`retries`]) claims every
+//! lane's due pairs from there, each lane its share, and runs them as a batch per lane, so a
+//! slow, paused, failing or ordered destination never sets another's pace. The destinations loop ([`destinations`]) keeps the lanes' shared state
 //! (pauses, breakers), sums up failures and probes open breakers; [`upkeep`] cleans up; the
 //! replays loop ([`replays`]) feeds running replays into their lanes.
 //!
@@ -99,8 +99,8 @@ impl Relay {
         }
     }
 
-    /// Runs until `shutdown` is cancelled: the source (claim workers, or the WAL reader), each
-    /// lane's retry loop, and the maintenance loops (destination state and probes, upkeep,
+    /// Runs until `shutdown` is cancelled: the source (claim workers, or the WAL reader), the
+    /// retry scheduler, and the maintenance loops (destination state and probes, upkeep,
     /// replays). In-flight batches then get `shutdown_grace` to finish; past it they settle what
     /// finished and release the rest. A worker that panics (a bug) stops the relay: the others
     /// finish as on shutdown, then this returns [`crate::Error::WorkerPanicked`].

@@ -1,5 +1,5 @@
 //! Pacing: how long a loop waits before its next claim, how an ordered claim is sized, and how
-//! many pairs a lane's retry loop claims. Plain functions over plain data, with table tests; the
+//! many pairs the retry scheduler claims for a lane. Plain functions over plain data, with table tests; the
 //! loops only carry their state.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
@@ -206,7 +206,7 @@ pub(super) fn next_window(window: u64, base: u64, found_heads: bool) -> u64 {
     }
 }
 
-/// How many due pairs a lane's retry loop claims: as many as it can start soon — four rounds of
+/// How many due pairs the retry scheduler claims for a lane: as many as it can start soon — four rounds of
 /// its free places under `concurrency` — and at most a batch. Claiming more only leases pairs that
 /// would wait for the lane and then be released.
 pub(super) fn retry_claim(batch: usize, concurrency: usize, in_flight: usize) -> usize {

@@ -120,9 +120,9 @@ pub(super) async fn run<O: Origin>(
         return Ok(settled);
     };
     origin.settled_early(&settled);
-    // The handed lanes' unsent items are their retry loops' now.
-    for &d in &lanes {
-        ctx.lanes[d].handed.notify_one();
+    // The handed lanes' unsent items are the retry scheduler's now.
+    if !lanes.is_empty() {
+        ctx.retries_due.notify_one();
     }
     // Then wait for the requests still out, and settle them.
     let (run, late) = published.late(&in_flight).await;

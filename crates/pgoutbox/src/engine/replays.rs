@@ -5,8 +5,8 @@
 //! through the destination's lane, marked with the replay's header, as a batch of that lane alone
 //! (its gate, breaker, transform, key order and rate limit apply). What the destination did not
 //! take at once — a failure, a held or paused destination, an event behind a waiting pair of its
-//! key — becomes a pair of the destination in the deliveries table, which its retry loop takes on
-//! like any; while more than [`WINDOW`] of a replay's pairs wait there, it reads nothing more. A
+//! key — becomes a pair of the destination in the deliveries table, which the retry scheduler
+//! takes on like any; while more than [`WINDOW`] of a replay's pairs wait there, it reads nothing more. A
 //! replay with a `rate` takes a token per event from a bucket of its own first, in steps of 50 ms
 //! of its rate; one without rests as long as its steps took (it works at most half the time,
 //! in steps of a few hundred events: [`pacing::replay_step`], [`pacing::replay_rest`]), so that
@@ -181,7 +181,7 @@ async fn replays_step(
 
 /// One step of `replay`: reads its next events, sends those its destination takes (with the
 /// replay's header) through the lane, leaves those not delivered at once as pairs for the
-/// lane's retry loop, and moves its cursor. Whether it read anything.
+/// retry scheduler, and moves its cursor. Whether it read anything.
 async fn feed(ctx: &Arc<Context>, replay: &Replay, f: &Fed) -> crate::error::Result<bool> {
     let room = (WINDOW - replay.pending).min(f.step);
     if room <= 0 {
@@ -245,7 +245,7 @@ async fn feed(ctx: &Arc<Context>, replay: &Replay, f: &Fed) -> crate::error::Res
     metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name.clone())
         .increment(chosen.len() as u64);
     if queued > 0 {
-        lane.handed.notify_one();
+        ctx.retries_due.notify_one();
     }
     Ok(!read.is_empty())
 }

@@ -1,15 +1,22 @@
-//! Each lane's retry loop: its own due pairs of the deliveries table — failed attempts whose
-//! backoff is over, pairs its batches handed over, held pairs of a destination that is back —
-//! claimed, published through the lane's gate, judged and settled like any batch, at the lane's
-//! own pace.
+//! The retry scheduler: one loop for the due pairs of every destination — failed attempts whose
+//! backoff is over, pairs a batch handed over, held pairs of a destination that is back. It asks
+//! which destinations have pairs due (one index probe per destination that has pairs, none for
+//! the others), claims theirs in one statement, each destination up to what it can start soon,
+//! and runs each destination's pairs as a batch of its own, side by side: published through the
+//! lane's gate, judged and settled like any batch, at the lane's own pace.
 //!
-//! One loop per destination, so a destination with a long backlog (a slow one, one that was down
-//! for an hour) never stands in front of another's retries. A batch that hands pairs over wakes
-//! the loop at once; otherwise it polls, backing off while it finds nothing.
+//! So the relay's cost follows the work, not the configuration: no loop, poll or connection per
+//! destination, and a destination with a long backlog (a slow one, one down for an hour) takes
+//! its share of each claim, never another's — while its batch runs it is not claimed for again,
+//! and the others are. A batch that hands pairs over, a destination that is back and a replay
+//! wake the scheduler at once; otherwise it sleeps until the earliest due pair, polling at most
+//! every [`RETRIES_POLL_INTERVAL`] for pairs other relays made due.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -22,30 +29,66 @@ use crate::model::metric;
 use crate::model::report::BatchReport;
 use crate::route::Items;
 use crate::settle::Pairs;
-use crate::sources::poll::claim_pairs;
+use crate::sources::poll::{claim_pairs, lane_claim, ClaimedPairs};
+use crate::store::due::{self, DueLane};
 
-/// A retry loop's longest idle wait (or `poll_interval` if longer). Its rows are retries and
+/// The scheduler's longest idle wait (or `poll_interval` if longer). Its rows are retries and
 /// held pairs, due after a backoff of seconds, and pairs handed over wake it directly, so it need
 /// not poll as often as the claim loops that carry fresh events.
 const RETRIES_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Claims, publishes and settles one batch of lane `d`'s due pairs. Each pair is its
+/// What one look at the due pairs decided: which lanes to claim for, at most how many pairs
+/// each, and how long until the next pair of another lane is due.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Due {
+    /// (lane, most pairs), in the order the database named them.
+    pub(super) claims: Vec<(usize, usize)>,
+    /// Until the earliest pair that is not due yet, of a lane not busy.
+    pub(super) next: Option<Duration>,
+}
+
+/// Which of the destinations with undelivered pairs (`due`) to claim for now: those due, that
+/// this relay serves (`lane` names their lane) and whose last batch is over (not in `busy`),
+/// each up to `most(lane)`; and when the first of the others that is not held is due.
+pub(super) fn plan(
+    due: &[DueLane],
+    lane: impl Fn(&str) -> Option<usize>,
+    busy: &HashSet<usize>,
+    most: impl Fn(usize) -> usize,
+) -> Due {
+    let mut plan = Due::default();
+    for entry in due {
+        let Some(d) = lane(&entry.destination) else {
+            continue;
+        };
+        if busy.contains(&d) {
+            continue;
+        }
+        match entry.due_in {
+            Some(secs) if secs <= 0.0 => plan.claims.push((d, most(d))),
+            Some(secs) => {
+                let wait = Duration::from_secs_f64(secs);
+                plan.next = Some(plan.next.map_or(wait, |n: Duration| n.min(wait)));
+            }
+            None => {}
+        }
+    }
+    plan
+}
+
+/// Publishes and settles lane `d`'s claimed pairs as a batch of their own. Each pair is its
 /// destination's alone: it is published, retried, held and dead-lettered like an event with that
 /// one destination.
-pub(super) async fn lane_batch(ctx: &Arc<Context>, d: usize) -> Result<BatchReport> {
-    let lane = &ctx.lanes[d];
-    let settings = &ctx.config.relay;
-    let limit = retry_claim(
-        settings.batch_size,
-        lane.gate.concurrency(),
-        lane.gate.in_flight(),
-    );
-    let claimed = claim_pairs(&ctx.store, &lane.config, limit, ctx.claim.lease).await?;
+pub(super) async fn lane_batch(
+    ctx: &Arc<Context>,
+    d: usize,
+    claimed: ClaimedPairs,
+) -> Result<BatchReport> {
     if claimed.events.is_empty() && claimed.poison.is_empty() {
         return Ok(BatchReport::default());
     }
+    let open = ctx.lanes[d].gate.is_open();
     let events = claimed.events;
-    let open = lane.gate.is_open();
     let items = Items::pairs(events.iter().map(|_| d), |_| open);
     let published = publish_whole(ctx, events, items).await;
     let aborted = published.stop == Stop::Aborted;
@@ -62,58 +105,201 @@ pub(super) async fn lane_batch(ctx: &Arc<Context>, d: usize) -> Result<BatchRepo
     Ok(report)
 }
 
-/// Claims, publishes and settles one batch of due pairs of every lane, one lane after the other
-/// (`relay --once`, tests).
+/// The scheduler's view of the lanes: each by name, looked up once per due destination.
+struct Scheduler {
+    ctx: Arc<Context>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Scheduler {
+    fn new(ctx: &Arc<Context>) -> Self {
+        let by_name = ctx
+            .lanes
+            .iter()
+            .enumerate()
+            .map(|(d, lane)| (lane.name.clone(), d))
+            .collect();
+        Self {
+            ctx: Arc::clone(ctx),
+            by_name,
+        }
+    }
+
+    /// Looks at the due pairs and claims those of the lanes not `busy`: each lane's claimed
+    /// pairs, and how long until the next is due.
+    async fn claim(&self, busy: &HashSet<usize>) -> Result<(Vec<(usize, ClaimedPairs)>, Due)> {
+        let ctx = &self.ctx;
+        let due = due::due(&ctx.store).await?;
+        let batch = ctx.config.relay.batch_size;
+        let plan = plan(
+            &due,
+            |name| self.by_name.get(name).copied(),
+            busy,
+            |d| {
+                let gate = &ctx.lanes[d].gate;
+                retry_claim(batch, gate.concurrency(), gate.in_flight())
+            },
+        );
+        if plan.claims.is_empty() {
+            return Ok((Vec::new(), plan));
+        }
+        let lanes: Vec<_> = plan
+            .claims
+            .iter()
+            .map(|&(d, most)| lane_claim(&ctx.lanes[d].config, most))
+            .collect();
+        let claimed = claim_pairs(&ctx.store, &lanes, ctx.claim.lease).await?;
+        let claimed = claimed
+            .into_iter()
+            .filter_map(|(name, pairs)| Some((*self.by_name.get(&name)?, pairs)))
+            .collect();
+        Ok((claimed, plan))
+    }
+}
+
+/// Claims, publishes and settles one batch of due pairs of every lane, side by side (`relay
+/// --once`, tests).
 pub(super) async fn every_lane_once(ctx: &Arc<Context>) -> Result<BatchReport> {
+    let (claimed, _) = Scheduler::new(ctx).claim(&HashSet::new()).await?;
+    let batches = claimed
+        .into_iter()
+        .map(|(d, pairs)| async move { lane_batch(ctx, d, pairs).await });
     let mut total = BatchReport::default();
-    for d in 0..ctx.lanes.len() {
-        total += lane_batch(ctx, d).await?;
+    for report in futures::future::join_all(batches).await {
+        total += report?;
     }
     Ok(total)
 }
 
-/// Lane `d`'s retry loop, until shutdown: at once again while it finds pairs, backing off to
-/// [`RETRIES_POLL_INTERVAL`] (or `poll_interval`) while it finds none or the database fails;
-/// woken at once when a batch hands pairs over to the lane.
-pub(super) async fn retries_loop(
-    ctx: &Arc<Context>,
-    d: usize,
-    shutdown: CancellationToken,
-) -> BatchReport {
-    let mut total = BatchReport::default();
+/// The scheduler, until shutdown: claims the due pairs of every lane not running a batch and
+/// starts a batch per lane; claims again at once when it found some or a batch ended, backs off
+/// to [`RETRIES_POLL_INTERVAL`] (or `poll_interval`, or the next due pair if sooner) while it
+/// finds none or the database fails; woken at once when a batch hands pairs over. At shutdown the
+/// batches running end (their own grace) before it returns.
+pub(super) async fn retries_loop(ctx: &Arc<Context>, shutdown: CancellationToken) -> BatchReport {
+    let scheduler = Scheduler::new(ctx);
     let settings = &ctx.config.relay;
     let mut pacing = Pacing::between(
         settings.min_poll_interval,
         settings.poll_interval.max(RETRIES_POLL_INTERVAL),
     );
     let mut db_down = false;
-    let lane = &ctx.lanes[d];
-    let what = format!("retries of {}", lane.name);
+    let mut total = BatchReport::default();
+    let mut running: JoinSet<Result<BatchReport>> = JoinSet::new();
+    let mut lane_of: HashMap<Id, usize> = HashMap::new();
+    let mut busy: HashSet<usize> = HashSet::new();
+    let what = "retries";
     while !shutdown.is_cancelled() {
-        let pause = match lane_batch(ctx, d).await {
-            Ok(report) if report.claimed > 0 => {
-                db_reachable(&what, &mut db_down);
-                total += report;
+        let pause = match scheduler.claim(&busy).await {
+            Ok((claimed, _)) if !claimed.is_empty() => {
+                db_reachable(what, &mut db_down);
+                for (d, pairs) in claimed {
+                    let ctx = Arc::clone(ctx);
+                    let task = running.spawn(async move { lane_batch(&ctx, d, pairs).await });
+                    lane_of.insert(task.id(), d);
+                    busy.insert(d);
+                }
                 pacing.busy();
                 continue;
             }
-            Ok(_) => {
-                db_reachable(&what, &mut db_down);
-                pacing.idle()
+            Ok((_, plan)) => {
+                db_reachable(what, &mut db_down);
+                let idle = pacing.idle();
+                plan.next.map_or(idle, |next| idle.min(next))
             }
             Err(e) => {
                 db_down = true;
                 metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
                 let pause = pacing.failed();
-                warn!(destination = %lane.name, error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "claim or settle of retries failed; retrying");
+                warn!(error = %crate::error_chain(&e), retry_in_ms = pause.as_millis() as u64, "claim of retries failed; retrying");
                 pause
             }
         };
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = lane.handed.notified() => pacing.busy(),
+            _ = ctx.retries_due.notified() => pacing.busy(),
+            Some(ended) = running.join_next_with_id(), if !running.is_empty() => {
+                total += ended_batch(ctx, ended, &mut lane_of, &mut busy);
+                pacing.busy();
+            }
             _ = tokio::time::sleep(pause) => {}
         }
     }
+    while let Some(ended) = running.join_next_with_id().await {
+        total += ended_batch(ctx, ended, &mut lane_of, &mut busy);
+    }
     total
+}
+
+/// What a lane's batch that `ended` did; its lane is no longer busy. A batch that panicked
+/// takes the scheduler down with it, as a claim worker's panic does: the relay stops.
+fn ended_batch(
+    ctx: &Context,
+    ended: std::result::Result<(Id, Result<BatchReport>), tokio::task::JoinError>,
+    lane_of: &mut HashMap<Id, usize>,
+    busy: &mut HashSet<usize>,
+) -> BatchReport {
+    let (id, result) = match ended {
+        Ok(ended) => ended,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => (e.id(), Ok(BatchReport::default())),
+        },
+    };
+    let Some(d) = lane_of.remove(&id) else {
+        return BatchReport::default();
+    };
+    busy.remove(&d);
+    match result {
+        Ok(report) => report,
+        Err(e) => {
+            metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
+            warn!(destination = %ctx.lanes[d].name, error = %crate::error_chain(&e), "settle of retries failed; their lease expires and they are retried");
+            BatchReport::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(name: &str, due_in: Option<f64>) -> DueLane {
+        DueLane {
+            destination: name.into(),
+            due_in,
+        }
+    }
+
+    #[test]
+    fn the_plan_claims_for_due_lanes_not_busy_and_waits_for_the_next() {
+        let lanes = ["a", "b", "c", "d", "e"];
+        let lane = |name: &str| lanes.iter().position(|l| *l == name);
+        let due = [
+            due("a", Some(-3.0)),
+            due("b", Some(0.0)),
+            due("c", Some(2.5)),
+            due("d", None),
+            due("e", Some(-1.0)),
+            due("gone", Some(-9.0)),
+            due("f", Some(0.5)),
+        ];
+        // busy lanes → (claims, next)
+        type Case<'a> = (&'a [usize], &'a [(usize, usize)], Option<f64>);
+        let cases: &[Case] = &[
+            (&[], &[(0, 10), (1, 11), (4, 14)], Some(2.5)),
+            (&[0, 4], &[(1, 11)], Some(2.5)),
+            (&[2], &[(0, 10), (1, 11), (4, 14)], None),
+        ];
+        for (busy, claims, next) in cases {
+            let busy: HashSet<usize> = busy.iter().copied().collect();
+            let plan = plan(&due, lane, &busy, |d| 10 + d);
+            assert_eq!(plan.claims, *claims, "busy {busy:?}");
+            assert_eq!(
+                plan.next,
+                next.map(Duration::from_secs_f64),
+                "busy {busy:?}"
+            );
+        }
+    }
 }

@@ -1,8 +1,8 @@
 //! Running the relay: its loops until shutdown, or one pass (`relay --once`).
 //!
 //! The loops, each its own service over the shared [`Context`]: the source (claim workers, or
-//! the WAL reader), each lane's retry loop, the destinations loop (shared state and probes),
-//! upkeep, and the replays loop.
+//! the WAL reader), the retry scheduler (every lane's due pairs), the destinations loop (shared
+//! state and probes), upkeep, and the replays loop.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -60,9 +60,9 @@ pub(super) async fn run(
             workers.spawn(async move { crate::sources::wal::run(ctx, stop).await });
         }
     }
-    for d in 0..ctx.lanes.len() {
+    {
         let (ctx, stop) = (Arc::clone(&ctx), shutdown.clone());
-        workers.spawn(async move { retries::retries_loop(&ctx, d, stop).await });
+        workers.spawn(async move { retries::retries_loop(&ctx, stop).await });
     }
     let maintenance = {
         let (ctx, stop) = (Arc::clone(&ctx), shutdown.clone());

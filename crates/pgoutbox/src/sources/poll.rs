@@ -17,7 +17,7 @@ use crate::config::{ClaimMode, DestinationConfig, Ordering};
 
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
-use crate::store::due::{self, ClaimPairs, ClaimedPair};
+use crate::store::due::{self, ClaimedPair, LaneClaim};
 use crate::store::outbox::{self, Claim, Guard, OrderedClaim};
 use crate::store::{Lease, Store};
 
@@ -176,29 +176,46 @@ pub struct ClaimedPairs {
     pub token: Uuid,
 }
 
-/// Claims up to `limit` due pairs of one destination (DeliveriesClaim), leased for `lease`.
+/// Claims the due pairs of several destinations at once (DeliveriesClaim), each up to its
+/// limit, leased for `lease` under one token: each destination's pairs, apart.
 pub async fn claim_pairs(
     store: &Store,
-    destination: &DestinationConfig,
-    limit: usize,
+    lanes: &[LaneClaim<'_>],
     lease: Duration,
-) -> Result<ClaimedPairs> {
+) -> Result<Vec<(String, ClaimedPairs)>> {
     let token = Uuid::new_v4();
     let pairs = due::claim(
         store,
-        &ClaimPairs {
-            destination: &destination.name,
-            limit,
-            lease: Lease {
-                length: lease,
-                token,
-            },
-            ordered: destination.ordering == Ordering::Key,
-            dead_blocks: destination.dead_blocks(),
+        lanes,
+        Lease {
+            length: lease,
+            token,
         },
     )
     .await?;
-    Ok(pair_rows(pairs, token))
+    let mut by_lane: Vec<(String, Vec<ClaimedPair>)> = Vec::new();
+    let mut at: std::collections::HashMap<String, usize> = Default::default();
+    for pair in pairs {
+        let i = *at.entry(pair.destination.clone()).or_insert_with(|| {
+            by_lane.push((pair.destination.clone(), Vec::new()));
+            by_lane.len() - 1
+        });
+        by_lane[i].1.push(pair);
+    }
+    Ok(by_lane
+        .into_iter()
+        .map(|(d, pairs)| (d, pair_rows(pairs, token)))
+        .collect())
+}
+
+/// One destination's part of a claim of due pairs, from its configuration: at most `limit`.
+pub fn lane_claim(destination: &DestinationConfig, limit: usize) -> LaneClaim<'_> {
+    LaneClaim {
+        destination: &destination.name,
+        limit,
+        ordered: destination.ordering == Ordering::Key,
+        dead_blocks: destination.dead_blocks(),
+    }
 }
 
 /// Claims one held pair of `destination` for its probe (DeliveriesClaimProbe).

@@ -1,5 +1,6 @@
-//! Claims of due pairs of `<table>_deliveries`: a destination's due pairs, leased so that no
-//! transaction stays open while the destination answers, and one held pair for a probe.
+//! Claims of due pairs of `<table>_deliveries`: which destinations have pairs due and when, the
+//! due pairs of several destinations at once, each taking its share, leased so that no transaction
+//! stays open while the destinations answer, and one held pair for a probe.
 
 use sqlx::postgres::PgRow;
 use sqlx::{Column, Row};
@@ -9,32 +10,61 @@ use super::{Lease, Store};
 use crate::error::Result;
 use crate::table::OutboxTable;
 
-/// DeliveriesClaim. One destination's due pairs (`$4`), oldest first: range scan of
-/// `{name:deliveries_lane_idx}`, leased at once (`next_attempt_at` pushed to the lease expiry
-/// `$2`, fencing token `$3`) so no transaction is open while the destination answers. When the
-/// destination is ordered (`$5`) a keyed pair is taken only when it is its key's first
-/// undelivered pair for it (`{name:deliveries_key_idx}`; dead pairs count where its dead pairs
-/// block, `$6`) and no earlier event row of the key is unsettled (`{name:key_idx}`): the pair
-/// never overtakes an earlier event. A replay's pairs are a stream of their own
-/// (`replay_id`): they wait only for earlier pairs of the same replay, live pairs only for
-/// earlier live pairs and rows, so neither stream holds the other back.
+/// DeliveriesDue. Which destinations have undelivered pairs, each with its earliest due time
+/// (`'infinity'` while all of them are held): a loose index scan of `{name:deliveries_lane_idx}`,
+/// one probe per destination that has pairs, whatever their number or the number configured. The
+/// scheduler claims from those that are due and sleeps until the earliest of the others.
+const DELIVERIES_DUE: &str = "
+WITH RECURSIVE lanes AS (
+    (SELECT destination, next_attempt_at FROM {qname:deliveries}
+     WHERE dead_at IS NULL ORDER BY destination, next_attempt_at LIMIT 1)
+    UNION ALL
+    SELECT next.destination, next.next_attempt_at FROM lanes
+    CROSS JOIN LATERAL (
+        SELECT destination, next_attempt_at FROM {qname:deliveries}
+        WHERE dead_at IS NULL AND destination > lanes.destination
+        ORDER BY destination, next_attempt_at LIMIT 1) next
+)
+SELECT destination,
+       CASE WHEN next_attempt_at = 'infinity' THEN NULL
+            ELSE extract(epoch FROM next_attempt_at - now())::float8 END AS due_in_secs
+FROM lanes";
+
+/// DeliveriesClaim. The due pairs of several destinations at once, each destination's own
+/// (`$4`, unnested with its most pairs `$1`, whether it is ordered `$5` and whether its dead
+/// pairs block `$6`), oldest first: a range scan of `{name:deliveries_lane_idx}` per destination,
+/// so that a destination with a million due pairs takes its share and no more, and no other waits
+/// behind it. Leased at once (`next_attempt_at` pushed to the lease expiry `$2`, fencing token
+/// `$3`) so no transaction is open while the destinations answer. For an ordered destination a
+/// keyed pair is taken only when it is its key's first undelivered pair for it
+/// (`{name:deliveries_key_idx}`; dead pairs count where its dead pairs block) and no earlier event
+/// row of the key is unsettled (`{name:key_idx}`): the pair never overtakes an earlier event. A
+/// replay's pairs are a stream of their own (`replay_id`): they wait only for earlier pairs of the
+/// same replay, live pairs only for earlier live pairs and rows, so neither stream holds the
+/// other back.
 const DELIVERIES_CLAIM: &str = "
 WITH picked AS (
-    SELECT d.event_id, d.destination FROM {qname:deliveries} d
-    WHERE d.destination = $4 AND d.dead_at IS NULL AND d.next_attempt_at <= now()
-      AND (d.key IS NULL OR NOT $5 OR (
-            NOT EXISTS (
-                SELECT 1 FROM {qname:deliveries} p
-                WHERE p.destination = d.destination AND p.key = d.key AND p.seq < d.seq
-                  AND p.replay_id IS NOT DISTINCT FROM d.replay_id
-                  AND (p.dead_at IS NULL OR $6))
-            AND (d.replay_id IS NOT NULL OR NOT EXISTS (
-                SELECT 1 FROM {outbox} o
-                WHERE o.key = d.key AND o.seq < d.seq AND o.published_at IS NULL
-                  AND (o.dead_at IS NULL OR (o.destination = d.destination AND $6))))))
-    ORDER BY d.next_attempt_at, d.seq
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    SELECT pick.event_id, pick.destination
+    FROM unnest($4::text[], $1::int8[], $5::bool[], $6::bool[])
+         AS l(destination, most, ordered, dead_blocks)
+    CROSS JOIN LATERAL (
+        SELECT d.event_id, d.destination FROM {qname:deliveries} d
+        WHERE d.destination = l.destination AND d.dead_at IS NULL AND d.next_attempt_at <= now()
+          AND (d.key IS NULL OR NOT l.ordered OR (
+                NOT EXISTS (
+                    SELECT 1 FROM {qname:deliveries} p
+                    WHERE p.destination = d.destination AND p.key = d.key AND p.seq < d.seq
+                      AND p.replay_id IS NOT DISTINCT FROM d.replay_id
+                      AND (p.dead_at IS NULL OR l.dead_blocks))
+                AND (d.replay_id IS NOT NULL OR NOT EXISTS (
+                    SELECT 1 FROM {outbox} o
+                    WHERE o.key = d.key AND o.seq < d.seq AND o.published_at IS NULL
+                      AND (o.dead_at IS NULL
+                           OR (o.destination = d.destination AND l.dead_blocks))))))
+        ORDER BY d.next_attempt_at, d.seq
+        LIMIT l.most
+        FOR UPDATE SKIP LOCKED
+    ) pick
 )";
 
 /// The end of DeliveriesClaim and DeliveriesClaimProbe: the `picked` pairs are leased (due again at
@@ -65,6 +95,7 @@ WITH picked AS (
 
 /// The claims' statements, rendered.
 pub(super) struct Sql {
+    due: String,
     claim: String,
     claim_probe: String,
 }
@@ -73,6 +104,7 @@ impl Sql {
     pub(super) fn render(table: &OutboxTable) -> Self {
         let r = |t: &str| table.render(t);
         Self {
+            due: r(DELIVERIES_DUE),
             claim: r(&format!("{DELIVERIES_CLAIM}{DELIVERIES_LEASE}")),
             claim_probe: r(&format!("{DELIVERIES_CLAIM_PROBE}{DELIVERIES_LEASE}")),
         }
@@ -88,19 +120,27 @@ pub struct ClaimedPair {
     pub row: ClaimedRow,
 }
 
-/// What a claim of one destination's due pairs asks for.
+/// One destination's part of a claim.
 #[derive(Debug, Clone, Copy)]
-pub struct ClaimPairs<'a> {
+pub struct LaneClaim<'a> {
     /// The destination.
     pub destination: &'a str,
     /// Most pairs.
     pub limit: usize,
-    /// Their lease.
-    pub lease: Lease,
     /// Whether its pairs keep key order.
     pub ordered: bool,
     /// Whether its dead pairs hold back their key.
     pub dead_blocks: bool,
+}
+
+/// A destination with undelivered pairs, and when its earliest is due.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueLane {
+    /// The destination.
+    pub destination: String,
+    /// How long until its earliest pair is due (zero or less: due now); `None` while every
+    /// pair of it is held.
+    pub due_in: Option<f64>,
 }
 
 fn claimed_pairs(rows: &[PgRow]) -> Result<Vec<ClaimedPair>> {
@@ -119,15 +159,38 @@ fn claimed_pairs(rows: &[PgRow]) -> Result<Vec<ClaimedPair>> {
         .collect()
 }
 
-/// DeliveriesClaim: one destination's due pairs, leased.
-pub async fn claim(store: &Store, claim: &ClaimPairs<'_>) -> Result<Vec<ClaimedPair>> {
+/// DeliveriesDue: the destinations with undelivered pairs, and when each is due.
+pub async fn due(store: &Store) -> Result<Vec<DueLane>> {
+    let rows: Vec<(String, Option<f64>)> = sqlx::query_as(&store.sql.due.due)
+        .fetch_all(store.pool())
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(destination, due_in)| DueLane {
+            destination,
+            due_in,
+        })
+        .collect())
+}
+
+/// DeliveriesClaim: the due pairs of `lanes`, each destination's up to its limit, leased under
+/// one token.
+pub async fn claim(
+    store: &Store,
+    lanes: &[LaneClaim<'_>],
+    lease: Lease,
+) -> Result<Vec<ClaimedPair>> {
+    let most: Vec<i64> = lanes
+        .iter()
+        .map(|l| i64::try_from(l.limit).unwrap_or(i64::MAX))
+        .collect();
     let rows = sqlx::query(&store.sql.due.claim)
-        .bind(i64::try_from(claim.limit).unwrap_or(i64::MAX))
-        .bind(claim.lease.length.as_secs_f64())
-        .bind(claim.lease.token)
-        .bind(claim.destination)
-        .bind(claim.ordered)
-        .bind(claim.dead_blocks)
+        .bind(most)
+        .bind(lease.length.as_secs_f64())
+        .bind(lease.token)
+        .bind(lanes.iter().map(|l| l.destination).collect::<Vec<_>>())
+        .bind(lanes.iter().map(|l| l.ordered).collect::<Vec<_>>())
+        .bind(lanes.iter().map(|l| l.dead_blocks).collect::<Vec<_>>())
         .fetch_all(store.pool())
         .await?;
     claimed_pairs(&rows)

@@ -6,7 +6,7 @@
 //! transaction ([`Step`]): the replay's row is locked (`SKIP LOCKED`: one relay feeds it at a
 //! time, any relay may), the next events are read and sent by the relay, those the destination
 //! did not take at once are left as pairs of its destination naming the replay in the deliveries
-//! table (its retry loop takes them on: retried, dead-lettered, held while it is paused), and the
+//! table (the retry scheduler takes them on: retried, dead-lettered, held while it is paused), and the
 //! cursor moves on. A relay killed mid-step loses the lock with its connection; the step is then
 //! sent again by the next relay (at least once, as always).
 
@@ -427,7 +427,7 @@ impl Step {
     }
 
     /// ReplayQueue: `events` (with their headers as stored) as pairs of the replay's
-    /// destination, due now, for its retry loop; how many were queued.
+    /// destination, due now, for the retry scheduler; how many were queued.
     pub async fn queue(&mut self, events: &[&Retained]) -> Result<u64> {
         let mut pairs = Pairs::default();
         for r in events {
