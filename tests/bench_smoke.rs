@@ -362,3 +362,49 @@ fn memory_and_a_held_xmin_report() {
         "{rows:?}"
     );
 }
+
+#[test]
+fn routing_and_destinations_report_every_count() {
+    let rows = bench(&["routing", "--counts", "1,50", "--events", "2000"]);
+    let routing: Vec<&serde_json::Value> = rows[1..].iter().collect();
+    assert_eq!(routing.len(), 2, "{routing:?}");
+    assert!(routing
+        .iter()
+        .all(|r| r["unit"] == "ns/event" && r["value"].as_f64().is_some_and(|v| v > 0.0)));
+
+    let rows = bench(&[
+        "destinations",
+        "--counts",
+        "1,5",
+        "--events",
+        "500",
+        "--idle",
+        "1s",
+    ]);
+    let variants: Vec<String> = rows[1..]
+        .iter()
+        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    for count in ["1", "5"] {
+        for what in [
+            "start → ready",
+            "connections held",
+            "drain",
+            "/metrics scrape",
+        ] {
+            let expected = format!("{count}: {what}");
+            assert!(
+                variants.contains(&expected),
+                "{expected} missing: {variants:?}"
+            );
+        }
+    }
+    let drains = rows[1..].iter().filter(|r| {
+        r["variant"]
+            .as_str()
+            .is_some_and(|v| v.ends_with(": drain"))
+    });
+    assert!(drains
+        .into_iter()
+        .all(|r| r["value"].as_f64().is_some_and(|v| v > 0.0)));
+}

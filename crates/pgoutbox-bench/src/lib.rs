@@ -18,6 +18,7 @@
 mod baseline;
 mod catchup;
 mod console;
+mod destinations;
 mod drain;
 mod history;
 mod memory;
@@ -89,6 +90,9 @@ enum Scenario {
     /// A replay of 1,000,000 retained events beside 3,000 live events/s: the live p99 with and
     /// without it, the replay's rate, per-key order (`--ordered`), a relay killed half-way.
     Replay(replay::Args),
+    /// What one relay costs as its destinations grow (webhooks, one topic each): start → ready,
+    /// idle CPU and transactions, connections, memory, the /metrics scrape, and a spread drain.
+    Destinations(destinations::Args),
     /// What routing one event costs as destinations grow (1 to 100,000, each on its own topic,
     /// some with globs and filters): the relay's router alone, no database read.
     Routing(routing::Args),
@@ -154,6 +158,7 @@ pub async fn run(
             Scenario::Replay(a) => replay::run(&scratch, &out, a).await,
             Scenario::Ordering(a) => ordering::run(&scratch, &out, a).await,
             Scenario::Routing(a) => routing::run(&out, a).await,
+            Scenario::Destinations(a) => destinations::run(&scratch, &out, a).await,
             Scenario::Migrate(a) => migrate::run(&scratch, &out, a).await,
             Scenario::Soak(a) => soak::run(&scratch, &out, a).await,
             Scenario::Console(a) => console::run(&scratch, &out, a).await,

@@ -190,6 +190,15 @@ impl RelayProcess {
         proc_status_kib(self.child.id(), "VmRSS:").unwrap_or(0)
     }
 
+    /// Whether the relay answers `/readyz` with 200 (the database answers, each destination takes
+    /// events, nothing is stalled).
+    pub async fn ready(&self) -> bool {
+        let url = self.metrics_url.replace("/metrics", "/readyz");
+        reqwest::get(&url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    }
+
     /// The relay's Prometheus scrape (empty when it cannot be read).
     pub async fn metrics(&self) -> String {
         match reqwest::get(&self.metrics_url).await {

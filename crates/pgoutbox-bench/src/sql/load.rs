@@ -230,3 +230,17 @@ pub async fn commit_event<'c>(
 ) -> sqlx::Result<uuid::Uuid> {
     sqlx::query_scalar(statement).fetch_one(db).await
 }
+
+/// BenchInsertSpread. `$1` events spread evenly over the topics `t.0` … `t.<$2 - 1>`, in one
+/// statement: each of `bench destinations`' destinations takes one topic.
+pub async fn insert_spread(pool: &PgPool, events: i64, topics: i64) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox (topic, payload)
+         SELECT 't.' || (g % $2), jsonb_build_object('n', g) FROM generate_series(1, $1) g",
+    )
+    .bind(events)
+    .bind(topics)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -242,3 +242,25 @@ pub async fn sent_bytes(
     .fetch_optional(pool)
     .await
 }
+
+/// BenchRelayBackends. The pids of the relay's sessions on this database (its pool's
+/// `application_name`): how many connections it holds, and whose CPU to read in /proc.
+pub async fn relay_backends(pool: &PgPool) -> sqlx::Result<Vec<i32>> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'pgoutbox-relay'",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// BenchTransactions. Transactions committed and rolled back in this database so far (the
+/// statistics' counters, flushed by each session about once a second).
+pub async fn transactions(pool: &PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database
+         WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+}

@@ -1,0 +1,216 @@
+//! `bench destinations`: what one relay costs as its destinations grow. N webhook destinations,
+//! each on its own topic (`t.<i>`), all pointing at the bench's local receiver, as a SaaS's
+//! customers' endpoints would. For each count, in a fresh outbox: the relay's start until
+//! `/readyz` answers 200, then, idle for `--idle`, its CPU and its PostgreSQL backends' (from
+//! /proc), the transactions it commits per second (`pg_stat_database`), the connections it
+//! holds, its resident memory and the size of a `/metrics` scrape; then `--events` events spread
+//! evenly over the topics, inserted at once, and the time until none is pending. Every figure is
+//! also given as a ratio to the first count's.
+//!
+//! Run it on a server whose `max_connections` is not the limit being measured: the relay's pool
+//! is `workers * 2 + 5` whatever the count. Routing alone is `bench routing`.
+
+use std::time::{Duration, Instant};
+
+use super::output::{rate, Output, Row};
+use super::process::{proc_cpu, RelayProcess, RelaySpec};
+use super::receiver::Receiver;
+use super::scratch::Scratch;
+use super::sql;
+
+/// Arguments of `bench destinations`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Destination counts, one run each (the first is the reference of the ratios).
+    #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+    counts: Vec<usize>,
+    /// Events spread over the destinations' topics for the drain.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// How long the idle relay is watched.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    idle: Duration,
+    /// How long the relay may take to become ready.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    ready_within: Duration,
+}
+
+/// One count's figures.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    ready: Duration,
+    idle_cpu: f64,
+    idle_xacts: f64,
+    connections: usize,
+    rss_idle_mib: f64,
+    rss_after_mib: f64,
+    scrape_kib: f64,
+    drain: f64,
+}
+
+/// The `[[destinations]]` tables after the first (`d0`, which the relay spec names): `d<i>` on
+/// topic `t.<i>`, a webhook to `url`.
+fn more_destinations(count: usize, url: &str) -> String {
+    (1..count)
+        .map(|i| {
+            format!("[[destinations]]\nname = \"d{i}\"\ntype = \"webhook\"\nurl = \"{url}\"\ntopics = [\"t.{i}\"]\n")
+        })
+        .collect()
+}
+
+/// Runs `bench destinations`: one run per count, its rows, and each figure's ratio to the first.
+pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result<()> {
+    if args.counts.is_empty() || args.counts.contains(&0) {
+        anyhow::bail!("--counts: give destination counts of 1 or more, e.g. 1,100,1000");
+    }
+    let receiver = Receiver::start().await?;
+    let mut first: Option<Figures> = None;
+    for &count in &args.counts {
+        let figures = measure(scratch, out, args, &receiver.url, count).await?;
+        let base = *first.get_or_insert(figures);
+        print(out, count, &figures, &base);
+    }
+    Ok(())
+}
+
+/// Prints one count's rows, with their ratios to `base`.
+fn print(out: &Output, count: usize, f: &Figures, base: &Figures) {
+    let ratio = |v: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}× the first count", v / b)
+        } else {
+            "the first count measured 0".to_owned()
+        }
+    };
+    let rows: [(&str, f64, &'static str, String); 8] = [
+        (
+            "start → ready",
+            f.ready.as_secs_f64(),
+            "s",
+            ratio(f.ready.as_secs_f64(), base.ready.as_secs_f64()),
+        ),
+        (
+            "idle CPU (relay + backends)",
+            f.idle_cpu,
+            "% of a core",
+            ratio(f.idle_cpu, base.idle_cpu),
+        ),
+        (
+            "idle transactions",
+            f.idle_xacts,
+            "/s",
+            ratio(f.idle_xacts, base.idle_xacts),
+        ),
+        (
+            "connections held",
+            f.connections as f64,
+            "",
+            ratio(f.connections as f64, base.connections as f64),
+        ),
+        (
+            "RSS idle",
+            f.rss_idle_mib,
+            "MiB",
+            ratio(f.rss_idle_mib, base.rss_idle_mib),
+        ),
+        (
+            "RSS after the drain",
+            f.rss_after_mib,
+            "MiB",
+            ratio(f.rss_after_mib, base.rss_after_mib),
+        ),
+        (
+            "/metrics scrape",
+            f.scrape_kib,
+            "KiB",
+            ratio(f.scrape_kib, base.scrape_kib),
+        ),
+        ("drain", f.drain, "ev/s", ratio(f.drain, base.drain)),
+    ];
+    for (what, value, unit, detail) in rows {
+        out.row(Row {
+            scenario: "destinations".into(),
+            variant: format!("{count}: {what}"),
+            value,
+            unit,
+            detail,
+        });
+    }
+}
+
+/// CPU time of the relay's PostgreSQL backends (the pids given), from /proc.
+fn backends_cpu(pids: &[i32]) -> Duration {
+    pids.iter()
+        .filter_map(|&pid| u32::try_from(pid).ok().and_then(proc_cpu))
+        .sum()
+}
+
+/// One run: a relay with `count` destinations, from start to drained.
+async fn measure(
+    scratch: &Scratch,
+    out: &Output,
+    args: &Args,
+    url: &str,
+    count: usize,
+) -> anyhow::Result<Figures> {
+    scratch.fresh_outbox().await?;
+    let extra = more_destinations(count, url);
+    let mut spec = RelaySpec::new(url);
+    spec.destination_name = "d0";
+    spec.destination_keys = "topics = [\"t.0\"]\n";
+    spec.extra_destinations = &extra;
+    spec.min_poll = "1ms";
+    let started = Instant::now();
+    let mut relay = RelayProcess::spawn(scratch, &spec)?;
+    while !relay.ready().await {
+        if let Some(why) = relay.exited() {
+            anyhow::bail!(
+                "the relay with {count} destinations stopped before it was ready ({why})"
+            );
+        }
+        anyhow::ensure!(
+            started.elapsed() < args.ready_within,
+            "the relay with {count} destinations was not ready within {}",
+            humantime::format_duration(args.ready_within)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ready = started.elapsed();
+    // Start-up work (registering destinations, first probes) is over before the idle window.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pids = sql::watch::relay_backends(&scratch.pool).await?;
+    let (cpu0, backends0, xacts0) = (
+        relay.cpu(),
+        backends_cpu(&pids),
+        sql::watch::transactions(&scratch.pool).await?,
+    );
+    let window = Instant::now();
+    tokio::time::sleep(args.idle).await;
+    let seconds = window.elapsed().as_secs_f64();
+    let pids_after = sql::watch::relay_backends(&scratch.pool).await?;
+    let busy = (relay.cpu() + backends_cpu(&pids)).saturating_sub(cpu0 + backends0);
+    // The bench's own two statements above are in the count: take them off.
+    let xacts = (sql::watch::transactions(&scratch.pool).await? - xacts0 - 2).max(0);
+    let rss_idle_mib = relay.rss_kib() as f64 / 1024.0;
+    let scrape_kib = relay.metrics().await.len() as f64 / 1024.0;
+
+    let bar = out.bar(args.events, &format!("drain over {count} destinations"));
+    let drain_started = Instant::now();
+    sql::load::insert_spread(&scratch.pool, args.events as i64, count as i64).await?;
+    scratch.wait_drained(&bar, args.events).await?;
+    let drain = rate(args.events, drain_started.elapsed());
+    bar.finish_and_clear();
+    if let Some(why) = relay.exited() {
+        anyhow::bail!("the relay with {count} destinations stopped during the drain ({why})");
+    }
+    Ok(Figures {
+        ready,
+        idle_cpu: busy.as_secs_f64() / seconds * 100.0,
+        idle_xacts: xacts as f64 / seconds,
+        connections: pids_after.len(),
+        rss_idle_mib,
+        rss_after_mib: relay.rss_kib() as f64 / 1024.0,
+        scrape_kib,
+        drain,
+    })
+}
