@@ -235,19 +235,25 @@ impl Run {
         let mut end = self.snapshot();
         let stopped = self.stopped();
         let items = &self.items.list;
-        let mine = |d: usize| {
-            (0..items.len())
-                .filter(move |&i| items[i].lane == Some(d) && items[i].dispatch == Dispatch::Send)
-        };
-        let stalled = (0..self.lanes()).filter(|&d| {
-            !aborted
-                && !stopped[d]
-                && mine(d).any(|i| end.started[i])
-                && mine(d).all(|i| end.answers[i].is_none())
-        });
+        let sent = |i: usize| items[i].dispatch == Dispatch::Send;
+        // One pass over the items, not one per lane: a batch may span thousands of lanes.
+        let mut lanes: HashMap<usize, (bool, bool)> = HashMap::new();
+        for i in (0..items.len()).filter(|&i| sent(i)) {
+            if let Some(d) = items[i].lane {
+                let (started, unanswered) = lanes.entry(d).or_insert((false, true));
+                *started |= end.started[i];
+                *unanswered &= end.answers[i].is_none();
+            }
+        }
+        let stalled: Vec<usize> = lanes
+            .into_iter()
+            .filter(|&(d, (started, unanswered))| !aborted && !stopped[d] && started && unanswered)
+            .map(|(d, _)| d)
+            .collect();
         let publish_timeout = self.ctx.config.relay.publish_timeout;
-        for d in stalled.collect::<Vec<_>>() {
-            for i in mine(d).filter(|&i| end.started[i]) {
+        for d in stalled {
+            let mine = (0..items.len()).filter(|&i| items[i].lane == Some(d) && sent(i));
+            for i in mine.filter(|&i| end.started[i]) {
                 let outcome = Outcome::retry(format!(
                     "no answer within publish_timeout ({})",
                     humantime::format_duration(publish_timeout)
