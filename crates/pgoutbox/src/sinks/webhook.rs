@@ -11,8 +11,8 @@
 //! destination configures; such a header is dropped with a warning. The URL reaches messages only
 //! redacted (no password, no query values).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -158,8 +158,41 @@ super::sink_debug!(WebhookSink |sink| {
     permanent_statuses: &sink.permanent_statuses,
 });
 
+/// An HTTP client's settings for destinations of `timeout`: no redirects followed, the timeout
+/// as each request's default (a request sets its own) and, capped at 10 s, the connect timeout.
+/// Idle connections are kept per host without a cap (they close after 90 s unused): how many
+/// requests are in flight is each destination's `concurrency`, held by its gate.
+fn client(timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .user_agent(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
+}
+
+/// The client shared by every webhook destination of `timeout` with no TLS files of its own:
+/// destinations on one host share its connections, and thousands of destinations cost a few
+/// clients (each with its parsed root certificates), not one each.
+fn shared_client(timeout: Duration) -> Result<reqwest::Client, String> {
+    type Clients = Mutex<HashMap<Duration, reqwest::Client>>;
+    static CLIENTS: OnceLock<Clients> = OnceLock::new();
+    let mut clients = CLIENTS
+        .get_or_init(Clients::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(shared) = clients.get(&timeout) {
+        return Ok(shared.clone());
+    }
+    let made = client(timeout)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    clients.insert(timeout, made.clone());
+    Ok(made)
+}
+
 impl WebhookSink {
-    /// Builds the sink; the HTTP client keeps connections alive across batches.
+    /// Builds the sink; its HTTP client keeps connections alive across batches, shared with the
+    /// other destinations of the same settings ([`shared_client`]).
     pub fn new(cfg: &WebhookConfig) -> Result<Self, String> {
         // The parser's error never quotes the URL.
         let url = reqwest::Url::parse(cfg.url.expose())
@@ -219,21 +252,17 @@ impl WebhookSink {
                 .chain(static_headers.keys().map(HeaderName::as_str)),
             &[],
         );
-        let mut builder = reqwest::Client::builder();
-        if let Some(files) = cfg
+        let tls = cfg
             .tls
-            .load_for(url.scheme() == "https", "a URL that is not https://")?
-        {
-            builder = builder.use_preconfigured_tls(files.client_config()?);
-        }
-        let client = builder
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
-            .pool_max_idle_per_host(cfg.concurrency)
-            .user_agent(concat!("pgoutbox/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .load_for(url.scheme() == "https", "a URL that is not https://")?;
+        let client = match tls {
+            // A destination with TLS files of its own has a client of its own.
+            Some(files) => client(cfg.timeout)
+                .use_preconfigured_tls(files.client_config()?)
+                .build()
+                .map_err(|e| format!("cannot build the HTTP client: {e}"))?,
+            None => shared_client(cfg.timeout)?,
+        };
         Ok(Self {
             client,
             url,
