@@ -3,9 +3,10 @@
 //! loop and each batch stage takes instead of long parameter lists.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::lane::{Destination, Lanes};
@@ -43,6 +44,8 @@ pub(super) struct Context {
     pub(super) progress: Progress,
     /// Set when a worker died: `/healthz` reports it.
     pub(super) failure: Mutex<Option<String>>,
+    /// What the destinations' sync has read of the shared state, and when.
+    pub(super) synced: Synced,
     /// Woken when pairs are due now (a batch handed some over, a destination is back, a replay
     /// queued some): the retry scheduler looks at once.
     pub(super) retries_due: tokio::sync::Notify,
@@ -51,18 +54,10 @@ pub(super) struct Context {
 impl Context {
     /// The context of a relay of `config` around `destinations`, on `store`.
     pub(super) fn new(store: Store, config: &Config, destinations: Vec<Destination>) -> Self {
-        // Counters that may never move still show up at zero, so dashboards and alerts see them.
+        // A relay-wide counter that may never move still shows up at zero, so dashboards and
+        // alerts see it. A destination's series appear once it has something to report: a scrape
+        // stays small with thousands of destinations.
         metrics::counter!(metric::DB_ERRORS_TOTAL).absolute(0);
-        for d in &destinations {
-            for name in [
-                metric::SINK_RECONNECTS_TOTAL,
-                metric::HELD_TOTAL,
-                metric::RATE_LIMIT_WAITS_TOTAL,
-                metric::REPLAYED_TOTAL,
-            ] {
-                metrics::counter!(name, "destination" => d.name.clone()).absolute(0);
-            }
-        }
         let lanes = Lanes::new(destinations, &config.destinations, &store);
         let blocking = lanes.blocking();
         let ordered = lanes.ordered();
@@ -92,6 +87,7 @@ impl Context {
             progress: Progress::default(),
             failure: Mutex::new(None),
             retries_due: tokio::sync::Notify::new(),
+            synced: Synced::default(),
         }
     }
 
@@ -160,5 +156,78 @@ impl Progress {
     pub(super) fn since(&self) -> Duration {
         let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
         self.started.elapsed().saturating_sub(last)
+    }
+}
+
+/// How often the destinations' sync reads every destination's state, not only the changed ones:
+/// the backstop for a write that did not set `updated_at` (a hand-made UPDATE).
+const FULL_SYNC_EVERY: Duration = Duration::from_secs(30);
+
+/// How far before its last read a sync looks: a change committed a little after that read began
+/// is still seen.
+const SYNC_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
+
+/// When the destinations' shared state was last read (the server's clock), and when it was last
+/// read whole (this process's).
+#[derive(Debug, Default)]
+pub(super) struct Synced(Mutex<(Option<DateTime<Utc>>, Option<Instant>)>);
+
+impl Synced {
+    /// The rows to read now: those changed since this time (`None`: all of them).
+    pub(super) fn since(&self) -> Option<DateTime<Utc>> {
+        let (read_at, whole_at) = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        read_since(read_at, whole_at.map(|at| at.elapsed()))
+    }
+
+    /// A read since `since` ended, the server's clock at `read_at` (`None`: no row came back).
+    pub(super) fn read(&self, since: Option<DateTime<Utc>>, read_at: Option<DateTime<Utc>>) {
+        let mut synced = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if since.is_none() {
+            synced.1 = Some(Instant::now());
+        }
+        if read_at.is_some() {
+            synced.0 = read_at;
+        }
+    }
+}
+
+/// The rows a sync reads: every one (`None`) on the first sync and every [`FULL_SYNC_EVERY`],
+/// otherwise those changed since [`SYNC_MARGIN`] before the last read.
+fn read_since(
+    read_at: Option<DateTime<Utc>>,
+    since_whole: Option<Duration>,
+) -> Option<DateTime<Utc>> {
+    match (read_at, since_whole) {
+        (Some(at), Some(whole)) if whole < FULL_SYNC_EVERY => Some(at - SYNC_MARGIN),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_sync_reads_what_changed_and_everything_now_and_then() {
+        let at = DateTime::<Utc>::from_timestamp(1_000_000, 0).expect("a time");
+        // (last read, since the last whole read) → read since (None: every row)
+        let cases = [
+            ((None, None), None),
+            ((None, Some(Duration::from_secs(1))), None),
+            ((Some(at), None), None),
+            (
+                (Some(at), Some(Duration::from_secs(1))),
+                Some(at - SYNC_MARGIN),
+            ),
+            ((Some(at), Some(Duration::from_secs(31))), None),
+        ];
+        for ((read_at, whole), expected) in cases {
+            assert_eq!(
+                read_since(read_at, whole),
+                expected,
+                "{read_at:?} {whole:?}"
+            );
+        }
     }
 }

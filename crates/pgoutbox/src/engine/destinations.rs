@@ -7,6 +7,7 @@
 //! that is back. An answer closes the breaker and releases the held events; a failure counts no
 //! attempt and schedules the next probe, later each time.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use crate::model::outcome::Outcome;
 use crate::settle::{judge, Attempt, Lanes as _, Verdict};
 use crate::sinks::gate::BreakerState;
 use crate::sources::poll::claim_probe_pair;
+use crate::store::destinations::DestinationState;
 use crate::store::outbox::Guard;
 use crate::store::{destinations, held};
 
@@ -55,21 +57,31 @@ pub(super) async fn register(ctx: &Context) -> Result<()> {
     destinations::register(&ctx.store, &names, &blocks).await
 }
 
-/// Re-reads the shared state into each lane's gate. When a destination this relay held is free
-/// again (resumed, or closed by another relay's probe), the events held for it are made due: a
-/// batch of this relay may have held some again just before it saw the change.
+/// Reads the shared state of the destinations changed since the last sync (every one now and
+/// then, [`super::context::Synced`]) into their lanes' gates. When a destination this relay held
+/// is free again (resumed, or closed by another relay's probe), the events held for it are made
+/// due: a batch of this relay may have held some again just before it saw the change.
 pub(super) async fn sync(ctx: &Context) -> Result<()> {
-    let stored = destinations::read(&ctx.store).await?;
+    let since = ctx.synced.since();
+    let (stored, read_at) = destinations::read_changed(&ctx.store, since).await?;
+    ctx.synced.read(since, read_at);
+    let stored: HashMap<&str, &DestinationState> =
+        stored.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut freed = false;
     for lane in ctx.lanes.iter() {
-        if let Some(s) = stored.iter().find(|s| s.name == lane.name) {
+        if let Some(s) = stored.get(lane.name.as_str()) {
             freed |= lane.gate.adopt(s);
         }
-        let (breaker, paused) = lane.gate.state();
-        metrics::gauge!(metric::DESTINATION_STATE, "destination" => lane.name.clone())
-            .set(breaker.gauge());
-        metrics::gauge!(metric::DESTINATION_PAUSED, "destination" => lane.name.clone())
-            .set(if paused { 1.0 } else { 0.0 });
+        // A destination's gauges appear once it is paused or its breaker leaves `closed`, and
+        // follow it from then on: a scrape stays small with thousands of healthy destinations.
+        let state = lane.gate.state();
+        if lane.report_state(state) {
+            let (breaker, paused) = state;
+            metrics::gauge!(metric::DESTINATION_STATE, "destination" => lane.name.clone())
+                .set(breaker.gauge());
+            metrics::gauge!(metric::DESTINATION_PAUSED, "destination" => lane.name.clone())
+                .set(if paused { 1.0 } else { 0.0 });
+        }
     }
     if freed {
         held::unpark_followers(&ctx.store).await?;

@@ -13,7 +13,7 @@ use crate::config::{DestinationConfig, OnDead, Ordering, SinkConfig};
 use crate::model::event::OutboxEvent;
 use crate::model::retry::RetryPolicy;
 use crate::rate::Limiter;
-use crate::sinks::gate::Gate;
+use crate::sinks::gate::{BreakerState, Gate};
 use crate::sinks::Sink;
 use crate::store::Store;
 
@@ -45,6 +45,9 @@ pub(super) struct Lane {
     pub(super) gate: Gate,
     /// Its `rate_limit`, when it has one: tokens from the destination's shared bucket.
     pub(super) rate: Option<Limiter>,
+    /// The (breaker, paused) state last set on its gauges; none is set while it is the first
+    /// (closed, running).
+    reported: std::sync::Mutex<(BreakerState, bool)>,
     /// The sink's last health check for readiness: when, and its error if it failed. Held while
     /// a check runs, so that concurrent `/readyz` calls share one.
     health: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
@@ -81,8 +84,21 @@ impl Lane {
             retry: destination.retry,
             config,
             gate,
+            reported: std::sync::Mutex::new((BreakerState::Closed, false)),
             health: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Whether the gauges of this destination must be set to `state`: it differs from what they
+    /// last showed (a healthy destination that never changed has none).
+    pub(super) fn report_state(&self, state: (BreakerState, bool)) -> bool {
+        let mut reported = self
+            .reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = *reported != state;
+        *reported = state;
+        changed
     }
 
     /// Whether this destination keeps the order of `event`'s key.

@@ -23,6 +23,15 @@ const DESTINATIONS_READ: &str = "
 SELECT name, paused_at, breaker, breaker_since, last_error, failed_probes, probe_at
 FROM {qname:destinations} ORDER BY name";
 
+/// DestinationsReadChanged. The shared state of the destinations whose row changed since `$1`
+/// (every write sets `updated_at`; NULL: every destination), each with the server's time of the
+/// read: what a relay's sync reads each second, a few rows whatever the number of destinations
+/// (a sequential scan of a narrow table).
+const DESTINATIONS_READ_CHANGED: &str = "
+SELECT name, paused_at, breaker, breaker_since, last_error, failed_probes, probe_at,
+       now() AS read_at
+FROM {qname:destinations} WHERE $1::timestamptz IS NULL OR updated_at >= $1";
+
 /// DestinationOpen. A relay saw `failures` failed attempts in a row: the breaker opens, unless it
 /// is open already (another relay was first), and the first probe is due after `$3` seconds.
 const DESTINATION_OPEN: &str = "
@@ -70,6 +79,7 @@ UPDATE {qname:destinations} SET paused_at = NULL, updated_at = now() WHERE name 
 pub(super) struct Sql {
     register: String,
     read: String,
+    read_changed: String,
     open: String,
     take_probe: String,
     probe_failed: String,
@@ -84,6 +94,7 @@ impl Sql {
         Self {
             register: r(DESTINATIONS_REGISTER),
             read: r(DESTINATIONS_READ),
+            read_changed: r(DESTINATIONS_READ_CHANGED),
             open: r(DESTINATION_OPEN),
             take_probe: r(DESTINATION_TAKE_PROBE),
             probe_failed: r(DESTINATION_PROBE_FAILED),
@@ -129,6 +140,28 @@ pub async fn read(store: &Store) -> Result<Vec<DestinationState>> {
     Ok(sqlx::query_as(&store.sql.destinations.read)
         .fetch_all(store.pool())
         .await?)
+}
+
+/// A changed destination's state and when it was read (the server's clock).
+#[derive(Debug, sqlx::FromRow)]
+struct Changed {
+    #[sqlx(flatten)]
+    state: DestinationState,
+    read_at: DateTime<Utc>,
+}
+
+/// DestinationsReadChanged: the stored state of the destinations changed since `since` (`None`:
+/// every one), and when they were read (`None` when no row came back).
+pub async fn read_changed(
+    store: &Store,
+    since: Option<DateTime<Utc>>,
+) -> Result<(Vec<DestinationState>, Option<DateTime<Utc>>)> {
+    let rows: Vec<Changed> = sqlx::query_as(&store.sql.destinations.read_changed)
+        .bind(since)
+        .fetch_all(store.pool())
+        .await?;
+    let read_at = rows.first().map(|r| r.read_at);
+    Ok((rows.into_iter().map(|r| r.state).collect(), read_at))
 }
 
 /// DestinationOpen: the breaker of `name` opens with `error`, the first probe after
