@@ -122,7 +122,7 @@ impl RelayProcess {
         )?;
         // Its log is kept beside the config, to explain a relay that stops early.
         let log = dir.path().join("relay.log");
-        let child = std::process::Command::new(std::env::current_exe()?)
+        let child = std::process::Command::new(relay_binary()?)
             .args(["relay", "--config"])
             .arg(&path)
             .env_remove("DATABASE_URL")
@@ -212,6 +212,15 @@ impl Drop for RelayProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The `pgoutbox` binary the bench runs as its relay: this one, or the one `PGOUTBOX_BENCH_RELAY`
+/// names (another build, for an A/B of two relays under the same bench).
+fn relay_binary() -> anyhow::Result<std::path::PathBuf> {
+    match std::env::var_os("PGOUTBOX_BENCH_RELAY") {
+        Some(path) => Ok(path.into()),
+        None => Ok(std::env::current_exe()?),
     }
 }
 
