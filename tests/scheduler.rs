@@ -11,6 +11,18 @@ use std::time::Duration;
 use common::*;
 use sqlx::postgres::PgPoolOptions;
 
+/// A receiver that fails the first request of every event with a 503, then answers `then`.
+async fn failing_once(then: Reply) -> Receiver {
+    Receiver::with(move |r| {
+        if r.nth == 0 {
+            Reply::status(503)
+        } else {
+            then.clone()
+        }
+    })
+    .await
+}
+
 /// `[[destinations]]` webhook tables `d0` … `d<n-1>` on topics `t.<i>`, at `url`, with `extra`.
 fn destinations(n: usize, url: &str, extra: &str) -> String {
     (0..n)
@@ -29,14 +41,7 @@ async fn forty_destinations_retry_through_a_pool_of_four_connections() {
     const PER_LANE: usize = 5;
     let db = TestDb::migrated().await;
     // Every first request of an event fails: each (event, d<i>) pair goes to the deliveries table.
-    let rx = Receiver::with(|r| {
-        if r.nth == 0 {
-            Reply::status(503)
-        } else {
-            Reply::ok()
-        }
-    })
-    .await;
+    let rx = failing_once(Reply::ok()).await;
     // An audit destination beside them makes every event a fan-out: its pairs are split.
     let config = format!(
         "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n\n{}\
@@ -86,22 +91,8 @@ async fn forty_destinations_retry_through_a_pool_of_four_connections() {
 async fn a_destination_with_a_backlog_of_due_pairs_does_not_hold_back_another() {
     let db = TestDb::migrated().await;
     // `slow` answers after 300 ms, `quick` at once; both failed every event once.
-    let slow = Receiver::with(|r| {
-        if r.nth == 0 {
-            Reply::status(503)
-        } else {
-            Reply::ok().delay(Duration::from_millis(300))
-        }
-    })
-    .await;
-    let quick = Receiver::with(|r| {
-        if r.nth == 0 {
-            Reply::status(503)
-        } else {
-            Reply::ok()
-        }
-    })
-    .await;
+    let slow = failing_once(Reply::ok().delay(Duration::from_millis(300))).await;
+    let quick = failing_once(Reply::ok()).await;
     let config = format!(
         "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n\n\
          [[destinations]]\nname = \"slow\"\ntype = \"webhook\"\nurl = \"{}\"\ntopics = [\"t.slow\"]\n\

@@ -73,61 +73,30 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
     Ok(())
 }
 
+impl Figures {
+    /// Each figure: what it is, its value and its unit.
+    fn named(&self) -> [(&'static str, f64, &'static str); 8] {
+        [
+            ("start → ready", self.ready.as_secs_f64(), "s"),
+            ("idle CPU (relay + backends)", self.idle_cpu, "% of a core"),
+            ("idle transactions", self.idle_xacts, "/s"),
+            ("connections held", self.connections as f64, ""),
+            ("RSS idle", self.rss_idle_mib, "MiB"),
+            ("RSS after the drain", self.rss_after_mib, "MiB"),
+            ("/metrics scrape", self.scrape_kib, "KiB"),
+            ("drain", self.drain, "ev/s"),
+        ]
+    }
+}
+
 /// Prints one count's rows, with their ratios to `base`.
 fn print(out: &Output, count: usize, f: &Figures, base: &Figures) {
-    let ratio = |v: f64, b: f64| {
-        if b > 0.0 {
-            format!("{:.2}× the first count", v / b)
+    for ((what, value, unit), (_, first, _)) in f.named().into_iter().zip(base.named()) {
+        let detail = if first > 0.0 {
+            format!("{:.2}× the first count", value / first)
         } else {
             "the first count measured 0".to_owned()
-        }
-    };
-    let rows: [(&str, f64, &'static str, String); 8] = [
-        (
-            "start → ready",
-            f.ready.as_secs_f64(),
-            "s",
-            ratio(f.ready.as_secs_f64(), base.ready.as_secs_f64()),
-        ),
-        (
-            "idle CPU (relay + backends)",
-            f.idle_cpu,
-            "% of a core",
-            ratio(f.idle_cpu, base.idle_cpu),
-        ),
-        (
-            "idle transactions",
-            f.idle_xacts,
-            "/s",
-            ratio(f.idle_xacts, base.idle_xacts),
-        ),
-        (
-            "connections held",
-            f.connections as f64,
-            "",
-            ratio(f.connections as f64, base.connections as f64),
-        ),
-        (
-            "RSS idle",
-            f.rss_idle_mib,
-            "MiB",
-            ratio(f.rss_idle_mib, base.rss_idle_mib),
-        ),
-        (
-            "RSS after the drain",
-            f.rss_after_mib,
-            "MiB",
-            ratio(f.rss_after_mib, base.rss_after_mib),
-        ),
-        (
-            "/metrics scrape",
-            f.scrape_kib,
-            "KiB",
-            ratio(f.scrape_kib, base.scrape_kib),
-        ),
-        ("drain", f.drain, "ev/s", ratio(f.drain, base.drain)),
-    ];
-    for (what, value, unit, detail) in rows {
+        };
         out.row(Row {
             scenario: "destinations".into(),
             variant: format!("{count}: {what}"),
