@@ -261,9 +261,11 @@ impl Config {
         }
 
         let mut destinations: Vec<DestinationConfig> = Vec::new();
+        // A set, not a scan of those before: a file may name tens of thousands of destinations.
+        let mut names = std::collections::HashSet::new();
         for (i, table) in raw.destinations.into_iter().enumerate() {
             let dest = parse_destination(i, table)?;
-            if destinations.iter().any(|d| d.name == dest.name) {
+            if !names.insert(dest.name.clone()) {
                 return Err(ConfigError::at(
                     format!("destinations[{i}].name"),
                     format!("destination name {:?} is used twice", dest.name),
@@ -484,6 +486,17 @@ max_attempts = 10
 
         let e = error_of("bogus = 1\n");
         assert!(e.contains("bogus"), "{e}");
+
+        let e = error_of(&format!(
+            "{}{}{}",
+            dest(""),
+            dest("topics = [\"b\"]"),
+            dest("")
+        ));
+        assert!(
+            e.contains("destinations[1].name") && e.contains("\"a\" is used twice"),
+            "{e}"
+        );
     }
 
     #[test]
