@@ -131,8 +131,12 @@ impl Lane {
     }
 }
 
-/// A relay's lanes, in the order routing names them (the configuration's).
-pub(super) struct Lanes(Vec<Lane>);
+/// A relay's lanes, in the order routing names them (the configuration's), and each one's index
+/// by name (looked up per due destination by the retry scheduler).
+pub(super) struct Lanes {
+    lanes: Vec<Lane>,
+    by_name: std::collections::HashMap<String, usize>,
+}
 
 impl Lanes {
     /// The lanes of `destinations`, the i-th taking the routing, ordering and breaker of
@@ -142,38 +146,44 @@ impl Lanes {
         configs: &[DestinationConfig],
         store: &Store,
     ) -> Self {
-        let lanes = destinations
+        let lanes: Vec<Lane> = destinations
             .into_iter()
             .enumerate()
             .map(|(d, destination)| Lane::new(destination, configs.get(d), store))
             .collect();
-        Self(lanes)
+        let by_name = lanes
+            .iter()
+            .enumerate()
+            .map(|(d, lane)| (lane.name.clone(), d))
+            .collect();
+        Self { lanes, by_name }
     }
 
     /// How many lanes.
     pub(super) fn len(&self) -> usize {
-        self.0.len()
+        self.lanes.len()
     }
 
     /// Every lane, in order.
     pub(super) fn iter(&self) -> std::slice::Iter<'_, Lane> {
-        self.0.iter()
+        self.lanes.iter()
     }
 
     /// The lane named `name`, with its index.
     pub(super) fn named(&self, name: &str) -> Option<(usize, &Lane)> {
-        self.0.iter().enumerate().find(|(_, l)| l.name == name)
+        let &d = self.by_name.get(name)?;
+        Some((d, &self.lanes[d]))
     }
 
     /// Whether each lane's events go out now (not paused, breaker closed): each gate read once,
     /// not once per event (its lock is taken by every answer).
     pub(super) fn open(&self) -> Vec<bool> {
-        self.0.iter().map(|l| l.gate.is_open()).collect()
+        self.lanes.iter().map(|l| l.gate.is_open()).collect()
     }
 
     /// The destinations whose dead events hold back their key (ordered, `on_dead = "block"`).
     pub(super) fn blocking(&self) -> Vec<String> {
-        self.0
+        self.lanes
             .iter()
             .filter(|l| l.config.dead_blocks())
             .map(|l| l.name.clone())
@@ -182,7 +192,9 @@ impl Lanes {
 
     /// Whether any destination orders its events by key.
     pub(super) fn ordered(&self) -> bool {
-        self.0.iter().any(|l| l.config.ordering == Ordering::Key)
+        self.lanes
+            .iter()
+            .any(|l| l.config.ordering == Ordering::Key)
     }
 }
 
@@ -190,24 +202,24 @@ impl std::ops::Index<usize> for Lanes {
     type Output = Lane;
 
     fn index(&self, lane: usize) -> &Lane {
-        &self.0[lane]
+        &self.lanes[lane]
     }
 }
 
 impl crate::settle::Lanes for Lanes {
     fn name(&self, lane: usize) -> &str {
-        &self.0[lane].name
+        &self.lanes[lane].name
     }
 
     fn policy(&self, lane: usize) -> &RetryPolicy {
-        &self.0[lane].retry
+        &self.lanes[lane].retry
     }
 
     fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool {
-        self.0[lane].keeps_order_of(event)
+        self.lanes[lane].keeps_order_of(event)
     }
 
     fn gates(&self) -> Vec<&Gate> {
-        self.0.iter().map(|l| &l.gate).collect()
+        self.lanes.iter().map(|l| &l.gate).collect()
     }
 }

@@ -84,9 +84,6 @@ pub(super) async fn lane_batch(
     d: usize,
     claimed: ClaimedPairs,
 ) -> Result<BatchReport> {
-    if claimed.events.is_empty() && claimed.poison.is_empty() {
-        return Ok(BatchReport::default());
-    }
     let open = ctx.lanes[d].gate.is_open();
     let events = claimed.events;
     let items = Items::pairs(events.iter().map(|_| d), |_| open);
@@ -105,23 +102,15 @@ pub(super) async fn lane_batch(
     Ok(report)
 }
 
-/// The scheduler's view of the lanes: each by name, looked up once per due destination.
+/// The retry scheduler over a relay's context.
 struct Scheduler {
     ctx: Arc<Context>,
-    by_name: HashMap<String, usize>,
 }
 
 impl Scheduler {
     fn new(ctx: &Arc<Context>) -> Self {
-        let by_name = ctx
-            .lanes
-            .iter()
-            .enumerate()
-            .map(|(d, lane)| (lane.name.clone(), d))
-            .collect();
         Self {
             ctx: Arc::clone(ctx),
-            by_name,
         }
     }
 
@@ -133,7 +122,7 @@ impl Scheduler {
         let batch = ctx.config.relay.batch_size;
         let plan = plan(
             &due,
-            |name| self.by_name.get(name).copied(),
+            |name| ctx.lanes.named(name).map(|(d, _)| d),
             busy,
             |d| {
                 let gate = &ctx.lanes[d].gate;
@@ -151,7 +140,7 @@ impl Scheduler {
         let claimed = claim_pairs(&ctx.store, &lanes, ctx.claim.lease).await?;
         let claimed = claimed
             .into_iter()
-            .filter_map(|(name, pairs)| Some((*self.by_name.get(&name)?, pairs)))
+            .filter_map(|(name, pairs)| Some((ctx.lanes.named(&name)?.0, pairs)))
             .collect();
         Ok((claimed, plan))
     }

@@ -75,10 +75,10 @@ pub(crate) fn name_or_arn(
     max: usize,
     extra: &str,
 ) -> Result<(), String> {
-    if value.sample(FILL).starts_with("arn:") {
+    let sample = value.sample(FILL);
+    if sample.starts_with("arn:") {
         return arn(key, value, service);
     }
-    let sample = value.sample(FILL);
     let fits = !sample.is_empty()
         && sample.len() <= max
         && sample
