@@ -53,7 +53,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, DestinationConfig};
 use crate::model::event::OutboxEvent;
 use crate::model::outcome::Outcome;
 
@@ -246,23 +246,35 @@ pub fn build_all(config: &Config) -> std::result::Result<Vec<Arc<dyn Sink>>, Con
         .iter()
         .enumerate()
         .map(|(i, dest)| {
-            let kinds = registry();
-            let Some(kind) = kinds.iter().find(|k| k.name == dest.sink.kind) else {
-                let known: Vec<&str> = kinds.iter().map(|k| k.name).collect();
-                return Err(ConfigError::at(
-                    format!("destinations[{i}].type"),
-                    format!(
-                        "unknown destination type {:?}; known types: {}",
-                        dest.sink.kind,
-                        known.join(", ")
-                    ),
-                ));
-            };
-            install_crypto_provider();
-            (kind.build)(&dest.name, &dest.sink.settings)
-                .map_err(|m| ConfigError::at(format!("destinations[{i}] ({:?})", dest.name), m))
+            build(dest).map_err(|e| match e.key.as_deref() {
+                Some("type") => ConfigError::at(format!("destinations[{i}].type"), e.message),
+                _ => ConfigError::at(format!("destinations[{i}] ({:?})", dest.name), e.message),
+            })
         })
         .collect()
+}
+
+/// Builds one destination's sink, checking its type (the error's key: `type`) and its settings
+/// (no key: the message names the setting). No I/O. Runtime definitions are checked by it too.
+pub fn build(dest: &DestinationConfig) -> std::result::Result<Arc<dyn Sink>, ConfigError> {
+    let kinds = registry();
+    let Some(kind) = kinds.iter().find(|k| k.name == dest.sink.kind) else {
+        let known: Vec<&str> = kinds.iter().map(|k| k.name).collect();
+        return Err(ConfigError::at(
+            "type",
+            format!(
+                "unknown destination type {:?}; known types: {}",
+                dest.sink.kind,
+                known.join(", ")
+            ),
+        ));
+    };
+    install_crypto_provider();
+    (kind.build)(&dest.name, &dest.sink.settings).map_err(|m| ConfigError {
+        file: None,
+        key: None,
+        message: m,
+    })
 }
 
 /// Checks every configured destination's type and settings, as [`build_all`] does.
