@@ -2,7 +2,9 @@
 -- Replace public/outbox/pgoutbox_relay with your schema, table and role. Run as the table owner.
 GRANT USAGE ON SCHEMA public TO pgoutbox_relay;
 GRANT SELECT, UPDATE, DELETE ON public.outbox TO pgoutbox_relay;   -- DELETE: retention 0 and cleanup
-GRANT SELECT, INSERT, UPDATE ON public.outbox_destinations TO pgoutbox_relay;          -- pause, breaker
+GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_destinations TO pgoutbox_relay;  -- pause, breaker
+GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_definitions TO pgoutbox_relay;   -- destinations at runtime
+GRANT SELECT, UPDATE ON public.outbox_definitions_version TO pgoutbox_relay;           -- (the console changes them)
 GRANT SELECT, INSERT, UPDATE ON public.outbox_rates TO pgoutbox_relay;                 -- rate_limit buckets
 GRANT SELECT, INSERT, UPDATE ON public.outbox_replays TO pgoutbox_relay;               -- replays and backfills
 GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_deliveries TO pgoutbox_relay;    -- fan-out pairs

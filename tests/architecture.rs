@@ -36,6 +36,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("settle", 4),
     ("otlp", 4),
     ("status", 4),
+    ("definitions", 4),
     // The engine.
     ("engine", 5),
     // The server: metrics, health, the console.

@@ -76,9 +76,10 @@ enum Command {
     /// Inspect, redrive or discard dead-lettered events.
     #[command(subcommand)]
     Dead(dead::Command),
-    /// Pause or resume a destination for every relay; list breaker states.
-    #[command(subcommand)]
-    Destination(destination::Command),
+    /// Destinations: add, update, show, list, remove at runtime; pause, resume (`destination`
+    /// works too).
+    #[command(subcommand, visible_alias = "destination")]
+    Destinations(destination::Command),
     /// Send retained events again to one destination; list, watch, pause, resume, cancel replays.
     #[command(subcommand)]
     Replay(replay::Command),
@@ -146,7 +147,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay(args) => relay::run(&cli, args).await,
         Command::Status(args) => status::run(&cli, args).await,
         Command::Dead(cmd) => dead::run(&cli, cmd).await,
-        Command::Destination(cmd) => destination::run(&cli, cmd).await,
+        Command::Destinations(cmd) => destination::run(&cli, cmd).await,
         Command::Replay(cmd) => replay::run(&cli, cmd).await,
         Command::Slot(cmd) => slot::run(&cli, cmd).await,
         Command::Cleanup(args) => cleanup::run(&cli, args).await,

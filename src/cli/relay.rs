@@ -24,29 +24,37 @@ pub struct Args {
     once: bool,
 }
 
-/// A configuration made ready to run: its sinks built, its pool open and checked.
+/// A configuration made ready to run: its sinks built, its pool open and checked, the destinations
+/// added at runtime among its own.
 struct Prepared {
     config: pgoutbox::config::Config,
     sinks: Vec<Arc<dyn pgoutbox::sinks::Sink>>,
     pool: sqlx::PgPool,
     pool_settings: PoolSettings,
+    /// The version of the destinations added at runtime that it holds.
+    version: i64,
+    /// The configuration file's destinations (the console's API may not change them).
+    file_names: std::collections::HashSet<String>,
 }
 
 /// Loads the configuration and makes it ready: every check the relay makes before it relays, so
 /// that a reload with a mistake in it is refused while the running relay goes on.
 async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
-    let config = cli.load_config()?;
-    if config.destinations.is_empty() {
-        bail!("no destinations configured: add a [[destinations]] table to the config file (see README)");
-    }
-    // The sinks are built (and their settings checked) before the database is reached: a typo in
-    // a destination is reported first.
-    let sinks = pgoutbox::sinks::build_all(&config).map_err(|mut e| {
+    let mut config = cli.load_config()?;
+    // The file's sinks are built (and their settings checked) before the database is reached: a
+    // typo in a destination is reported first.
+    pgoutbox::sinks::build_all(&config).map_err(|mut e| {
         e.file = cli.config.clone();
         e
     })?;
     let pool_settings = pool_settings(&config.relay);
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
+    let file_names = config.destinations.iter().map(|d| d.name.clone()).collect();
+    let version = add_runtime_destinations(&mut config, &pool).await?;
+    if config.destinations.is_empty() {
+        bail!("no destinations configured: add a [[destinations]] table to the config file, or one at runtime with `pgoutbox destinations add` (see README)");
+    }
+    let sinks = pgoutbox::sinks::build_all(&config)?;
     super::check_relay_privileges(&pool, &config).await?;
     if config.source == Source::Wal {
         if once {
@@ -63,7 +71,36 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         sinks,
         pool,
         pool_settings,
+        version,
+        file_names,
     })
+}
+
+/// Adds the destinations added at runtime to `config`'s (a name in both is an error); the version
+/// they were read at.
+async fn add_runtime_destinations(
+    config: &mut pgoutbox::config::Config,
+    pool: &sqlx::PgPool,
+) -> anyhow::Result<i64> {
+    let store = pgoutbox::store::Store::new(pool.clone(), config.table.clone());
+    let key = pgoutbox::definitions::Key::from_env()?;
+    let (version, runtime) = pgoutbox::definitions::load(&store, key.as_ref())
+        .await
+        .context("cannot load the destinations added at runtime")?;
+    let file: std::collections::HashSet<&str> = config
+        .destinations
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    if let Some(both) = runtime.iter().find(|d| file.contains(d.name.as_str())) {
+        bail!(
+            "destination {:?} is both in the configuration file and added at runtime: keep one (edit the file, or `pgoutbox destinations remove {}`)",
+            both.name,
+            both.name
+        );
+    }
+    config.destinations.extend(runtime);
+    Ok(version)
 }
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
@@ -113,10 +150,17 @@ async fn relay_until_stopped(
 ) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(watch_signals(shutdown.clone(), reload_tx));
+    tokio::spawn(watch_signals(shutdown.clone(), reload_tx.clone()));
     loop {
         let generation = shutdown.child_token();
         let pool = prepared.pool.clone();
+        let store = pgoutbox::store::Store::new(pool.clone(), prepared.config.table.clone());
+        tokio::spawn(watch_definitions(
+            store,
+            prepared.version,
+            reload_tx.clone(),
+            generation.clone(),
+        ));
         let running = Generation::start(prepared, metrics.clone(), generation.clone())?;
         let mut relay = tokio::spawn(running.run());
         let ended = loop {
@@ -125,7 +169,7 @@ async fn relay_until_stopped(
                 Some(()) = reload_rx.recv() => {
                     match prepare(cli, false).await {
                         Ok(next) => {
-                            info!(destinations = next.config.destinations.len(), "configuration reloaded: in-flight batches finish under the old one, then the new one relays");
+                            info!(destinations = next.config.destinations.len(), version = next.version, "configuration reloaded: in-flight batches finish under the old one, then the new one relays");
                             generation.cancel();
                             break Ended::Reloaded(relay.await, Box::new(next));
                         }
@@ -134,6 +178,8 @@ async fn relay_until_stopped(
                 }
             }
         };
+        // The definitions' watcher holds a connection of the pool: it ends first.
+        generation.cancel();
         pool.close().await;
         match ended {
             Ended::Stopped(result) => {
@@ -195,6 +241,8 @@ impl Generation {
             sinks,
             pool,
             pool_settings,
+            file_names,
+            version,
         } = prepared;
         let relay = Arc::new(Relay::with_sinks(pool, &config, sinks));
         info!(
@@ -204,10 +252,13 @@ impl Generation {
             source = ?config.source,
             claim = ?config.relay.claim,
             pool = pool_settings.max_connections,
+            version,
             "relay started"
         );
         let server = match (config.observability.listen, metrics) {
-            (Some(addr), Some(handle)) => Some(serve(&config, addr, handle, &relay, &stop)?),
+            (Some(addr), Some(handle)) => {
+                Some(serve(&config, addr, handle, &relay, &stop, file_names)?)
+            }
             (Some(addr), None) => {
                 warn!(%addr, "observability.listen was added by a reload: restart the relay to serve it");
                 None
@@ -249,6 +300,7 @@ fn serve(
     handle: metrics_exporter_prometheus::PrometheusHandle,
     relay: &Arc<Relay>,
     stop: &CancellationToken,
+    file_names: std::collections::HashSet<String>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let samples = Arc::new(pgoutbox::server::Samples::default());
     tokio::spawn(pgoutbox::server::refresh_gauges(
@@ -265,8 +317,14 @@ fn serve(
             stop.clone(),
         ));
     }
+    let catalog = pgoutbox::definitions::Catalog::new(
+        relay.store().clone(),
+        pgoutbox::definitions::Key::from_env()?,
+        file_names,
+    );
     let console =
-        pgoutbox::server::console::Console::new(Arc::clone(relay), samples, &config.admin);
+        pgoutbox::server::console::Console::new(Arc::clone(relay), samples, &config.admin)
+            .with_catalog(catalog);
     config.admin.check(Some(addr))?;
     if !addr.ip().is_loopback() && !config.admin.reads_need_token() {
         warn!(%addr, "admin.open_reads: the console and its API are readable by anyone who reaches this address");
@@ -331,6 +389,64 @@ fn pool_settings(relay: &RelayConfig) -> PoolSettings {
 /// A duration as a PostgreSQL setting in milliseconds (the unit both timeouts default to).
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()
+}
+
+/// How often the version of the destinations added at runtime is read, in case a notification was
+/// lost (a reconnect drops them).
+const DEFINITIONS_POLL: Duration = Duration::from_secs(1);
+
+/// How long after asking for a reload that did not happen (the new configuration was refused)
+/// the same version asks again.
+const DEFINITIONS_RETRY: Duration = Duration::from_secs(10);
+
+/// Asks for a reload when the destinations added at runtime move past `version`: woken by their
+/// notification, and reading their version every [`DEFINITIONS_POLL`] as the backstop. Its
+/// listener holds one connection of the generation's pool until `stop`.
+async fn watch_definitions(
+    store: pgoutbox::store::Store,
+    version: i64,
+    reload: tokio::sync::mpsc::Sender<()>,
+    stop: CancellationToken,
+) {
+    let mut listener = None;
+    let mut asked: Option<(i64, std::time::Instant)> = None;
+    loop {
+        if listener.is_none() {
+            listener = match pgoutbox::store::definitions::listen(&store).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    warn!(error = %e, "cannot listen for changes to the destinations: reading their version each second instead");
+                    None
+                }
+            };
+        }
+        let woken = async {
+            match listener.as_mut() {
+                Some(l) => l.recv().await.map(drop),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            result = woken => if result.is_err() { listener = None },
+            _ = tokio::time::sleep(DEFINITIONS_POLL) => {}
+        }
+        let Ok(now) = pgoutbox::store::definitions::version(&store).await else {
+            continue;
+        };
+        let fresh = match asked {
+            Some((v, at)) => v != now || at.elapsed() >= DEFINITIONS_RETRY,
+            None => true,
+        };
+        if now != version && fresh {
+            info!(
+                version = now,
+                "the destinations added at runtime changed: reloading"
+            );
+            asked = Some((now, std::time::Instant::now()));
+            let _ = reload.try_send(());
+        }
+    }
 }
 
 /// First SIGINT/SIGTERM: stop claiming and let in-flight batches settle. Second: exit at once

@@ -651,6 +651,8 @@ pub async fn api_call(
     let client = reqwest::Client::new();
     let mut req = match method {
         "GET" => client.get(url),
+        "PATCH" => client.patch(url),
+        "DELETE" => client.delete(url),
         _ => client.post(url),
     };
     if let Some(t) = token {

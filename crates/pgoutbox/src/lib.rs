@@ -33,6 +33,7 @@
 //! ```
 
 pub mod config;
+pub mod definitions;
 pub mod engine;
 pub mod model;
 pub mod otlp;

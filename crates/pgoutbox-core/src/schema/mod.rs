@@ -98,6 +98,11 @@ const MIGRATIONS: &[Migration] = &[
         "replays read in index order: (published_at, seq) indexes on the published rows and the history",
         REPLAY_INDEX,
     ),
+    Migration::sql(
+        16,
+        "add the destinations managed at runtime (definitions, their version)",
+        include_str!("migrations/0016_definitions.sql"),
+    ),
 ];
 
 /// The schema version this build of pgoutbox needs: the last migration's.
@@ -399,7 +404,9 @@ pub const RELAY_TABLE_PRIVILEGES: &[&str] = &["SELECT", "UPDATE", "DELETE"];
 
 #[cfg(feature = "sqlx08")]
 /// Grants `role` what the relay needs, and nothing more: USAGE on the schema, SELECT, UPDATE and
-/// DELETE on the outbox table, SELECT, INSERT and UPDATE on its destinations table, its rate
+/// DELETE on the outbox table, SELECT, INSERT, UPDATE and DELETE on its destinations' state and
+/// definitions (the console in the relay's process adds, changes and removes them) and SELECT and
+/// UPDATE on their version, SELECT, INSERT and UPDATE on its rate
 /// limits' buckets and its replays, SELECT, INSERT,
 /// UPDATE and DELETE on its deliveries table and its held batches (UPDATE: `FOR UPDATE`), SELECT,
 /// INSERT and DELETE on its history and the console's shared samples, SELECT and INSERT on the
@@ -415,7 +422,9 @@ pub async fn grant_relay(
     let sql = table.render(&format!(
         "GRANT USAGE ON SCHEMA {{schema}} TO {role};
          GRANT {privileges} ON {{outbox}} TO {role};
-         GRANT SELECT, INSERT, UPDATE ON {{qname:destinations}} TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:destinations}} TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {{qname:definitions}} TO {role};
+         GRANT SELECT, UPDATE ON {{qname:definitions_version}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:rates}} TO {role};
          GRANT SELECT, INSERT, UPDATE ON {{qname:replays}} TO {role};
          GRANT SELECT, INSERT, DELETE ON {{qname:samples}} TO {role};

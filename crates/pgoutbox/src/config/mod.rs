@@ -13,7 +13,7 @@
 //! ```
 
 mod database;
-mod destination;
+pub(crate) mod destination;
 mod duration;
 mod error;
 mod flat;

@@ -9,7 +9,7 @@
 //!
 //! A file per table or concern. The relay's own: the [`outbox`] table, the split events'
 //! [`deliveries`] and the claims of those [`due`], the [`held_batches`], the rows and pairs [`held`] at 'infinity', the
-//! [`destinations`]' shared state and the failed [`attempts`]. The operator's: [`dead`] letters,
+//! [`destinations`]' shared state, the [`definitions`] of those managed at runtime, and the failed [`attempts`]. The operator's: [`dead`] letters,
 //! the event search ([`inspect`]), the [`status`] and [`backlog`] counts, [`cleanup`] and the
 //! partitioned [`history`]. Then the statements about the server rather than the outbox table,
 //! which take a pool or a connection instead of a [`Store`] (nothing in them is rendered for a
@@ -20,6 +20,7 @@ pub mod attempts;
 pub mod backlog;
 pub mod cleanup;
 pub mod dead;
+pub mod definitions;
 pub mod deliveries;
 pub mod demo;
 pub mod destinations;
@@ -58,6 +59,7 @@ struct Statements {
     backlog: backlog::Sql,
     cleanup: cleanup::Sql,
     dead: dead::Sql,
+    definitions: definitions::Sql,
     deliveries: deliveries::Sql,
     destinations: destinations::Sql,
     due: due::Sql,
@@ -80,6 +82,7 @@ impl Statements {
             backlog: backlog::Sql::render(table),
             cleanup: cleanup::Sql::render(table),
             dead: dead::Sql::render(table),
+            definitions: definitions::Sql::render(table),
             deliveries: deliveries::Sql::render(table),
             destinations: destinations::Sql::render(table),
             due: due::Sql::render(table),

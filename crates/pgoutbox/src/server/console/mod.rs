@@ -5,9 +5,11 @@
 //! [`crate::store::destinations`] for the overview and pause/resume, [`crate::store::dead`] for
 //! retry and discard, [`crate::store::inspect`] for finding events, [`crate::store::operators`]
 //! for the audit log and the shared chart, [`crate::store::replays`] and [`crate::route::dry_run`]
-//! for replays (`replays.rs`). Every parameter is checked by name in `input.rs`, so bad input is
+//! for replays (`replays.rs`), [`crate::definitions`] for the destinations managed at runtime
+//! (`destinations.rs`). Every parameter is checked by name in `input.rs`, so bad input is
 //! a 4xx naming it and never reaches a statement. The page (`page/`: HTML, CSS and plain
-//! JavaScript: `app.js`, `dead.js` for the dead letters view, `replays.js` for the Replays view) is compiled into the binary, so nothing is
+//! JavaScript: `app.js`, `dead.js` for the dead letters view, `replays.js` for the Replays view,
+//! `destinations.js` for the Destinations view) is compiled into the binary, so nothing is
 //! fetched from a network at run time.
 //!
 //! Security: the listener is wherever `observability.listen` says (the examples bind 127.0.0.1;
@@ -22,6 +24,7 @@
 //! paths or queries, and payloads are rendered by the page as text, never as HTML.
 
 mod api;
+mod destinations;
 mod input;
 mod replays;
 
@@ -50,6 +53,8 @@ pub struct Console {
     reads_need_token: bool,
     /// Lower-case `Host` names answered (`None`: any).
     hosts: Option<Arc<Vec<String>>>,
+    /// The destinations managed at runtime (`None`: the relay manages none; their routes 404).
+    catalog: Option<Arc<crate::definitions::Catalog>>,
 }
 
 impl Console {
@@ -86,7 +91,14 @@ impl Console {
             tokens: Arc::new(tokens),
             reads_need_token: config.reads_need_token(),
             hosts,
+            catalog: None,
         }
+    }
+
+    /// This console with the destinations API over `catalog`.
+    pub fn with_catalog(mut self, catalog: crate::definitions::Catalog) -> Self {
+        self.catalog = Some(Arc::new(catalog));
+        self
     }
 
     /// Whether a request's `Host` header names this console (any port). A request without one
@@ -263,6 +275,7 @@ const INDEX_HTML: &str = include_str!("page/index.html");
 const APP_JS: &str = include_str!("page/app.js");
 const DEAD_JS: &str = include_str!("page/dead.js");
 const REPLAYS_JS: &str = include_str!("page/replays.js");
+const DESTINATIONS_JS: &str = include_str!("page/destinations.js");
 const APP_CSS: &str = include_str!("page/app.css");
 const OPENAPI: &str = include_str!("openapi.json");
 
@@ -308,6 +321,10 @@ pub fn router(console: Console) -> axum::Router {
             get(|| async { asset("text/javascript; charset=utf-8", REPLAYS_JS) }),
         )
         .route(
+            "/console/destinations.js",
+            get(|| async { asset("text/javascript; charset=utf-8", DESTINATIONS_JS) }),
+        )
+        .route(
             "/console/app.css",
             get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
         )
@@ -321,6 +338,16 @@ pub fn router(console: Console) -> axum::Router {
         .route("/api/v1/events/:id", get(api::event))
         .route("/api/v1/dead/retry", post(api::dead_retry))
         .route("/api/v1/dead/discard", post(api::dead_discard))
+        .route(
+            "/api/v1/destinations",
+            get(destinations::list).post(destinations::add),
+        )
+        .route(
+            "/api/v1/destinations/:name",
+            get(destinations::one)
+                .patch(destinations::update)
+                .delete(destinations::remove),
+        )
         .route("/api/v1/destinations/:name/pause", post(api::pause))
         .route("/api/v1/destinations/:name/resume", post(api::resume))
         .route("/api/v1/audit", get(api::audit_log))

@@ -353,7 +353,7 @@ async function loadAudit(before) {
 
 // ---------------------------------------------------------------- routing
 
-const VIEWS = ['overview', 'dead', 'replays', 'audit'];
+const VIEWS = ['overview', 'dead', 'replays', 'destinations', 'audit'];
 
 function currentView() {
   const view = location.hash.slice(1).split('?')[0];
@@ -377,6 +377,8 @@ function route() {
     search().catch(report);
   } else if (view === 'replays') {
     showReplays(); // replays.js
+  } else if (view === 'destinations') {
+    showDestinations(); // destinations.js
   } else if (view === 'audit') {
     loadAudit(null).catch(report);
   } else {
