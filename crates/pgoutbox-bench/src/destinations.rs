@@ -4,8 +4,10 @@
 //! `/readyz` answers 200, then, idle for `--idle`, its CPU and its PostgreSQL backends' (from
 //! /proc), the transactions it commits per second (`pg_stat_database`), the connections it
 //! holds, its resident memory and the size of a `/metrics` scrape; then `--events` events spread
-//! evenly over the topics, inserted at once, and the time until none is pending. Every figure is
-//! also given as a ratio to the first count's.
+//! evenly over the topics, inserted at once, and the time until none is pending; then a second
+//! relay beside it, and `--changes` changes to a destination managed at runtime (added, then its
+//! URL changed), each timed from its commit until both relays run with it (their log says so).
+//! Every figure is also given as a ratio to the first count's.
 //!
 //! Run it on a server whose `max_connections` is not the limit being measured: the relay's pool
 //! is `workers * 2 + 5` whatever the count. Routing alone is `bench routing`.
@@ -30,6 +32,10 @@ pub struct Args {
     /// How long the idle relay is watched.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     idle: Duration,
+    /// Changes timed from commit to applied by two relays (the first adds a destination, the
+    /// others change its URL); 0: none.
+    #[arg(long, default_value_t = 20)]
+    changes: usize,
     /// How long the relay may take to become ready.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     ready_within: Duration,
@@ -46,6 +52,8 @@ struct Figures {
     rss_after_mib: f64,
     scrape_kib: f64,
     drain: f64,
+    applied_p50: Duration,
+    applied_max: Duration,
 }
 
 /// The `[[destinations]]` tables after the first (`d0`, which the relay spec names): `d<i>` on
@@ -75,7 +83,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
 
 impl Figures {
     /// Each figure: what it is, its value and its unit.
-    fn named(&self) -> [(&'static str, f64, &'static str); 8] {
+    fn named(&self) -> [(&'static str, f64, &'static str); 10] {
         [
             ("start → ready", self.ready.as_secs_f64(), "s"),
             ("idle CPU (relay + backends)", self.idle_cpu, "% of a core"),
@@ -85,6 +93,16 @@ impl Figures {
             ("RSS after the drain", self.rss_after_mib, "MiB"),
             ("/metrics scrape", self.scrape_kib, "KiB"),
             ("drain", self.drain, "ev/s"),
+            (
+                "change → applied by 2 relays, p50",
+                self.applied_p50.as_secs_f64(),
+                "s",
+            ),
+            (
+                "change → applied by 2 relays, max (p99)",
+                self.applied_max.as_secs_f64(),
+                "s",
+            ),
         ]
     }
 }
@@ -172,14 +190,91 @@ async fn measure(
     if let Some(why) = relay.exited() {
         anyhow::bail!("the relay with {count} destinations stopped during the drain ({why})");
     }
+    let rss_after_mib = relay.rss_kib() as f64 / 1024.0;
+    let applied = if args.changes > 0 {
+        let mut second = RelayProcess::spawn(scratch, &spec)?;
+        while !second.ready().await {
+            if let Some(why) = second.exited() {
+                anyhow::bail!("the second relay stopped before it was ready ({why})");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        change_to_applied(scratch, out, args.changes, url, [&relay, &second]).await?
+    } else {
+        Vec::new()
+    };
     Ok(Figures {
         ready,
         idle_cpu: busy.as_secs_f64() / seconds * 100.0,
         idle_xacts: xacts as f64 / seconds,
         connections: pids_after.len(),
         rss_idle_mib,
-        rss_after_mib: relay.rss_kib() as f64 / 1024.0,
+        rss_after_mib,
         scrape_kib,
         drain,
+        applied_p50: applied.get(applied.len() / 2).copied().unwrap_or_default(),
+        applied_max: applied.last().copied().unwrap_or_default(),
     })
+}
+
+/// How long after a change's commit to wait for both relays to run with it.
+const APPLIED_WITHIN: Duration = Duration::from_secs(60);
+
+/// `changes` changes to the destination `applied` (added, then its URL changed each time), each
+/// timed from its commit until every relay of `relays` logs that it started with that version;
+/// the times, sorted.
+async fn change_to_applied(
+    scratch: &Scratch,
+    out: &Output,
+    changes: usize,
+    url: &str,
+    relays: [&RelayProcess; 2],
+) -> anyhow::Result<Vec<Duration>> {
+    use pgoutbox::definitions::{Actor, Catalog};
+    let store = pgoutbox::store::Store::new(scratch.pool.clone(), scratch.wal_names().0);
+    let catalog = Catalog::new(store, None, Default::default());
+    let by = Actor {
+        who: "bench",
+        via: "cli",
+    };
+    let bar = out.bar(changes as u64, "changes applied by two relays");
+    let mut times = Vec::with_capacity(changes);
+    for k in 0..changes {
+        let started = Instant::now();
+        let version = if k == 0 {
+            let definition = serde_json::json!({
+                "name": "applied", "type": "webhook", "url": url, "topics": ["applied"],
+            });
+            let serde_json::Value::Object(definition) = definition else {
+                anyhow::bail!("a definition is an object");
+            };
+            catalog.add(definition, by).await?
+        } else {
+            let patch = serde_json::json!({ "url": format!("{url}?change={k}") });
+            catalog.update("applied", &patch, by).await?
+        };
+        let started_line = format!("version={version}");
+        loop {
+            let applied = relays.iter().all(|r| {
+                r.log()
+                    .lines()
+                    .any(|l| l.contains("relay started") && l.contains(&started_line))
+            });
+            if applied {
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < APPLIED_WITHIN,
+                "change {k} (version {version}) was not applied by both relays within {} s: {}",
+                APPLIED_WITHIN.as_secs(),
+                relays[0].log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        times.push(started.elapsed());
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    times.sort();
+    Ok(times)
 }

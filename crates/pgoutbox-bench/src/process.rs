@@ -145,9 +145,14 @@ impl RelayProcess {
         Some(format!("{status}: {}", self.log_tail()))
     }
 
+    /// The relay's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("relay.log")).unwrap_or_default()
+    }
+
     /// The last lines of the relay's log, on one line.
     pub fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("relay.log")).unwrap_or_default();
+        let log = self.log();
         let tail: Vec<&str> = log.lines().rev().take(5).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         tail.join(" | ")
