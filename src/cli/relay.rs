@@ -43,18 +43,17 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     let mut config = cli.load_config()?;
     // The file's sinks are built (and their settings checked) before the database is reached: a
     // typo in a destination is reported first.
-    pgoutbox::sinks::build_all(&config).map_err(|mut e| {
+    let mut sinks = pgoutbox::sinks::build_all(&config).map_err(|mut e| {
         e.file = cli.config.clone();
         e
     })?;
     let pool_settings = pool_settings(&config.relay);
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
     let file_names = config.destinations.iter().map(|d| d.name.clone()).collect();
-    let version = add_runtime_destinations(&mut config, &pool).await?;
+    let version = add_runtime_destinations(&mut config, &mut sinks, &pool).await?;
     if config.destinations.is_empty() {
         bail!("no destinations configured: add a [[destinations]] table to the config file, or one at runtime with `pgoutbox destinations add` (see README)");
     }
-    let sinks = pgoutbox::sinks::build_all(&config)?;
     super::check_relay_privileges(&pool, &config).await?;
     if config.source == Source::Wal {
         if once {
@@ -76,15 +75,16 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     })
 }
 
-/// Adds the destinations added at runtime to `config`'s (a name in both is an error); the version
-/// they were read at.
+/// Adds the destinations added at runtime to `config`'s, and their sinks to `sinks` (a name in
+/// both is an error); the version they were read at.
 async fn add_runtime_destinations(
     config: &mut pgoutbox::config::Config,
+    sinks: &mut Vec<Arc<dyn pgoutbox::sinks::Sink>>,
     pool: &sqlx::PgPool,
 ) -> anyhow::Result<i64> {
     let store = pgoutbox::store::Store::new(pool.clone(), config.table.clone());
     let key = pgoutbox::definitions::Key::from_env()?;
-    let (version, runtime) = pgoutbox::definitions::load(&store, key.as_ref())
+    let loaded = pgoutbox::definitions::load(&store, key.as_ref())
         .await
         .context("cannot load the destinations added at runtime")?;
     let file: std::collections::HashSet<&str> = config
@@ -92,15 +92,22 @@ async fn add_runtime_destinations(
         .iter()
         .map(|d| d.name.as_str())
         .collect();
-    if let Some(both) = runtime.iter().find(|d| file.contains(d.name.as_str())) {
+    if let Some((both, _)) = loaded
+        .destinations
+        .iter()
+        .find(|(d, _)| file.contains(d.name.as_str()))
+    {
         bail!(
             "destination {:?} is both in the configuration file and added at runtime: keep one (edit the file, or `pgoutbox destinations remove {}`)",
             both.name,
             both.name
         );
     }
-    config.destinations.extend(runtime);
-    Ok(version)
+    for (destination, sink) in loaded.destinations {
+        config.destinations.push(destination);
+        sinks.push(sink);
+    }
+    Ok(loaded.version)
 }
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
@@ -410,26 +417,36 @@ async fn watch_definitions(
 ) {
     let mut listener = None;
     let mut asked: Option<(i64, std::time::Instant)> = None;
+    let mut warned = false;
     loop {
+        // A new listener misses what committed before it listened: read the version at once.
+        let mut now_listening = false;
         if listener.is_none() {
             listener = match pgoutbox::store::definitions::listen(&store).await {
-                Ok(l) => Some(l),
+                Ok(l) => {
+                    now_listening = true;
+                    Some(l)
+                }
                 Err(e) => {
-                    warn!(error = %e, "cannot listen for changes to the destinations: reading their version each second instead");
+                    if !std::mem::replace(&mut warned, true) {
+                        warn!(error = %e, "cannot listen for changes to the destinations: reading their version each second instead");
+                    }
                     None
                 }
             };
         }
-        let woken = async {
-            match listener.as_mut() {
-                Some(l) => l.recv().await.map(drop),
-                None => std::future::pending().await,
+        if !now_listening {
+            let woken = async {
+                match listener.as_mut() {
+                    Some(l) => l.recv().await.map(drop),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                result = woken => if result.is_err() { listener = None },
+                _ = tokio::time::sleep(DEFINITIONS_POLL) => {}
             }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            result = woken => if result.is_err() { listener = None },
-            _ = tokio::time::sleep(DEFINITIONS_POLL) => {}
         }
         let Ok(now) = pgoutbox::store::definitions::version(&store).await else {
             continue;

@@ -10,12 +10,14 @@
 pub mod sealed;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::config::DestinationConfig;
 use crate::model::secrets::redact_url;
+use crate::sinks::Sink;
 use crate::store::definitions::{self as stored, Applied, StoredDefinition, Written};
 use crate::store::operators::Change;
 use crate::store::Store;
@@ -143,6 +145,11 @@ pub fn join(mut clear: Object, sealed: Object) -> Object {
 /// refuses a secret read from the relay's environment or files (`{ env }`, `{ file }`), which a
 /// definition written through the API must never reach.
 pub fn check(definition: &Object) -> Result<DestinationConfig, DefinitionError> {
+    checked(definition).map(|(config, _)| config)
+}
+
+/// [`check`], with the sink it built.
+fn checked(definition: &Object) -> Result<(DestinationConfig, Arc<dyn Sink>), DefinitionError> {
     let name = match definition.get("name") {
         Some(Value::String(name)) => name.clone(),
         Some(_) => return Err(DefinitionError::invalid("name", "must be a string")),
@@ -177,14 +184,14 @@ pub fn check(definition: &Object) -> Result<DestinationConfig, DefinitionError> 
             .unwrap_or("definition");
         DefinitionError::invalid(field, e.message)
     })?;
-    crate::sinks::build(&config).map_err(|e| {
+    let sink = crate::sinks::build(&config).map_err(|e| {
         if e.key.as_deref() == Some("type") {
             return DefinitionError::invalid("type", e.message);
         }
         let (field, message) = setting_named(&e.message);
         DefinitionError::invalid(field, message)
     })?;
-    Ok(config)
+    Ok((config, sink))
 }
 
 /// The setting a sink's error names (``key `url`: ...``, ``missing field `url` ``, ``unknown
@@ -464,27 +471,35 @@ fn whole(
     Ok(join(clear, secrets))
 }
 
-/// Every destination managed at runtime, checked as the configuration's are, with the version
-/// they were read at (read before them: a change committed meanwhile is applied again, never
+/// Every destination managed at runtime, checked as the configuration's are, with its sink and
+/// the version they were read at (read before them: a change committed meanwhile is applied again, never
 /// missed). A definition that no longer passes the checks (an older relay wrote it) is an error
 /// naming it: a relay that skipped it would not deliver its events.
-pub async fn load(
-    store: &Store,
-    key: Option<&Key>,
-) -> Result<(i64, Vec<DestinationConfig>), DefinitionError> {
+pub async fn load(store: &Store, key: Option<&Key>) -> Result<Loaded, DefinitionError> {
     let version = stored::version(store).await?;
-    let mut configs = Vec::new();
+    let mut destinations = Vec::new();
     for definition in stored::all(store).await? {
-        let config = check(&whole(store, key, &definition)?).map_err(|e| match e {
+        let built = checked(&whole(store, key, &definition)?).map_err(|e| match e {
             DefinitionError::Invalid { field, message } => DefinitionError::Invalid {
                 field: format!("destination {:?}: {field}", definition.name),
                 message,
             },
             other => other,
         })?;
-        configs.push(config);
+        destinations.push(built);
     }
-    Ok((version, configs))
+    Ok(Loaded {
+        version,
+        destinations,
+    })
+}
+
+/// What [`load`] read: the version, and each destination with its sink, by name.
+pub struct Loaded {
+    /// The version of the definitions read.
+    pub version: i64,
+    /// Each destination and its sink.
+    pub destinations: Vec<(DestinationConfig, Arc<dyn Sink>)>,
 }
 
 #[cfg(test)]
