@@ -464,3 +464,50 @@ async fn the_api_checks_seals_pages_and_refuses_as_the_command_line_does() {
             .expect("audit");
     assert_eq!(audited, 250 + 1 + 1, "every change, and only the changes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_in_the_file_and_at_runtime_is_a_clear_error_at_start() {
+    let db = TestDb::migrated().await;
+    let dir = scratch();
+    let head = format!("database_url = \"{}\"\n", db.url);
+    let config = write_config(
+        dir.path(),
+        &format!("{head}[[destinations]]\nname = \"a\"\ntype = \"null\"\n"),
+    );
+    let (code, _, err) = cli(
+        &config,
+        None,
+        &["destinations", "add", "shared", "--type", "null"],
+    );
+    assert_eq!(code, 0, "{err}");
+    // A secret without the key: refused, nothing stored.
+    let (code, _, err) = cli(
+        &config,
+        None,
+        &[
+            "destinations",
+            "add",
+            "s",
+            "--type",
+            "webhook",
+            "--set",
+            "url=http://h/",
+            "--secret",
+            &format!("secret={SECRET}"),
+        ],
+    );
+    assert!(
+        code != 0 && err.contains("PGOUTBOX_SECRETS_KEY is not set"),
+        "{err}"
+    );
+    let clash = write_config(
+        dir.path(),
+        &format!("{head}[[destinations]]\nname = \"shared\"\ntype = \"null\"\n"),
+    );
+    let (code, _, err) = cli(&clash, None, &["relay", "--once"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("\"shared\" is both in the configuration file and added at runtime"),
+        "{err}"
+    );
+}
