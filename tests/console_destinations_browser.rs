@@ -6,28 +6,15 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fantoccini::Locator;
 use pgoutbox::engine::Relay;
 use pgoutbox::server::Samples;
 
-use common::browser::{shows, Driver};
+use common::browser::{click, shows, Driver};
 use common::*;
 
 const ADMIN: &str = "br0wser-t0ken";
-
-async fn click(browser: &fantoccini::Client, css: &str) {
-    browser
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("click {css}: {e}"));
-}
 
 async fn fill(browser: &fantoccini::Client, css: &str, text: &str) {
     let field = browser.find(Locator::Css(css)).await.expect(css);
@@ -65,13 +52,7 @@ async fn add_search_page_and_remove_destinations_from_the_page() {
     let console =
         pgoutbox::server::console::Console::new(relay, Arc::new(Samples::default()), &admin)
             .with_catalog(catalog);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::server::console::router(console)).await;
-    });
+    let base = serve(console).await;
 
     let driver = Driver::start();
     let browser = driver.signed_in(&base, ADMIN).await;

@@ -5,29 +5,15 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fantoccini::Locator;
 use pgoutbox::engine::Relay;
 use pgoutbox::server::Samples;
 
-use common::browser::{shows, Driver};
+use common::browser::{click, shows, Driver};
 use common::*;
 
 const ADMIN: &str = "br0wser-t0ken";
-
-/// Clicks the element at `css`, waiting for it to be there.
-async fn click(browser: &fantoccini::Client, css: &str) {
-    browser
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("click {css}: {e}"));
-}
 
 /// Accepts the confirmation the page asks, returning its question.
 async fn confirm(browser: &fantoccini::Client) -> String {

@@ -313,13 +313,7 @@ async fn the_api_checks_seals_pages_and_refuses_as_the_command_line_does() {
     );
     let console = pgoutbox::server::console::Console::new(relay, Default::default(), &admin)
         .with_catalog(catalog);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, pgoutbox::server::console::router(console)).await;
-    });
+    let base = serve(console).await;
     let token = Some("op-token-123456");
     let url = |path: &str| format!("{base}/api/v1/destinations{path}");
 

@@ -93,3 +93,16 @@ pub async fn shows(browser: &fantoccini::Client, css: &str, text: &str) -> bool 
     })
     .await
 }
+
+/// Clicks the element at `css`, waiting for it to be there.
+pub async fn click(browser: &fantoccini::Client, css: &str) {
+    browser
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+}

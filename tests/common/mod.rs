@@ -630,7 +630,14 @@ pub async fn serve_console(
     admin: &str,
 ) -> String {
     let config: pgoutbox::config::AdminConfig = toml::from_str(admin).expect("admin config");
-    let console = pgoutbox::server::console::Console::new(relay, samples, &config);
+    serve(pgoutbox::server::console::Console::new(
+        relay, samples, &config,
+    ))
+    .await
+}
+
+/// Serves `console` on a free port; returns its base URL.
+pub async fn serve(console: pgoutbox::server::console::Console) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
