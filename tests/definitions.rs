@@ -36,20 +36,32 @@ fn cli(config: &Path, key: Option<&str>, args: &[&str]) -> (i32, String, String)
     )
 }
 
+/// A relay process, killed when dropped: a failed assertion leaves none behind.
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `pgoutbox relay` with `config` and `key`, its log in `dir/relay-<tag>.log`.
-fn relay(dir: &Path, config: &Path, key: Option<&str>, tag: &str) -> Child {
+fn relay(dir: &Path, config: &Path, key: Option<&str>, tag: &str) -> Relay {
     let log = std::fs::File::create(dir.join(format!("relay-{tag}.log"))).expect("log file");
     let mut cmd = pgoutbox();
     cmd.env_remove("PGOUTBOX_SECRETS_KEY");
     if let Some(k) = key {
         cmd.env("PGOUTBOX_SECRETS_KEY", k);
     }
-    cmd.args(["relay", "--config"])
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn relay")
+    Relay(
+        cmd.args(["relay", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn relay"),
+    )
 }
 
 fn log(dir: &Path, tag: &str) -> String {
@@ -224,7 +236,7 @@ async fn destinations_added_changed_and_removed_at_runtime_reach_every_running_r
 
     // A relay without the key refuses to start, saying why.
     let mut keyless = relay(dir.path(), &config, None, "keyless");
-    let status = exit_status(&mut keyless, Duration::from_secs(30)).await;
+    let status = exit_status(&mut keyless.0, Duration::from_secs(30)).await;
     assert!(
         status.is_some_and(|s| !s.success()),
         "refuses without the key"
@@ -289,10 +301,12 @@ async fn destinations_added_changed_and_removed_at_runtime_reach_every_running_r
     let ids = db.insert_plain(5, "audit.x").await;
     receives(&file_rx, &ids, "the file's destination").await;
     for r in &mut relays {
-        signal(r, libc::SIGTERM);
+        signal(&r.0, libc::SIGTERM);
     }
     for mut r in relays {
-        assert!(exit_status(&mut r, Duration::from_secs(30)).await.is_some());
+        assert!(exit_status(&mut r.0, Duration::from_secs(30))
+            .await
+            .is_some());
     }
 }
 
