@@ -519,3 +519,37 @@ async fn a_name_in_the_file_and_at_runtime_is_a_clear_error_at_start() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_destination_that_is_down_does_not_make_the_relay_unready() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let mut config = parse_config(&webhook_config(&db, &rx.url, ""));
+    let down = format!("http://127.0.0.1:{}/hook", closed_port());
+    let definition = json!({ "name": "customer-down", "type": "webhook", "url": down });
+    let serde_json::Value::Object(definition) = definition else {
+        unreachable!()
+    };
+    config
+        .destinations
+        .push(pgoutbox::definitions::check(&definition).expect("valid"));
+    let relay = pgoutbox::engine::Relay::new(db.pool.clone(), &config).expect("relay");
+    let lines = relay
+        .readiness()
+        .await
+        .expect("ready: the file's destination is up");
+    assert!(
+        !lines.iter().any(|l| l.contains("customer-down")),
+        "{lines:?}"
+    );
+    let asked = relay
+        .readiness_of(Some("customer-down"))
+        .await
+        .expect_err("asked by name, it answers that it is down");
+    assert!(
+        asked
+            .iter()
+            .any(|l| l.starts_with("destination customer-down: not ready")),
+        "{asked:?}"
+    );
+}

@@ -76,6 +76,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         on_dead: Default::default(),
         breaker: Default::default(),
         sink: SinkConfig::bare("stdout"),
+        runtime: false,
     }];
     let url = config.database_url()?.to_owned();
     eprintln!("pgoutbox demo on {}", super::redact_url(&url));

@@ -39,6 +39,9 @@ pub struct DestinationConfig {
     pub breaker: BreakerPolicy,
     /// The sink and its own settings.
     pub sink: SinkConfig,
+    /// Managed at runtime (a definition in the database), not the configuration file's: a
+    /// customer's endpoint, whose failures do not make the relay unready.
+    pub runtime: bool,
 }
 
 impl DestinationConfig {
@@ -305,6 +308,7 @@ pub(crate) fn parse_destination(
             max_probe_interval: common.breaker.max_probe_interval,
         },
         sink,
+        runtime: false,
     })
 }
 

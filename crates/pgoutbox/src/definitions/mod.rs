@@ -175,7 +175,7 @@ fn checked(definition: &Object) -> Result<(DestinationConfig, Arc<dyn Sink>), De
             ));
         }
     };
-    let config = crate::config::destination::parse_destination(0, table).map_err(|e| {
+    let mut config = crate::config::destination::parse_destination(0, table).map_err(|e| {
         let field = e.key.as_deref().unwrap_or("definition");
         let field = field
             .strip_prefix("destinations[0].")
@@ -184,6 +184,7 @@ fn checked(definition: &Object) -> Result<(DestinationConfig, Arc<dyn Sink>), De
             .unwrap_or("definition");
         DefinitionError::invalid(field, e.message)
     })?;
+    config.runtime = true;
     let sink = crate::sinks::build(&config).map_err(|e| {
         if e.key.as_deref() == Some("type") {
             return DefinitionError::invalid("type", e.message);

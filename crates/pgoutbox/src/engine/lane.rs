@@ -68,6 +68,7 @@ impl Lane {
             on_dead: OnDead::Block,
             breaker: Default::default(),
             sink: SinkConfig::bare("custom"),
+            runtime: false,
         });
         let gate = Gate::new(
             &destination.name,
