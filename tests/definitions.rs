@@ -508,6 +508,11 @@ async fn a_name_in_the_file_and_at_runtime_is_a_clear_error_at_start() {
         code != 0 && err.contains("PGOUTBOX_SECRETS_KEY is not set"),
         "{err}"
     );
+    // `status` counts untried events for the destinations added at runtime too.
+    db.insert_plain(3, "order.created").await;
+    let (code, status, err) = cli(&config, None, &["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.contains("\"shared\""), "{status}");
     let clash = write_config(
         dir.path(),
         &format!("{head}[[destinations]]\nname = \"shared\"\ntype = \"null\"\n"),
