@@ -81,8 +81,16 @@ impl<'de> Deserialize<'de> for Secret {
             Value(String),
             Source(SecretSource),
         }
-        // Untagged errors say only "did not match any variant"; say what is accepted instead.
-        match Written::deserialize(d).map_err(|_| serde::de::Error::custom(SECRET_FORMS))? {
+        // Untagged errors say only "did not match any variant"; say what is accepted instead. A
+        // key left out keeps serde's own "missing field `url`": that is what is wrong.
+        let written = Written::deserialize(d).map_err(|e: D::Error| {
+            if e.to_string().starts_with("missing field") {
+                e
+            } else {
+                serde::de::Error::custom(SECRET_FORMS)
+            }
+        })?;
+        match written {
             Written::Value(value) => Ok(Secret(value)),
             Written::Source(source) => source
                 .resolve()

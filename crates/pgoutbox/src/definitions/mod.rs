@@ -373,8 +373,7 @@ mod tests {
                 json!({ "name": "a", "type": "null", "rate_limit": "fast" }),
                 "rate_limit",
             ),
-            // The file says the same of a missing secret-typed key (noted, not changed here).
-            (json!({ "name": "a", "type": "webhook" }), "settings"),
+            (json!({ "name": "a", "type": "webhook" }), "url"),
             (
                 json!({ "name": "a", "type": "webhook", "url": "ftp://x/" }),
                 "url",
