@@ -113,7 +113,7 @@ pub async fn run(cli: &Cli, command: &Command) -> anyhow::Result<ExitCode> {
     let pool = super::connect_checked(&config, 1).await?;
     let store = pgoutbox::store::Store::new(pool.clone(), config.table.clone());
     let file_names: HashSet<String> = config.destinations.iter().map(|d| d.name.clone()).collect();
-    let catalog = Catalog::new(store.clone(), Key::from_env()?, file_names.clone());
+    let catalog = Catalog::new(store.clone(), Key::from_env()?, file_names);
     let who = super::audit::operator();
     let by = Actor {
         who: &who,

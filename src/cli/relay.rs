@@ -33,8 +33,8 @@ struct Prepared {
     pool_settings: PoolSettings,
     /// The version of the destinations added at runtime that it holds.
     version: i64,
-    /// The configuration file's destinations (the console's API may not change them).
-    file_names: std::collections::HashSet<String>,
+    /// The key their secrets are sealed with, read once from the environment.
+    key: Option<pgoutbox::definitions::Key>,
 }
 
 /// Loads the configuration and makes it ready: every check the relay makes before it relays, so
@@ -49,8 +49,13 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     })?;
     let pool_settings = pool_settings(&config.relay);
     let pool = super::connect_checked_with(&config, &pool_settings).await?;
-    let file_names = config.destinations.iter().map(|d| d.name.clone()).collect();
-    let version = add_runtime_destinations(&mut config, &mut sinks, &pool).await?;
+    let key = pgoutbox::definitions::Key::from_env()?;
+    let store = pgoutbox::store::Store::new(pool.clone(), config.table.clone());
+    let loaded = pgoutbox::definitions::load(&store, key.as_ref())
+        .await
+        .context("cannot load the destinations added at runtime")?;
+    let version = loaded.version;
+    sinks.extend(loaded.add_to(&mut config)?);
     if config.destinations.is_empty() {
         bail!("no destinations configured: add a [[destinations]] table to the config file, or one at runtime with `pgoutbox destinations add` (see README)");
     }
@@ -71,43 +76,8 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         pool,
         pool_settings,
         version,
-        file_names,
+        key,
     })
-}
-
-/// Adds the destinations added at runtime to `config`'s, and their sinks to `sinks` (a name in
-/// both is an error); the version they were read at.
-async fn add_runtime_destinations(
-    config: &mut pgoutbox::config::Config,
-    sinks: &mut Vec<Arc<dyn pgoutbox::sinks::Sink>>,
-    pool: &sqlx::PgPool,
-) -> anyhow::Result<i64> {
-    let store = pgoutbox::store::Store::new(pool.clone(), config.table.clone());
-    let key = pgoutbox::definitions::Key::from_env()?;
-    let loaded = pgoutbox::definitions::load(&store, key.as_ref())
-        .await
-        .context("cannot load the destinations added at runtime")?;
-    let file: std::collections::HashSet<&str> = config
-        .destinations
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
-    if let Some((both, _)) = loaded
-        .destinations
-        .iter()
-        .find(|(d, _)| file.contains(d.name.as_str()))
-    {
-        bail!(
-            "destination {:?} is both in the configuration file and added at runtime: keep one (edit the file, or `pgoutbox destinations remove {}`)",
-            both.name,
-            both.name
-        );
-    }
-    for (destination, sink) in loaded.destinations {
-        config.destinations.push(destination);
-        sinks.push(sink);
-    }
-    Ok(loaded.version)
 }
 
 pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
@@ -248,8 +218,8 @@ impl Generation {
             sinks,
             pool,
             pool_settings,
-            file_names,
             version,
+            key,
         } = prepared;
         let relay = Arc::new(Relay::with_sinks(pool, &config, sinks));
         info!(
@@ -263,9 +233,7 @@ impl Generation {
             "relay started"
         );
         let server = match (config.observability.listen, metrics) {
-            (Some(addr), Some(handle)) => {
-                Some(serve(&config, addr, handle, &relay, &stop, file_names)?)
-            }
+            (Some(addr), Some(handle)) => Some(serve(&config, addr, handle, &relay, &stop, key)?),
             (Some(addr), None) => {
                 warn!(%addr, "observability.listen was added by a reload: restart the relay to serve it");
                 None
@@ -307,7 +275,7 @@ fn serve(
     handle: metrics_exporter_prometheus::PrometheusHandle,
     relay: &Arc<Relay>,
     stop: &CancellationToken,
-    file_names: std::collections::HashSet<String>,
+    key: Option<pgoutbox::definitions::Key>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let samples = Arc::new(pgoutbox::server::Samples::default());
     tokio::spawn(pgoutbox::server::refresh_gauges(
@@ -324,11 +292,14 @@ fn serve(
             stop.clone(),
         ));
     }
-    let catalog = pgoutbox::definitions::Catalog::new(
-        relay.store().clone(),
-        pgoutbox::definitions::Key::from_env()?,
-        file_names,
-    );
+    // The console may not change the file's destinations.
+    let file_names = config
+        .destinations
+        .iter()
+        .filter(|d| !d.runtime)
+        .map(|d| d.name.clone())
+        .collect();
+    let catalog = pgoutbox::definitions::Catalog::new(relay.store().clone(), key, file_names);
     let console =
         pgoutbox::server::console::Console::new(Arc::clone(relay), samples, &config.admin)
             .with_catalog(catalog);

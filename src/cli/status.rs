@@ -28,11 +28,12 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     let store = Store::new(pool.clone(), config.table.clone());
     // Untried events count for the destinations that will take them: those added at runtime too.
     let key = pgoutbox::definitions::Key::from_env()?;
-    match pgoutbox::definitions::load(&store, key.as_ref()).await {
-        Ok(loaded) => config
-            .destinations
-            .extend(loaded.destinations.into_iter().map(|(d, _)| d)),
-        Err(e) => eprintln!("destinations added at runtime are left out of this view: {e}"),
+    let added = match pgoutbox::definitions::load(&store, key.as_ref()).await {
+        Ok(loaded) => loaded.add_to(&mut config).map(drop),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = added {
+        eprintln!("destinations added at runtime are left out of this view: {e}");
     }
     let router = Router::new(&config.destinations);
     let names: Vec<String> = config.destinations.iter().map(|d| d.name.clone()).collect();

@@ -12,12 +12,13 @@ pub mod sealed;
 
 pub use catalog::{Actor, Catalog};
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::config::DestinationConfig;
+use crate::config::{Config, DestinationConfig};
 use crate::model::secrets::redact_url;
 use crate::sinks::Sink;
 use crate::store::definitions::{self as stored, StoredDefinition};
@@ -44,6 +45,9 @@ pub enum DefinitionError {
     /// The name is the configuration file's: it is changed there, not at runtime.
     #[error("destination {0:?} is defined in the configuration file: change it there (and send the relays SIGHUP)")]
     InFile(String),
+    /// A name is both the file's and managed at runtime (a relay starting finds it).
+    #[error("destination {0:?} is both in the configuration file and added at runtime: keep one (edit the file, or `pgoutbox destinations remove {0}`)")]
+    Both(String),
     /// No destination of that name is managed at runtime.
     #[error("no destination named {0:?} is managed at runtime")]
     NoSuch(String),
@@ -314,6 +318,31 @@ pub struct Loaded {
     pub version: i64,
     /// Each destination and its sink.
     pub destinations: Vec<(DestinationConfig, Arc<dyn Sink>)>,
+}
+
+impl Loaded {
+    /// Adds these destinations after `config`'s own (a name that is the file's too is an error);
+    /// their sinks, in the same order.
+    pub fn add_to(self, config: &mut Config) -> Result<Vec<Arc<dyn Sink>>, DefinitionError> {
+        let file: HashSet<&str> = config
+            .destinations
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        if let Some((both, _)) = self
+            .destinations
+            .iter()
+            .find(|(d, _)| file.contains(d.name.as_str()))
+        {
+            return Err(DefinitionError::Both(both.name.clone()));
+        }
+        let mut sinks = Vec::with_capacity(self.destinations.len());
+        for (destination, sink) in self.destinations {
+            config.destinations.push(destination);
+            sinks.push(sink);
+        }
+        Ok(sinks)
+    }
 }
 
 #[cfg(test)]

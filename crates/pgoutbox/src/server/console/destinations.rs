@@ -31,6 +31,7 @@ impl From<DefinitionError> for ApiError {
             DefinitionError::NoSuch(_) => StatusCode::NOT_FOUND,
             DefinitionError::Exists(_)
             | DefinitionError::InFile(_)
+            | DefinitionError::Both(_)
             | DefinitionError::Undelivered { .. } => StatusCode::CONFLICT,
             DefinitionError::NoKey
             | DefinitionError::BadKey
