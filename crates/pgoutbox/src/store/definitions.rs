@@ -80,10 +80,6 @@ const DESTINATION_DROP_EVENTS: [&str; 3] = [
 /// The shared pause and breaker state of a removed destination: gone with it.
 const DESTINATION_STATE_DELETE: &str = "DELETE FROM {qname:destinations} WHERE name = $1";
 
-/// AuditRecord, inside a change's unit of work.
-const AUDIT_RECORD: &str = "INSERT INTO {qname:audit} (who, via, action, filter, matched)
-    VALUES ($1, $2, $3, $4, $5)";
-
 /// This module's statements, rendered.
 pub(super) struct Sql {
     version: String,
@@ -97,7 +93,6 @@ pub(super) struct Sql {
     undelivered: String,
     drop_events: [String; 3],
     state_delete: String,
-    audit: String,
     channel: String,
 }
 
@@ -116,7 +111,6 @@ impl Sql {
             undelivered: r(DESTINATION_UNDELIVERED),
             drop_events: DESTINATION_DROP_EVENTS.map(r),
             state_delete: r(DESTINATION_STATE_DELETE),
-            audit: r(AUDIT_RECORD),
             channel: channel(table),
         }
     }
@@ -315,15 +309,8 @@ async fn finish(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
     change: &Change<'_>,
 ) -> Result<i64> {
+    super::operators::record_on(store, tx, change).await?;
     let sql = &store.sql.definitions;
-    sqlx::query(&sql.audit)
-        .bind(change.who)
-        .bind(change.via)
-        .bind(change.action)
-        .bind(&change.filter)
-        .bind(i64::try_from(change.matched).unwrap_or(i64::MAX))
-        .execute(&mut **tx)
-        .await?;
     let (version,): (i64,) = sqlx::query_as(&sql.bump)
         .bind(&sql.channel)
         .fetch_one(&mut **tx)

@@ -85,13 +85,23 @@ pub struct AuditRow {
 
 /// AuditRecord: records a change.
 pub async fn record(store: &Store, change: &Change<'_>) -> Result<()> {
+    record_on(store, store.pool().acquire().await?.as_mut(), change).await
+}
+
+/// AuditRecord on `conn`: inside another unit of work, so that the change and its line in the
+/// log commit together.
+pub(super) async fn record_on(
+    store: &Store,
+    conn: &mut sqlx::PgConnection,
+    change: &Change<'_>,
+) -> Result<()> {
     sqlx::query(&store.sql.operators.audit_record)
         .bind(change.who)
         .bind(change.via)
         .bind(change.action)
         .bind(&change.filter)
         .bind(i64::try_from(change.matched).unwrap_or(i64::MAX))
-        .execute(store.pool())
+        .execute(conn)
         .await?;
     Ok(())
 }
