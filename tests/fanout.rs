@@ -593,3 +593,34 @@ async fn lease_mode_fans_out() {
     assert_eq!(duplicates(&flapping), 0);
     assert_eq!(pairs(&db, "true").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_row_records_the_destination_that_delivered_it_when_a_batch_spans_several() {
+    let db = TestDb::migrated().await;
+    let rx = Receiver::start().await;
+    let names = ["alpha", "beta", "gamma"];
+    let blocks: Vec<String> = names
+        .iter()
+        .map(|n| webhook(n, &rx.url, &format!("topics = [\"{n}.*\"]")))
+        .collect();
+    for name in names {
+        db.insert_plain(7, &format!("{name}.created")).await;
+    }
+    let relay = Running::start(&db, &config(&db, &blocks));
+    let published = wait_for(Duration::from_secs(60), || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    relay.stop().await;
+    assert!(published, "every event was published");
+    for name in names {
+        assert_eq!(
+            db.count(&format!(
+                "destination = '{name}' AND topic = '{name}.created' AND published_at IS NOT NULL"
+            ))
+            .await,
+            7,
+            "{name}'s rows name it"
+        );
+    }
+}

@@ -35,8 +35,9 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
     let db = TestDb::migrated().await;
     let rx = Receiver::start().await;
     // "audit" also wants order.* events: those are split (one pair per destination) and their
-    // event row moves with no destination; user.* events go to "hooks" alone.
-    let text = webhook_config(&db, &rx.url, "topics = [\"*\"]")
+    // event row moves with no destination; user.* events go to "hooks" alone, invoice.* ones to
+    // "billing" alone.
+    let text = webhook_config(&db, &rx.url, "topics = [\"user.*\", \"order.*\"]")
         .replace(
             "[relay]\n",
             "retention = \"1h\"\nhistory = \"partitions\"\n[relay]\n",
@@ -44,17 +45,27 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
         + &format!(
             "\n[[destinations]]\nname = \"audit\"\ntype = \"webhook\"\nurl = \"{}\"\ntopics = [\"order.*\"]\n",
             rx.url
+        )
+        + &format!(
+            "\n[[destinations]]\nname = \"billing\"\ntype = \"webhook\"\nurl = \"{}\"\ntopics = [\"invoice.*\"]\n",
+            rx.url
         );
     let users = db.insert_plain(30, "user.signed_up").await;
     let orders = db.insert_plain(10, "order.created").await;
+    db.insert_plain(5, "invoice.paid").await;
     let relay = Running::start(&db, &text);
     let moved = wait_for(Duration::from_secs(60), || async {
-        db.count("true").await == 0 && history_count(&db, "true").await == 40
+        db.count("true").await == 0 && history_count(&db, "true").await == 45
     })
     .await;
     relay.stop().await;
     assert!(moved, "every event left the outbox for the history");
-    assert_eq!(rx.delivered_ids().len(), 40, "each event delivered");
+    assert_eq!(rx.delivered_ids().len(), 45, "each event delivered");
+    // A batch that spans destinations moves its rows in one statement, each with its own.
+    assert_eq!(
+        history_count(&db, "destination = 'billing' AND topic = 'invoice.paid'").await,
+        5
+    );
     assert_eq!(
         history_count(&db, "destination = 'hooks' AND topic = 'user.signed_up'").await,
         30
@@ -81,8 +92,8 @@ async fn delivered_events_move_to_the_history_and_stay_visible() {
     let table = OutboxTable::default_table();
     let store = pgoutbox::store::Store::new(db.pool.clone(), table.clone());
     let status = pgoutbox::status::read(&store, None).await.expect("status");
-    assert_eq!(status.totals.published_retained, 40);
-    assert_eq!(status.totals.published_last_minute, 40);
+    assert_eq!(status.totals.published_retained, 45);
+    assert_eq!(status.totals.published_last_minute, 45);
 
     let page = pgoutbox::store::inspect::search(
         &store,

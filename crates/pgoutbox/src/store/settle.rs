@@ -20,12 +20,15 @@ use crate::model::event::OutboxEvent;
 use crate::model::report::{BatchReport, DeliveredRows};
 use crate::table::OutboxTable;
 
-/// OutboxSetPublishedMany. Primary-key lookups; the row leaves the pending index. `$3` is the
-/// lease token in lease mode (NULL in transaction mode, where the row lock already fences).
+/// OutboxSetPublishedMany. Primary-key lookups; the row leaves the pending index. Each row
+/// records the destination that delivered it (`$2`, beside `$1`'s ids): one statement for a
+/// batch whatever the number of destinations it spans. `$3` is the lease token in lease mode
+/// (NULL in transaction mode, where the row lock already fences).
 const SET_PUBLISHED_MANY: &str = "
-UPDATE {outbox}
-SET published_at = statement_timestamp(), destination = $2, lease_token = NULL
-WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)";
+UPDATE {outbox} AS o
+SET published_at = statement_timestamp(), destination = d.destination, lease_token = NULL
+FROM unnest($1::uuid[], $2::text[]) AS d(id, destination)
+WHERE o.id = d.id AND ($3::uuid IS NULL OR o.lease_token = $3)";
 
 /// OutboxDeleteMany. Primary-key lookups; used when retention is zero, the cheapest settle.
 const DELETE_MANY: &str = "
@@ -38,14 +41,16 @@ WHERE id = ANY($1) AND ($2::uuid IS NULL OR lease_token = $2)";
 /// the count is the rows moved.
 const MOVE_MANY: &str = "
 WITH moved AS (
-    DELETE FROM {outbox}
-    WHERE id = ANY($1) AND ($3::uuid IS NULL OR lease_token = $3)
-    RETURNING id, seq, topic, key, payload, headers, created_at, attempts, last_error
+    DELETE FROM {outbox} AS o
+    USING unnest($1::uuid[], $2::text[]) AS d(id, destination)
+    WHERE o.id = d.id AND ($3::uuid IS NULL OR o.lease_token = $3)
+    RETURNING o.id, o.seq, o.topic, o.key, o.payload, o.headers, o.created_at, o.attempts,
+              o.last_error, d.destination
 )
 INSERT INTO {qname:history} (id, seq, topic, key, payload, headers, created_at, published_at,
                              destination, attempts, last_error)
-SELECT id, seq, topic, key, payload, headers, created_at, statement_timestamp(), $2, attempts,
-       last_error
+SELECT id, seq, topic, key, payload, headers, created_at, statement_timestamp(), destination,
+       attempts, last_error
 FROM moved";
 
 /// OutboxSetFailedMany. One statement for every failure of a batch: the delay and the dead flag
@@ -83,15 +88,15 @@ impl Sql {
     }
 }
 
-/// Rows one destination delivered, to settle.
+/// Delivered rows, to settle.
 #[derive(Debug, Clone, Copy)]
 pub struct Delivered<'a> {
     /// What they become.
     pub how: SettleMode,
-    /// The destination (recorded on the row).
-    pub destination: &'a str,
     /// The rows.
     pub ids: &'a [Uuid],
+    /// Beside each row, the destination that delivered it (recorded on the row).
+    pub destinations: &'a [&'a str],
     /// The lease token fencing them, if any.
     pub token: Option<Uuid>,
 }
@@ -102,16 +107,16 @@ pub async fn settle_delivered(store: &Store, unit: &mut Unit, rows: &Delivered<'
     let sql = &store.sql.settle;
     let Delivered {
         how,
-        destination,
         ids,
+        destinations,
         token,
     } = *rows;
     let query = match how {
         SettleMode::Delete => sqlx::query(&sql.delete_many).bind(ids),
         SettleMode::Mark => sqlx::query(&sql.set_published_many)
             .bind(ids)
-            .bind(destination),
-        SettleMode::Move => sqlx::query(&sql.move_many).bind(ids).bind(destination),
+            .bind(destinations),
+        SettleMode::Move => sqlx::query(&sql.move_many).bind(ids).bind(destinations),
     };
     Ok(query
         .bind(token)
@@ -311,7 +316,8 @@ pub async fn apply(
 }
 
 /// Marks published, deletes or moves to the history the delivered rows, as `mode` says: one
-/// statement per destination, fenced by the lease's `token` if any.
+/// statement whatever the number of destinations (a batch may span thousands), fenced by the
+/// lease's `token` if any.
 async fn write_rows(
     store: &Store,
     unit: &mut Unit,
@@ -319,21 +325,26 @@ async fn write_rows(
     mode: SettleMode,
     token: Option<Uuid>,
 ) -> Result<u64> {
-    let mut rows = 0;
-    for (destination, ids) in &delivered.0 {
-        let delivered = Delivered {
-            how: mode,
-            destination,
-            ids,
-            token,
-        };
-        rows += settle_delivered(store, unit, &delivered).await?;
+    if delivered.is_empty() {
+        return Ok(0);
     }
-    Ok(rows)
+    let mut ids = Vec::with_capacity(delivered.len());
+    let mut destinations = Vec::with_capacity(delivered.len());
+    for (destination, rows) in &delivered.0 {
+        ids.extend_from_slice(rows);
+        destinations.extend(rows.iter().map(|_| destination.as_str()));
+    }
+    let delivered = Delivered {
+        how: mode,
+        ids: &ids,
+        destinations: &destinations,
+        token,
+    };
+    settle_delivered(store, unit, &delivered).await
 }
 
 /// WAL: writes the delivered rows that [`apply`] deferred, several batches' at once, in one
-/// transaction.
+/// statement.
 pub async fn write_delivered(
     store: &Store,
     delivered: &DeliveredRows,
@@ -342,15 +353,9 @@ pub async fn write_delivered(
     if delivered.is_empty() {
         return Ok(0);
     }
-    if delivered.0.len() == 1 {
-        // One statement: no transaction to open and commit.
-        let mut unit = store.connect().await?;
-        return write_rows(store, &mut unit, delivered, mode, None).await;
-    }
-    let mut unit = store.begin().await?;
-    let rows = write_rows(store, &mut unit, delivered, mode, None).await?;
-    unit.commit().await?;
-    Ok(rows)
+    // One statement: no transaction to open and commit.
+    let mut unit = store.connect().await?;
+    write_rows(store, &mut unit, delivered, mode, None).await
 }
 
 async fn park_followers(
