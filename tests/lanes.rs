@@ -361,3 +361,49 @@ async fn a_flapping_destination_is_summed_up_in_the_log() {
         "in a WARN line naming the destination"
     );
 }
+
+/// A destination that accepts every request and never answers costs the others nothing: neither
+/// its batches alone (events only it takes), which are handed over after a second without an
+/// answer, nor batches it shares, which settle without it and wait for its answers aside, so
+/// that the claim loop goes on. Before, the claim loop waited for such a batch until its budget
+/// ended (`publish_timeout`, a minute here), and the healthy destination with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_never_answers_does_not_hold_back_the_others() {
+    const N: usize = 30;
+    let db = TestDb::migrated().await;
+    let healthy = Receiver::start().await;
+    let silent = Receiver::with(|_| Reply::ok().delay(Duration::from_secs(600))).await;
+    let text = format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\npublish_timeout = \"60s\"\nshutdown_grace = \"1s\"\n{}{}",
+        db.url,
+        webhook("healthy", &healthy.url, "topics = [\"ok\"]"),
+        webhook("silent", &silent.url, "timeout = \"60s\""),
+    );
+    let relay = Running::start(&db, &text);
+    // One event a transaction, alternately for both destinations and for the silent one alone.
+    for i in 0..N * 2 {
+        let topic = if i % 2 == 0 { "ok" } else { "other" };
+        sqlx::query("INSERT INTO outbox (topic, payload) VALUES ($1, '{}')")
+            .bind(topic)
+            .execute(&db.pool)
+            .await
+            .expect("insert");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let committed = Instant::now();
+    let all = wait_for(Duration::from_secs(20), || async {
+        healthy.delivered_ids().len() == N
+    })
+    .await;
+    println!(
+        "healthy destination: {} of {N} events, {:.1} s after the last commit; the silent one was sent {}",
+        healthy.delivered_ids().len(),
+        committed.elapsed().as_secs_f64(),
+        silent.count()
+    );
+    relay.stop().await;
+    assert!(
+        all,
+        "the healthy destination got its {N} events well before the silent one's requests time out"
+    );
+}

@@ -91,9 +91,10 @@ impl Claimers {
         }
     }
 
-    /// Claims, publishes and settles one batch. `detach` is signalled when the claim loop may go
-    /// on while this batch waits for a lane behind.
-    pub(super) async fn batch(&self, detach: Option<oneshot::Sender<()>>) -> Result<Settled> {
+    /// Claims, publishes and settles one batch. `signals` tell the claim loop when it may go on
+    /// while this batch waits for a lane behind, and when the batch has settled all but the
+    /// requests still out of the lanes it handed over.
+    pub(super) async fn batch(&self, signals: Signals) -> Result<Settled> {
         let ctx = &self.ctx;
         let claim_started = Instant::now();
         // Everything the claim holds is bounded by `publish_timeout` from the claim.
@@ -136,7 +137,7 @@ impl Claimers {
             guard: Some(guard),
             cut_off,
             token,
-            detach,
+            signals,
         };
         let read = Read {
             events,
@@ -158,7 +159,11 @@ impl Claimers {
         let what = format!("claim worker {worker}");
         let batch_size = settings.batch_size;
         let mut db_down = false;
-        let mut waiting: Option<tokio::task::JoinHandle<BatchResult>> = None;
+        // The batch the claim loop went on from, while it still holds its claim: one at a time.
+        let mut waiting: Option<Waiting> = None;
+        // Batches that settled all but the requests still out of lanes they handed over: they
+        // hold no claim, and a request that hangs keeps one only until its budget ends.
+        let mut stragglers = tokio::task::JoinSet::new();
         let mut quiet = false;
         let mut busy = Busy {
             count: &self.busy_workers,
@@ -224,16 +229,19 @@ impl Claimers {
             }
             let started = Instant::now();
             *self.claim_started.lock().unwrap_or_else(|e| e.into_inner()) = started;
-            let (signal, detached) = oneshot::channel();
+            while let Some(joined) = stragglers.try_join_next() {
+                total += report_of(worker, joined_batch(joined));
+            }
+            let (signals, mut detached, settled) = Signals::new();
             let claimers = Arc::clone(&self);
-            let mut batch = tokio::spawn(async move { claimers.batch(Some(signal)).await });
+            let mut batch = tokio::spawn(async move { claimers.batch(signals).await });
             let result = tokio::select! {
                 joined = &mut batch => joined_batch(joined).map(|s| (s.report.claimed, s.report)),
-                Ok(()) = detached => {
+                Ok(()) = &mut detached => {
                     // A lane of it is behind: claim on while the batch waits; its report is
                     // counted when it ends.
-                    if let Some(previous) = waiting.replace(batch) {
-                        total += report_of(worker, joined_batch(previous.await));
+                    if let Some(previous) = waiting.replace(Waiting { batch, settled }) {
+                        total += previous.until_settled(&mut stragglers, worker).await;
                     }
                     // A lane of it is behind: the next batch goes at once.
                     Ok((batch_size, BatchReport::default()))
@@ -274,7 +282,10 @@ impl Claimers {
             }
         }
         if let Some(previous) = waiting {
-            total += report_of(worker, joined_batch(previous.await));
+            total += report_of(worker, joined_batch(previous.batch.await));
+        }
+        while let Some(joined) = stragglers.join_next().await {
+            total += report_of(worker, joined_batch(joined));
         }
         total
     }
@@ -314,13 +325,66 @@ struct Claimed {
     cut_off: Vec<Uuid>,
     /// The lease of what the batch hands over with its request out.
     token: Uuid,
-    /// Signalled when the claim loop may go on while the batch waits.
+    /// What the claim loop is told while the batch runs.
+    signals: Signals,
+}
+
+/// What a batch tells its claim loop: that the loop may go on while it waits for a lane behind
+/// (`detach`), and that it has settled all but the requests still out (`settled`).
+#[derive(Default)]
+pub(super) struct Signals {
     detach: Option<oneshot::Sender<()>>,
+    settled: Option<oneshot::Sender<()>>,
+}
+
+impl Signals {
+    /// A batch's signals and the claim loop's ends of them.
+    fn new() -> (Self, oneshot::Receiver<()>, oneshot::Receiver<()>) {
+        let (detach, detached) = oneshot::channel();
+        let (settled, settled_rx) = oneshot::channel();
+        let signals = Self {
+            detach: Some(detach),
+            settled: Some(settled),
+        };
+        (signals, detached, settled_rx)
+    }
+
+    /// Signals nobody: a batch run outside a claim loop.
+    pub(super) fn none() -> Self {
+        Self::default()
+    }
+}
+
+/// A batch the claim loop went on from, and its `settled` signal.
+struct Waiting {
+    batch: tokio::task::JoinHandle<BatchResult>,
+    settled: oneshot::Receiver<()>,
+}
+
+impl Waiting {
+    /// Waits until the batch has settled: then it holds no claim any more, and if requests of it
+    /// are still out (a destination that hangs), it joins `stragglers` rather than holding up
+    /// the claim loop until its budget ends. The report of a batch that ended.
+    async fn until_settled(
+        mut self,
+        stragglers: &mut tokio::task::JoinSet<BatchResult>,
+        worker: usize,
+    ) -> BatchReport {
+        tokio::select! {
+            joined = &mut self.batch => report_of(worker, joined_batch(joined)),
+            Ok(()) = &mut self.settled => {
+                let batch = self.batch;
+                // A panic in it still goes on up to the worker, through the straggler's join.
+                stragglers.spawn(async move { joined_batch(batch.await) });
+                BatchReport::default()
+            }
+        }
+    }
 }
 
 impl Claimed {
     fn signal(&mut self) {
-        if let Some(signal) = self.detach.take() {
+        if let Some(signal) = self.signals.detach.take() {
             let _ = signal.send(());
         }
     }
@@ -363,6 +427,9 @@ impl Origin for Claimed {
 
     fn settled_early(&mut self, _early: &Settled) {
         self.signal();
+        if let Some(settled) = self.signals.settled.take() {
+            let _ = settled.send(());
+        }
     }
 }
 

@@ -127,7 +127,7 @@ impl Relay {
 
     /// Claims, publishes and settles one batch.
     pub async fn run_batch(&self) -> Result<BatchReport> {
-        Ok(self.claimers.batch(None).await?.report)
+        Ok(self.claimers.batch(claimer::Signals::none()).await?.report)
     }
 
     /// Claims, publishes and settles one batch of due pairs of every lane, one lane after the

@@ -47,8 +47,8 @@ pub(super) struct Published {
 }
 
 /// Publishes `items` of `events` until `deadline`, watched: a lane that lags behind is handed
-/// over, and `detach` is called once some lane is done while another is not (the claim loop may
-/// go on).
+/// over, and `detach` is called once the claim loop may go on while the batch waits (see
+/// `watch::may_detach`).
 pub(super) async fn publish(
     ctx: &Arc<Context>,
     events: Vec<OutboxEvent>,
@@ -176,6 +176,10 @@ impl Watched for Run {
 
     fn answered(&self, i: usize) -> bool {
         self.slots[i].answer().is_some()
+    }
+
+    fn silent_for(&self, d: usize) -> std::time::Duration {
+        self.ctx.lanes[d].gate.silent_for(std::time::Instant::now())
     }
 }
 

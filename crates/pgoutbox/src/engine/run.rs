@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 use uuid::Uuid;
 
-use super::claimer::Claimers;
+use super::claimer::{Claimers, Signals};
 use super::context::Context;
 use super::publish::panic_message;
 use super::{destinations, replays, retries, upkeep};
@@ -125,7 +125,7 @@ pub(super) async fn run_once(ctx: &Arc<Context>, claimers: &Claimers) -> Result<
     let mut failed_before: HashSet<Uuid> = HashSet::new();
     let mut unbounded_tried = false;
     loop {
-        let settled = claimers.batch(None).await?;
+        let settled = claimers.batch(Signals::none()).await?;
         let (report, retried) = (settled.report, settled.retried);
         total += report;
         let only_repeats = report.delivered == 0

@@ -3,7 +3,12 @@
 //!
 //! The watch ([`Watch`]) decides in one pure function ([`lagging`]) which lanes to hand over: a
 //! lane that has not finished when another lane of the batch has, within as long again as that
-//! lane took (and at least [`MIN_LINGER`]), or a lane whose last few requests stalled. A lane
+//! lane took (and at least [`MIN_LINGER`]), a lane whose last few requests stalled, or a lane
+//! that has had no answer for [`SILENCE`], or whose destination has not answered anyone for that
+//! long, alone in its batch or not. A destination that accepts requests and never answers would
+//! otherwise hold each batch with an event for it, and its claim loop, until the batch's budget
+//! ends, while the other destinations' events wait behind it; once it is known silent, its lanes
+//! are handed over at the first look. A lane
 //! handed over stops starting requests; the batch settles without waiting for it, its unsent
 //! items and its requests still out becoming pairs of the deliveries table. And as soon as one
 //! lane of the batch is done while another is not, the claim loop may go on to its next batch.
@@ -38,6 +43,11 @@ const MIN_LINGER: Duration = Duration::from_millis(50);
 /// stalled (a request that hangs, a slow answer).
 const STRAGGLER_PATIENCE: Duration = Duration::from_millis(200);
 
+/// How long a lane may go without an answer (since the batch began, or since its last answer)
+/// before it is handed over, whatever the other lanes do. Longer than most endpoints take to
+/// answer, so that a merely slow one keeps its batches whole.
+const SILENCE: Duration = Duration::from_secs(1);
+
 /// One lane's progress in a batch, as [`lagging`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct LaneProgress {
@@ -49,6 +59,8 @@ struct LaneProgress {
     done_at: Option<Instant>,
     /// When its last answer came.
     last_answer_at: Option<Instant>,
+    /// How long its destination has had requests out and no answer, from this batch or any.
+    destination_silent: Duration,
 }
 
 impl LaneProgress {
@@ -63,8 +75,9 @@ impl LaneProgress {
 
 /// The lanes of a batch (started at `started`) to hand over at `now`: the unfinished ones, once
 /// another lane finished and they have had as long again as it took (at least [`MIN_LINGER`]);
-/// and a lane whose few remaining items (at most one in twenty) have had no answer for
-/// [`STRAGGLER_PATIENCE`].
+/// a lane whose few remaining items (at most one in twenty) have had no answer for
+/// [`STRAGGLER_PATIENCE`]; and a lane with no answer for [`SILENCE`], or whose destination has
+/// had none for that long.
 fn lagging(lanes: &[LaneProgress], started: Instant, now: Instant) -> Vec<usize> {
     let first_done = lanes
         .iter()
@@ -86,9 +99,22 @@ fn lagging(lanes: &[LaneProgress], started: Instant, now: Instant) -> Vec<usize>
                 && left <= (l.items / 20).max(1)
                 && l.last_answer_at
                     .is_some_and(|t| now.saturating_duration_since(t) >= STRAGGLER_PATIENCE);
-            behind || stalled
+            let silent = l.destination_silent >= SILENCE
+                || now.saturating_duration_since(l.last_answer_at.unwrap_or(started)) >= SILENCE;
+            behind || stalled || silent
         })
         .collect()
+}
+
+/// Whether the claim loop may go on while the batch (started at `started`) waits, at `now`: some
+/// lane finished while another has not, or the batch has run [`STRAGGLER_PATIENCE`] (a batch
+/// whose only lane is slow, or silent and not yet known so, holds its claim loop no longer than
+/// that; the loop still waits for it before it goes on from another).
+fn may_detach(lanes: &[LaneProgress], started: Instant, now: Instant) -> bool {
+    let unfinished = lanes.iter().any(LaneProgress::unfinished);
+    unfinished
+        && (lanes.iter().any(LaneProgress::done)
+            || now.saturating_duration_since(started) >= STRAGGLER_PATIENCE)
 }
 
 /// What a batch has seen of its lanes, kept up to date at each look ([`Watch::look`]).
@@ -110,6 +136,10 @@ pub(super) trait Watched {
 
     /// Whether item `i` has its answer.
     fn answered(&self, i: usize) -> bool;
+
+    /// How long lane `d`'s destination has had requests out and no answer (see
+    /// [`crate::sinks::gate::Gate::silent_for`]).
+    fn silent_for(&self, d: usize) -> Duration;
 }
 
 impl Watch {
@@ -134,7 +164,10 @@ impl Watch {
                 answered[d] += 1;
             }
         }
-        for (lane, n) in self.lanes.iter_mut().zip(answered) {
+        for (d, (lane, n)) in self.lanes.iter_mut().zip(answered).enumerate() {
+            if lane.unfinished() {
+                lane.destination_silent = batch.silent_for(d);
+            }
             if n != lane.answered {
                 lane.answered = n;
                 lane.last_answer_at = Some(now);
@@ -145,9 +178,9 @@ impl Watch {
         }
     }
 
-    /// Whether some lane finished while another has not.
-    fn some_lane_behind(&self) -> bool {
-        self.lanes.iter().any(LaneProgress::done) && self.lanes.iter().any(LaneProgress::unfinished)
+    /// Whether the claim loop may go on while the batch waits (see [`may_detach`]).
+    fn may_detach(&self, started: Instant, now: Instant) -> bool {
+        may_detach(&self.lanes, started, now)
     }
 
     /// The lanes to hand over now (see [`lagging`]).
@@ -168,8 +201,8 @@ pub(super) enum Stop {
 }
 
 /// Waits for `publish` (the publishing of `batch`) to end, for `abort`, or for lanes to hand over.
-/// `detach` is called once some lane of the batch is done while another is not: the claim loop
-/// may then claim its next batch while this one waits.
+/// `detach` is called once [`may_detach`] says so: the claim loop may then claim its next batch
+/// while this one waits.
 pub(super) async fn drive<F: Future + ?Sized>(
     batch: &impl Watched,
     mut publish: Pin<&mut F>,
@@ -184,7 +217,7 @@ pub(super) async fn drive<F: Future + ?Sized>(
             _ = tokio::time::sleep(WATCH_EVERY) => {
                 let now = Instant::now();
                 watch.look(batch, now);
-                if watch.some_lane_behind() {
+                if watch.may_detach(batch.started(), now) {
                     detach();
                 }
                 let lagging = watch.lagging(batch.started(), now);
@@ -225,6 +258,30 @@ mod tests {
             answered,
             done_at: done_ms.map(|ms| at(t0, ms)),
             last_answer_at: last_ms.map(|ms| at(t0, ms)),
+            destination_silent: Duration::ZERO,
+        }
+    }
+
+    /// (lanes, now) → whether the claim loop may go on.
+    #[test]
+    fn detach_table() {
+        let t0 = Instant::now();
+        let l = |items, answered, done, last| lane(items, answered, done, last, t0);
+        let cases: Vec<(Vec<LaneProgress>, u64, bool)> = vec![
+            // One lane, going: not before STRAGGLER_PATIENCE.
+            (vec![l(10, 3, None, Some(5))], 199, false),
+            (vec![l(10, 3, None, Some(5))], 200, true),
+            // One done, one not: at once.
+            (
+                vec![l(1, 1, Some(2), Some(2)), l(1, 0, None, None)],
+                3,
+                true,
+            ),
+            // All done: nothing to wait for.
+            (vec![l(1, 1, Some(2), Some(2))], 500, false),
+        ];
+        for (i, (lanes, now, expected)) in cases.iter().enumerate() {
+            assert_eq!(may_detach(lanes, t0, at(t0, *now)), *expected, "case {i}");
         }
     }
 
@@ -240,7 +297,7 @@ mod tests {
                 100,
                 vec![],
             ),
-            // One lane alone, still going (not stalled): wait, whatever the time.
+            // One lane alone, still answering: wait.
             (vec![l(100, 40, None, Some(990))], 1_000, vec![]),
             // A fast lane done at 5 ms: the slow one gets MIN_LINGER (50 ms) from then.
             (
@@ -273,10 +330,38 @@ mod tests {
             // Stragglers: one of forty left, no answer for 200 ms.
             (vec![l(40, 39, None, Some(100))], 250, vec![]),
             (vec![l(40, 39, None, Some(100))], 300, vec![0]),
-            // Too many left to be stragglers.
-            (vec![l(40, 30, None, Some(100))], 5_000, vec![]),
-            // Nothing answered yet: not stalled, the budget decides.
-            (vec![l(10, 0, None, None)], 5_000, vec![]),
+            // Too many left to be stragglers, and answering.
+            (vec![l(40, 30, None, Some(100))], 1_000, vec![]),
+            // Nothing answered yet: not stalled, but silent from a second on, even alone (a
+            // destination that never answers does not hold the batch until its budget ends).
+            (vec![l(10, 0, None, None)], 999, vec![]),
+            (vec![l(10, 0, None, None)], 1_000, vec![0]),
+            // No answer for a second since the last one: silent.
+            (vec![l(40, 30, None, Some(100))], 1_100, vec![0]),
+            // A destination silent for a second already (its requests of earlier batches hang):
+            // its lane is handed over at once, alone or not.
+            (
+                vec![LaneProgress {
+                    destination_silent: Duration::from_secs(1),
+                    ..l(10, 0, None, None)
+                }],
+                10,
+                vec![0],
+            ),
+            (
+                vec![LaneProgress {
+                    destination_silent: Duration::from_millis(999),
+                    ..l(10, 0, None, None)
+                }],
+                10,
+                vec![],
+            ),
+            // A lane done and one silent (not yet behind by the linger rule): the silent one.
+            (
+                vec![l(1, 1, Some(900), Some(900)), l(1, 0, None, None)],
+                1_000,
+                vec![1],
+            ),
             // Two slow lanes behind a fast one: both handed over.
             (
                 vec![

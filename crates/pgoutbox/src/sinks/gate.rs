@@ -134,6 +134,10 @@ struct Local {
     failures_in_a_row: u32,
     proven: bool,
     in_flight: usize,
+    /// Since when requests have been out without a break (none out: `None`).
+    busy_since: Option<std::time::Instant>,
+    /// When the last answer came.
+    last_answer: Option<std::time::Instant>,
     since: Option<DateTime<Utc>>,
     last_error: Option<String>,
     /// A breaker this relay opened, not yet stored (the engine stores it).
@@ -164,6 +168,9 @@ impl Drop for Permit<'_> {
         {
             let mut l = self.gate.local();
             l.in_flight = l.in_flight.saturating_sub(1);
+            if l.in_flight == 0 {
+                l.busy_since = None;
+            }
         }
         self.gate.changed.notify_waiters();
     }
@@ -232,8 +239,24 @@ impl Gate {
         if !probe && !may_start(&admission) {
             return None;
         }
+        if l.in_flight == 0 {
+            l.busy_since = Some(std::time::Instant::now());
+        }
         l.in_flight += 1;
         Some(Permit { gate: self })
+    }
+
+    /// How long the destination has had requests out with no answer (since its last answer, or
+    /// since the first of them started, whichever is later); zero when none is out. A destination
+    /// that accepts requests and never answers is silent for ever longer, whichever batch sent
+    /// them.
+    pub fn silent_for(&self, now: std::time::Instant) -> Duration {
+        let l = self.local();
+        let Some(busy) = l.busy_since else {
+            return Duration::ZERO;
+        };
+        let heard = l.last_answer.map_or(busy, |answer| answer.max(busy));
+        now.saturating_duration_since(heard)
     }
 
     /// A future that completes at the gate's next change (a request ended, an answer changed what
@@ -279,6 +302,7 @@ impl Gate {
     pub fn answered(&self, outcome: &Outcome) -> Counted {
         let (counted, changed) = {
             let mut l = self.local();
+            l.last_answer = Some(std::time::Instant::now());
             let before = (l.failures_in_a_row, l.proven, l.breaker);
             let counted = match outcome {
                 Outcome::Delivered | Outcome::Rejected { .. } => {
@@ -394,6 +418,31 @@ mod tests {
             },
             concurrency,
         )
+    }
+
+    #[test]
+    fn silence_counts_from_the_last_answer_or_the_first_request_out() {
+        let g = gate(10, None);
+        let later = |s: u64| std::time::Instant::now() + Duration::from_secs(s);
+        assert_eq!(g.silent_for(later(60)), Duration::ZERO, "nothing out");
+        let first = g.try_admit(false).expect("admitted");
+        let second = g.try_admit(false).expect("admitted");
+        assert!(
+            g.silent_for(later(5)) >= Duration::from_secs(5),
+            "out, no answer"
+        );
+        g.answered(&Outcome::Delivered);
+        drop(first);
+        let silent = g.silent_for(later(2));
+        assert!(
+            silent >= Duration::from_secs(2) && silent < Duration::from_secs(3),
+            "counted from the answer: {silent:?}"
+        );
+        drop(second);
+        assert_eq!(g.silent_for(later(60)), Duration::ZERO, "none out any more");
+        // An answer long ago does not make a new request silent.
+        let _third = g.try_admit(false).expect("admitted");
+        assert!(g.silent_for(std::time::Instant::now()) < Duration::from_secs(1));
     }
 
     #[test]
