@@ -244,3 +244,36 @@ pub async fn insert_spread(pool: &PgPool, events: i64, topics: i64) -> sqlx::Res
     .await?;
     Ok(())
 }
+
+/// `count` due pairs of the destination `destination` in the default outbox's deliveries table,
+/// as a destination that was down and is back leaves them (`bench fairness`); then ANALYZE.
+pub async fn due_pairs(pool: &PgPool, destination: &str, count: i64) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox_deliveries (event_id, destination, seq, topic, payload, created_at,
+                                        attempts, next_attempt_at)
+         SELECT gen_random_uuid(), $2, g, $2, jsonb_build_object('n', g),
+                now() - interval '1 hour', 1, now() - interval '1 minute'
+         FROM generate_series(1, $1) g",
+    )
+    .bind(count)
+    .bind(destination)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE outbox_deliveries")
+        .execute(pool)
+        .await
+        .map(|_| ())
+}
+
+/// One statement of events on the topics `t.<i>` for each `i` of `topics`: each event's id and
+/// `i`, in no particular order.
+pub async fn spread_events(pool: &PgPool, topics: &[i32]) -> sqlx::Result<Vec<(String, i32)>> {
+    sqlx::query_as(
+        "INSERT INTO outbox (topic, payload)
+         SELECT 't.' || i, '{}'::jsonb FROM unnest($1::int[]) AS i
+         RETURNING id::text, split_part(topic, '.', 2)::int",
+    )
+    .bind(topics)
+    .fetch_all(pool)
+    .await
+}

@@ -264,3 +264,11 @@ pub async fn transactions(pool: &PgPool) -> sqlx::Result<i64> {
     .fetch_one(pool)
     .await
 }
+
+/// The undelivered pairs of `destination` in the default outbox's deliveries table.
+pub async fn pairs_left(pool: &PgPool, destination: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_deliveries WHERE destination = $1")
+        .bind(destination)
+        .fetch_one(pool)
+        .await
+}
