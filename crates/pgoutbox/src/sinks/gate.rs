@@ -138,6 +138,9 @@ struct Local {
     busy_since: Option<std::time::Instant>,
     /// When the last answer came.
     last_answer: Option<std::time::Instant>,
+    /// When the breaker last closed: a failure of a request started before that is the outage's,
+    /// not news.
+    closed_at: Option<std::time::Instant>,
     since: Option<DateTime<Utc>>,
     last_error: Option<String>,
     /// A breaker this relay opened, not yet stored (the engine stores it).
@@ -300,10 +303,19 @@ impl Gate {
     /// up (a permanent rejection), resets the failures in a row. A failure while the breaker is
     /// open is held, not counted.
     pub fn answered(&self, outcome: &Outcome) -> Counted {
+        self.answered_to(outcome, None)
+    }
+
+    /// [`Gate::answered`] for a request that started at `started`: a failure of a request that
+    /// started before the breaker last closed (one handed over during an outage, whose timeout
+    /// comes after the destination is back) is retried as any failure but not counted on the
+    /// breaker, so that it cannot open again a breaker that a later answer closed.
+    pub fn answered_to(&self, outcome: &Outcome, started: Option<std::time::Instant>) -> Counted {
         let (counted, changed) = {
             let mut l = self.local();
             l.last_answer = Some(std::time::Instant::now());
             let before = (l.failures_in_a_row, l.proven, l.breaker);
+            let stale = started.is_some_and(|s| l.closed_at.is_some_and(|closed| s < closed));
             let counted = match outcome {
                 Outcome::Delivered | Outcome::Rejected { .. } => {
                     l.failures_in_a_row = 0;
@@ -318,6 +330,10 @@ impl Gate {
                 Outcome::Retry { reason, .. } => {
                     if l.breaker != BreakerState::Closed {
                         Counted::Held
+                    } else if stale {
+                        l.summary.failed += 1;
+                        l.summary.last_error = Some(reason.clone());
+                        Counted::Attempt
                     } else {
                         l.failures_in_a_row = l.failures_in_a_row.saturating_add(1);
                         l.summary.failed += 1;
@@ -372,6 +388,9 @@ impl Gate {
             if breaker != l.breaker {
                 l.failures_in_a_row = 0;
                 l.proven = false;
+                if breaker == BreakerState::Closed {
+                    l.closed_at = Some(std::time::Instant::now());
+                }
             }
             l.breaker = breaker;
             l.paused = stored.paused_at.is_some();
@@ -388,6 +407,7 @@ impl Gate {
         {
             let mut l = self.local();
             l.breaker = BreakerState::Closed;
+            l.closed_at = Some(std::time::Instant::now());
             l.failures_in_a_row = 0;
             l.proven = true;
             l.since = Some(Utc::now());
@@ -418,6 +438,25 @@ mod tests {
             },
             concurrency,
         )
+    }
+
+    #[test]
+    fn a_failure_of_a_request_older_than_the_close_is_not_counted() {
+        let g = gate(2, None);
+        let fail = || Outcome::retry("timed out");
+        let before = std::time::Instant::now();
+        assert_eq!(g.answered(&fail()), Counted::Attempt);
+        assert_eq!(g.answered(&fail()), Counted::Tripped);
+        g.close();
+        // Requests out since before the close time out now: retried, not counted.
+        for _ in 0..5 {
+            assert_eq!(g.answered_to(&fail(), Some(before)), Counted::Attempt);
+        }
+        assert!(g.is_open(), "the breaker stays closed");
+        // A request started after the close counts as usual.
+        let after = std::time::Instant::now();
+        assert_eq!(g.answered_to(&fail(), Some(after)), Counted::Attempt);
+        assert_eq!(g.answered_to(&fail(), Some(after)), Counted::Tripped);
     }
 
     #[test]

@@ -109,6 +109,8 @@ impl Budget {
 pub struct Slot {
     answer: OnceLock<(Outcome, Counted)>,
     started: AtomicBool,
+    /// When its request started (the breaker tells an outage's late failures by it).
+    started_at: OnceLock<std::time::Instant>,
 }
 
 impl Slot {
@@ -168,6 +170,7 @@ impl<'a> Share<'a> {
                 self.budget.started.store(true, Ordering::Relaxed);
                 if let Some(slot) = self.slot(i) {
                     slot.started.store(true, Ordering::Release);
+                    let _ = slot.started_at.set(std::time::Instant::now());
                 }
                 return Some(permit);
             }
@@ -185,9 +188,11 @@ impl<'a> Share<'a> {
     /// event counts as started when it returns a permit.
     pub async fn admit_all(&self) -> Option<Permit<'a>> {
         let permit = self.admit(0, Duration::ZERO).await?;
+        let now = std::time::Instant::now();
         for i in 0..self.at.len() {
             if let Some(slot) = self.slot(i) {
                 slot.started.store(true, Ordering::Release);
+                let _ = slot.started_at.set(now);
             }
         }
         Some(permit)
@@ -200,7 +205,9 @@ impl<'a> Share<'a> {
         if slot.answer.get().is_some() {
             return;
         }
-        let counted = self.gate.answered(&outcome);
+        let counted = self
+            .gate
+            .answered_to(&outcome, slot.started_at.get().copied());
         let _ = slot.answer.set((outcome, counted));
     }
 
@@ -216,7 +223,11 @@ impl<'a> Share<'a> {
         let Some(answer) = call_answer(fresh.iter().map(|(_, o)| o)) else {
             return;
         };
-        let counted = self.gate.answered(answer);
+        let started = fresh
+            .iter()
+            .filter_map(|(i, _)| self.slot(*i).and_then(|s| s.started_at.get().copied()))
+            .min();
+        let counted = self.gate.answered_to(answer, started);
         for (i, outcome) in fresh {
             let counted = match outcome {
                 Outcome::Retry { .. } => counted,
