@@ -68,11 +68,16 @@ WITH picked AS (
 )";
 
 /// The end of DeliveriesClaim and DeliveriesClaimProbe: the `picked` pairs are leased (due again at
-/// the lease expiry `$2`, fencing token `$3`) and returned as events.
-const DELIVERIES_LEASE: &str = "
+/// the lease expiry `$2`, fencing token `$3`) and returned as events. They are joined back by
+/// primary key through arrays: joined to the CTE itself, the planner cannot tell how few rows it
+/// holds and, on a large table, hashes the whole table (360 ms at 1,000,000 pairs, against 7 ms).
+const DELIVERIES_LEASE: &str = ",
+keys AS (
+    SELECT array_agg(event_id) AS ids, array_agg(destination) AS destinations FROM picked
+)
 UPDATE {qname:deliveries} AS d
 SET next_attempt_at = now() + make_interval(secs => $2), lease_token = $3
-FROM picked
+FROM unnest((SELECT ids FROM keys), (SELECT destinations FROM keys)) AS picked(event_id, destination)
 WHERE d.event_id = picked.event_id AND d.destination = picked.destination
 RETURNING d.event_id AS id, d.destination, d.seq, d.topic, d.key, d.payload::text AS payload,
           d.headers::text AS headers, d.created_at, d.attempts";
