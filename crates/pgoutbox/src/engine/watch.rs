@@ -11,7 +11,8 @@
 //! are handed over at the first look. A lane
 //! handed over stops starting requests; the batch settles without waiting for it, its unsent
 //! items and its requests still out becoming pairs of the deliveries table. And as soon as one
-//! lane of the batch is done while another is not, the claim loop may go on to its next batch.
+//! lane of the batch is done while another is not, or once the batch has run
+//! [`STRAGGLER_PATIENCE`], the claim loop may go on to its next batch ([`may_detach`]).
 
 use std::future::Future;
 use std::pin::Pin;

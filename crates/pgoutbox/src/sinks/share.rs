@@ -108,7 +108,6 @@ impl Budget {
 #[derive(Debug, Default)]
 pub struct Slot {
     answer: OnceLock<(Outcome, Counted)>,
-    started: AtomicBool,
     /// When its request started (the breaker tells an outage's late failures by it).
     started_at: OnceLock<std::time::Instant>,
 }
@@ -126,7 +125,7 @@ impl Slot {
 
     /// Whether its request started (it may be in flight).
     pub fn started(&self) -> bool {
-        self.started.load(Ordering::Acquire)
+        self.started_at.get().is_some()
     }
 }
 
@@ -169,7 +168,6 @@ impl<'a> Share<'a> {
             if let Some(permit) = self.gate.try_admit(self.budget.probe) {
                 self.budget.started.store(true, Ordering::Relaxed);
                 if let Some(slot) = self.slot(i) {
-                    slot.started.store(true, Ordering::Release);
                     let _ = slot.started_at.set(std::time::Instant::now());
                 }
                 return Some(permit);
@@ -191,7 +189,6 @@ impl<'a> Share<'a> {
         let now = std::time::Instant::now();
         for i in 0..self.at.len() {
             if let Some(slot) = self.slot(i) {
-                slot.started.store(true, Ordering::Release);
                 let _ = slot.started_at.set(now);
             }
         }

@@ -330,24 +330,27 @@ impl Gate {
                 Outcome::Retry { reason, .. } => {
                     if l.breaker != BreakerState::Closed {
                         Counted::Held
-                    } else if stale {
-                        l.summary.failed += 1;
-                        l.summary.last_error = Some(reason.clone());
-                        Counted::Attempt
                     } else {
-                        l.failures_in_a_row = l.failures_in_a_row.saturating_add(1);
                         l.summary.failed += 1;
                         l.summary.last_error = Some(reason.clone());
-                        if self.policy.failures > 0 && l.failures_in_a_row >= self.policy.failures {
-                            l.breaker = BreakerState::Open;
-                            l.since = Some(Utc::now());
-                            l.last_error = Some(reason.clone());
-                            l.failures_in_a_row = 0;
-                            l.proven = false;
-                            l.tripped = Some(reason.clone());
-                            Counted::Tripped
-                        } else {
+                        if stale {
+                            // Retried per its policy, but no news of the destination.
                             Counted::Attempt
+                        } else {
+                            l.failures_in_a_row = l.failures_in_a_row.saturating_add(1);
+                            if self.policy.failures > 0
+                                && l.failures_in_a_row >= self.policy.failures
+                            {
+                                l.breaker = BreakerState::Open;
+                                l.since = Some(Utc::now());
+                                l.last_error = Some(reason.clone());
+                                l.failures_in_a_row = 0;
+                                l.proven = false;
+                                l.tripped = Some(reason.clone());
+                                Counted::Tripped
+                            } else {
+                                Counted::Attempt
+                            }
                         }
                     }
                 }
