@@ -149,20 +149,8 @@ async fn measure(
     spec.min_poll = "1ms";
     let started = Instant::now();
     let mut relay = RelayProcess::spawn(scratch, &spec)?;
-    while !relay.ready().await {
-        if let Some(why) = relay.exited() {
-            anyhow::bail!(
-                "the relay with {count} destinations stopped before it was ready ({why})"
-            );
-        }
-        anyhow::ensure!(
-            started.elapsed() < args.ready_within,
-            "the relay with {count} destinations was not ready within {}",
-            humantime::format_duration(args.ready_within)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let ready = started.elapsed();
+    let what = format!("the relay with {count} destinations");
+    let ready = relay.wait_ready(started, args.ready_within, &what).await?;
     // Start-up work (registering destinations, first probes) is over before the idle window.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pids = sql::watch::relay_backends(&scratch.pool).await?;

@@ -218,17 +218,9 @@ async fn measure(
     spec.extra_destinations = &extra;
     let started = Instant::now();
     let mut relay = RelayProcess::spawn(scratch, &spec)?;
-    while !relay.ready().await {
-        if let Some(why) = relay.exited() {
-            anyhow::bail!("the relay stopped before it was ready ({why})");
-        }
-        anyhow::ensure!(
-            started.elapsed() < args.ready_within,
-            "the relay was not ready within {}",
-            humantime::format_duration(args.ready_within)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    relay
+        .wait_ready(started, args.ready_within, "the relay")
+        .await?;
     let committed = produce(scratch, out, args).await?;
     let bar = out.bar(committed.len() as u64, "healthy events arriving");
     let deadline = Instant::now() + args.grace;

@@ -204,6 +204,28 @@ impl RelayProcess {
             .is_ok_and(|r| r.status().is_success())
     }
 
+    /// Waits until [`RelayProcess::ready`], at most until `within` after `started`; how long
+    /// since `started`. `what` names the relay in the error when it stops first or is late.
+    pub async fn wait_ready(
+        &mut self,
+        started: Instant,
+        within: Duration,
+        what: &str,
+    ) -> anyhow::Result<Duration> {
+        while !self.ready().await {
+            if let Some(why) = self.exited() {
+                anyhow::bail!("{what} stopped before it was ready ({why})");
+            }
+            anyhow::ensure!(
+                started.elapsed() < within,
+                "{what} was not ready within {}",
+                humantime::format_duration(within)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(started.elapsed())
+    }
+
     /// The relay's Prometheus scrape (empty when it cannot be read).
     pub async fn metrics(&self) -> String {
         match reqwest::get(&self.metrics_url).await {
