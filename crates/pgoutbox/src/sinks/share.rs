@@ -198,13 +198,27 @@ impl<'a> Share<'a> {
     /// Records the outcome of the call's `i`-th event, counting it on the destination's breaker;
     /// the first outcome recorded for it stands.
     pub fn record(&self, i: usize, outcome: Outcome) {
+        self.record_as(i, outcome, true);
+    }
+
+    /// Records the failure of the call's `i`-th event whose request timed out: counted on the
+    /// breaker as [`Share::record`] does, but the destination did not answer, so it stays silent
+    /// ([`Gate::timed_out`]).
+    pub fn record_timeout(&self, i: usize, outcome: Outcome) {
+        self.record_as(i, outcome, false);
+    }
+
+    fn record_as(&self, i: usize, outcome: Outcome, heard: bool) {
         let Some(slot) = self.slot(i) else { return };
         if slot.answer.get().is_some() {
             return;
         }
-        let counted = self
-            .gate
-            .answered_to(&outcome, slot.started_at.get().copied());
+        let started = slot.started_at.get().copied();
+        let counted = if heard {
+            self.gate.answered_to(&outcome, started)
+        } else {
+            self.gate.timed_out(&outcome, started)
+        };
         let _ = slot.answer.set((outcome, counted));
     }
 

@@ -132,6 +132,21 @@ fn default_permanent_statuses() -> Vec<u16> {
     DEFAULT_PERMANENT_STATUSES.to_vec()
 }
 
+/// What one request came to: an answer (a response, or a refused or broken connection), or none
+/// before its timeout (the destination stays silent to the gate).
+enum Reply {
+    Answered(Outcome),
+    TimedOut(Outcome),
+}
+
+impl Reply {
+    fn outcome(self) -> Outcome {
+        match self {
+            Self::Answered(outcome) | Self::TimedOut(outcome) => outcome,
+        }
+    }
+}
+
 /// Posts events to one URL.
 pub struct WebhookSink {
     client: reqwest::Client,
@@ -278,7 +293,7 @@ impl WebhookSink {
     }
 
     /// Posts one event; `timeout` bounds the request (the sink's own, or less near a deadline).
-    async fn send(&self, event: &OutboxEvent, timeout: Duration) -> Outcome {
+    async fn send(&self, event: &OutboxEvent, timeout: Duration) -> Reply {
         let message = self.shape.message(event, Binding::Headers);
         let id = event.id.to_string();
         let timestamp = chrono::Utc::now().timestamp();
@@ -326,11 +341,15 @@ impl WebhookSink {
             .send()
             .await;
         match response {
-            Ok(resp) => self.classify(resp).await,
-            Err(e) if e.is_timeout() => {
-                Outcome::retry(format!("request timed out: {}", self.error_text(e)))
-            }
-            Err(e) => Outcome::retry(format!("request failed: {}", self.error_text(e))),
+            Ok(resp) => Reply::Answered(self.classify(resp).await),
+            Err(e) if e.is_timeout() => Reply::TimedOut(Outcome::retry(format!(
+                "request timed out: {}",
+                self.error_text(e)
+            ))),
+            Err(e) => Reply::Answered(Outcome::retry(format!(
+                "request failed: {}",
+                self.error_text(e)
+            ))),
         }
     }
 
@@ -401,7 +420,10 @@ fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
 #[async_trait]
 impl Sink for WebhookSink {
     async fn publish(&self, events: &[&OutboxEvent]) -> Vec<Outcome> {
-        let sends: Vec<_> = events.iter().map(|e| self.send(e, self.timeout)).collect();
+        let sends: Vec<_> = events
+            .iter()
+            .map(|e| async { self.send(e, self.timeout).await.outcome() })
+            .collect();
         futures::stream::iter(sends)
             .buffered(self.concurrency)
             .collect()
@@ -431,9 +453,12 @@ impl Sink for WebhookSink {
             };
             running.push(async move {
                 let started = std::time::Instant::now();
-                let outcome = self.send(event, share.request_limit(self.timeout)).await;
+                let reply = self.send(event, share.request_limit(self.timeout)).await;
                 self.latency.observe(started.elapsed());
-                share.record(i, outcome);
+                match reply {
+                    Reply::Answered(outcome) => share.record(i, outcome),
+                    Reply::TimedOut(outcome) => share.record_timeout(i, outcome),
+                }
                 // The answer is counted before the request's place is given back.
                 drop(permit);
             });

@@ -138,6 +138,9 @@ struct Local {
     busy_since: Option<std::time::Instant>,
     /// When the last answer came.
     last_answer: Option<std::time::Instant>,
+    /// When the first request started that ended with no answer (it timed out) since the last
+    /// answer: the destination stays silent from then on, requests out or not, until it answers.
+    unanswered_since: Option<std::time::Instant>,
     /// When the breaker last closed: a failure of a request started before that is the outage's,
     /// not news.
     closed_at: Option<std::time::Instant>,
@@ -249,17 +252,22 @@ impl Gate {
         Some(Permit { gate: self })
     }
 
-    /// How long the destination has had requests out with no answer (since its last answer, or
-    /// since the first of them started, whichever is later); zero when none is out. A destination
-    /// that accepts requests and never answers is silent for ever longer, whichever batch sent
-    /// them.
+    /// How long the destination has been silent: it has had requests out with no answer (since
+    /// its last answer, or since the first of them started, whichever is later), or a request of
+    /// it timed out with no answer since (from when that request started, requests out or not);
+    /// zero otherwise. A destination that accepts requests and never answers is silent for ever
+    /// longer, whichever batch sent them, and stays so between its timeouts, so that each new
+    /// batch finds it silent at its first look.
     pub fn silent_for(&self, now: std::time::Instant) -> Duration {
         let l = self.local();
-        let Some(busy) = l.busy_since else {
-            return Duration::ZERO;
+        let busy = l
+            .busy_since
+            .map(|busy| l.last_answer.map_or(busy, |answer| answer.max(busy)));
+        let since = match (busy, l.unanswered_since) {
+            (Some(busy), Some(unanswered)) => Some(busy.min(unanswered)),
+            (busy, unanswered) => busy.or(unanswered),
         };
-        let heard = l.last_answer.map_or(busy, |answer| answer.max(busy));
-        now.saturating_duration_since(heard)
+        since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
     }
 
     /// A future that completes at the gate's next change (a request ended, an answer changed what
@@ -311,9 +319,32 @@ impl Gate {
     /// comes after the destination is back) is retried as any failure but not counted on the
     /// breaker, so that it cannot open again a breaker that a later answer closed.
     pub fn answered_to(&self, outcome: &Outcome, started: Option<std::time::Instant>) -> Counted {
+        self.count(outcome, started, true)
+    }
+
+    /// Counts the failure of a request that started at `started` and ended with no answer (its
+    /// timeout): on the breaker as [`Gate::answered_to`] does, but the destination is not heard
+    /// from, so it stays silent ([`Gate::silent_for`]) until it answers.
+    pub fn timed_out(&self, outcome: &Outcome, started: Option<std::time::Instant>) -> Counted {
+        self.count(outcome, started, false)
+    }
+
+    fn count(
+        &self,
+        outcome: &Outcome,
+        started: Option<std::time::Instant>,
+        heard: bool,
+    ) -> Counted {
         let (counted, changed) = {
             let mut l = self.local();
-            l.last_answer = Some(std::time::Instant::now());
+            let now = std::time::Instant::now();
+            if heard {
+                l.last_answer = Some(now);
+                l.unanswered_since = None;
+            } else {
+                let start = started.unwrap_or(now);
+                l.unanswered_since = Some(l.unanswered_since.map_or(start, |u| u.min(start)));
+            }
             let before = (l.failures_in_a_row, l.proven, l.breaker);
             let stale = started.is_some_and(|s| l.closed_at.is_some_and(|closed| s < closed));
             let counted = match outcome {

@@ -58,6 +58,29 @@ fn silence_counts_from_the_last_answer_or_the_first_request_out() {
 }
 
 #[test]
+fn a_destination_whose_requests_time_out_stays_silent_until_it_answers() {
+    let g = gate(10, None);
+    let later = |s: u64| std::time::Instant::now() + Duration::from_secs(s);
+    let started = std::time::Instant::now();
+    let hung = g.try_admit(false).expect("admitted");
+    let timeout = Outcome::retry("request timed out");
+    assert_eq!(g.timed_out(&timeout, Some(started)), Counted::Attempt);
+    drop(hung);
+    // Nothing is out, but the last request got no answer: silent since it started, so a new
+    // batch's lane for it is handed over at its first look.
+    assert!(g.silent_for(later(10)) >= Duration::from_secs(10));
+    let next = g.try_admit(false).expect("admitted");
+    assert!(
+        g.silent_for(later(1)) >= Duration::from_secs(1),
+        "a new request does not make it heard"
+    );
+    // Any answer, a failure too, is news: silence counts from it again.
+    g.answered(&Outcome::retry("HTTP 503"));
+    drop(next);
+    assert_eq!(g.silent_for(later(60)), Duration::ZERO, "heard, none out");
+}
+
+#[test]
 fn failures_in_a_row_open_the_breaker_and_later_failures_are_held() {
     let g = gate(3, None);
     let fail = Outcome::retry("HTTP 503");
