@@ -408,3 +408,44 @@ fn routing_and_destinations_report_every_count() {
         .into_iter()
         .all(|r| r["value"].as_f64().is_some_and(|v| v > 0.0)));
 }
+
+#[test]
+fn fairness_reports_both_runs_and_no_empty_figure() {
+    // Shorter than the first 5 s: the "after 5 s" figures have no events and are left out.
+    let rows = bench(&[
+        "fairness",
+        "--destinations",
+        "20",
+        "--failing",
+        "10",
+        "--backlog",
+        "200",
+        "--rate",
+        "50",
+        "--duration",
+        "2s",
+    ]);
+    let variants: Vec<String> = rows[1..]
+        .iter()
+        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    for expected in [
+        "without: healthy commit→delivery p99",
+        "with: healthy commit→delivery p99",
+        "with: healthy events delivered",
+        "with: backlog delivered meanwhile",
+    ] {
+        assert!(
+            variants.iter().any(|v| v == expected),
+            "{expected} missing: {variants:?}"
+        );
+    }
+    assert!(
+        !variants.iter().any(|v| v.ends_with("after 5 s")),
+        "no figure for the seconds after a 2 s run: {variants:?}"
+    );
+    assert!(
+        rows[1..].iter().all(|r| r["value"].as_f64().is_some()),
+        "every figure is a number: {rows:?}"
+    );
+}

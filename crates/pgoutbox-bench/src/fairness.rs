@@ -145,6 +145,10 @@ fn report(out: &Output, run: &str, f: &Figures, base: Option<&Figures>) {
         ),
     ];
     for (what, value, detail) in rows {
+        // A run of 5 s or less has no events after its first 5 s: no row rather than NaN.
+        if value.is_nan() {
+            continue;
+        }
         out.row(Row {
             scenario: "fairness".into(),
             variant: format!("{run}: healthy commit→delivery {what}"),
