@@ -535,9 +535,9 @@ async fn a_runtime_destination_that_is_down_does_not_make_the_relay_unready() {
     let serde_json::Value::Object(definition) = definition else {
         unreachable!()
     };
-    config
-        .destinations
-        .push(pgoutbox::definitions::check(&definition).expect("valid"));
+    config.destinations.push(std::sync::Arc::new(
+        pgoutbox::definitions::check(&definition).expect("valid"),
+    ));
     let relay = pgoutbox::engine::Relay::new(db.pool.clone(), &config).expect("relay");
     let lines = relay
         .readiness()

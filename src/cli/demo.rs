@@ -65,7 +65,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     }
     config.table = OutboxTable::parse("pgoutbox_demo", "outbox")?;
     config.retention = std::time::Duration::from_secs(3600);
-    config.destinations = vec![DestinationConfig {
+    config.destinations = vec![std::sync::Arc::new(DestinationConfig {
         name: "stdout".into(),
         subscription: Default::default(),
         transform: None,
@@ -77,7 +77,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         breaker: Default::default(),
         sink: SinkConfig::bare("stdout"),
         runtime: false,
-    }];
+    })];
     let url = config.database_url()?.to_owned();
     eprintln!("pgoutbox demo on {}", super::redact_url(&url));
     let pool = super::connect(&url, 4).await?;

@@ -125,6 +125,7 @@ fn destination<'c>(config: &'c Config, name: &str) -> anyhow::Result<&'c Destina
         .destinations
         .iter()
         .find(|d| d.name == name)
+        .map(|d| &**d)
         .ok_or_else(|| super::no_such_destination(config, name))
 }
 

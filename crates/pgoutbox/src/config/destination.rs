@@ -57,6 +57,14 @@ impl AsRef<Subscription> for DestinationConfig {
     }
 }
 
+// The configuration holds its destinations shared ([`super::Config::destinations`]): routing
+// reads them as they are held.
+impl AsRef<Subscription> for std::sync::Arc<DestinationConfig> {
+    fn as_ref(&self) -> &Subscription {
+        &self.subscription
+    }
+}
+
 /// The `breaker` table as written: [`BreakerPolicy`] with its durations as strings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -23,6 +23,7 @@ mod secret;
 mod wal;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -72,7 +73,9 @@ pub struct Config {
     /// Who may use the operator console (served on the observability listener).
     pub admin: AdminConfig,
     /// Where events go; an event goes to every destination whose topics (and filter) match.
-    pub destinations: Vec<DestinationConfig>,
+    /// Shared, not copied: the relay's lanes and a reload's comparison hold the same definitions,
+    /// and with a hundred thousand destinations each copy would cost hundreds of MiB.
+    pub destinations: Vec<Arc<DestinationConfig>>,
 }
 
 /// The file as written, before validation.
@@ -260,7 +263,7 @@ impl Config {
             ));
         }
 
-        let mut destinations: Vec<DestinationConfig> = Vec::new();
+        let mut destinations: Vec<Arc<DestinationConfig>> = Vec::new();
         // A set, not a scan of those before: a file may name tens of thousands of destinations.
         let mut names = std::collections::HashSet::new();
         for (i, table) in raw.destinations.into_iter().enumerate() {
@@ -271,7 +274,7 @@ impl Config {
                     format!("destination name {:?} is used twice", dest.name),
                 ));
             }
-            destinations.push(dest);
+            destinations.push(Arc::new(dest));
         }
 
         raw.admin.check_names()?;

@@ -338,7 +338,7 @@ impl Loaded {
         }
         let mut sinks = Vec::with_capacity(self.destinations.len());
         for (destination, sink) in self.destinations {
-            config.destinations.push(destination);
+            config.destinations.push(Arc::new(destination));
             sinks.push(sink);
         }
         Ok(sinks)

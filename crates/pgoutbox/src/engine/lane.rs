@@ -39,8 +39,8 @@ pub(super) struct Lane {
     pub(super) sink: Arc<dyn Sink>,
     /// Its retry policy.
     pub(super) retry: RetryPolicy,
-    /// Its configuration (routing, ordering, breaker).
-    pub(super) config: DestinationConfig,
+    /// Its configuration (routing, ordering, breaker), shared with the relay's [`crate::config::Config`].
+    pub(super) config: Arc<DestinationConfig>,
     /// Its gate: pause, breaker, requests in flight.
     pub(super) gate: Gate,
     /// Its `rate_limit`, when it has one: tokens from the destination's shared bucket.
@@ -56,19 +56,25 @@ pub(super) struct Lane {
 impl Lane {
     /// The lane of `destination`, configured by `config` (a caller-built sink may have none:
     /// then every default applies); its rate limit takes tokens through `store`.
-    fn new(destination: Destination, config: Option<&DestinationConfig>, store: &Store) -> Self {
-        let config = config.cloned().unwrap_or_else(|| DestinationConfig {
-            name: destination.name.clone(),
-            subscription: Default::default(),
-            transform: None,
-            rate_limit: None,
-            backfill: None,
-            retry: destination.retry.clone(),
-            ordering: Ordering::None,
-            on_dead: OnDead::Block,
-            breaker: Default::default(),
-            sink: SinkConfig::bare("custom"),
-            runtime: false,
+    fn new(
+        destination: Destination,
+        config: Option<&Arc<DestinationConfig>>,
+        store: &Store,
+    ) -> Self {
+        let config = config.cloned().unwrap_or_else(|| {
+            Arc::new(DestinationConfig {
+                name: destination.name.clone(),
+                subscription: Default::default(),
+                transform: None,
+                rate_limit: None,
+                backfill: None,
+                retry: destination.retry.clone(),
+                ordering: Ordering::None,
+                on_dead: OnDead::Block,
+                breaker: Default::default(),
+                sink: SinkConfig::bare("custom"),
+                runtime: false,
+            })
         });
         let gate = Gate::new(
             &destination.name,
@@ -144,7 +150,7 @@ impl Lanes {
     /// `configs`' i-th, if any.
     pub(super) fn new(
         destinations: Vec<Destination>,
-        configs: &[DestinationConfig],
+        configs: &[Arc<DestinationConfig>],
         store: &Store,
     ) -> Self {
         let lanes: Vec<Lane> = destinations
