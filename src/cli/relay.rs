@@ -28,7 +28,6 @@ pub struct Args {
 /// added at runtime among its own.
 struct Prepared {
     config: pgoutbox::config::Config,
-    sinks: Vec<Arc<dyn pgoutbox::sinks::Sink>>,
     pool: sqlx::PgPool,
     pool_settings: PoolSettings,
     /// The version of the destinations added at runtime that it holds.
@@ -41,9 +40,9 @@ struct Prepared {
 /// that a reload with a mistake in it is refused while the running relay goes on.
 async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     let mut config = cli.load_config()?;
-    // The file's sinks are built (and their settings checked) before the database is reached: a
-    // typo in a destination is reported first.
-    let mut sinks = pgoutbox::sinks::build_all(&config).map_err(|mut e| {
+    // The file's destinations are checked (each sink built, then dropped) before the database is
+    // reached: a typo in a destination is reported first.
+    pgoutbox::sinks::check(&config).map_err(|mut e| {
         e.file = cli.config.clone();
         e
     })?;
@@ -55,7 +54,7 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         .await
         .context("cannot load the destinations added at runtime")?;
     let version = loaded.version;
-    sinks.extend(loaded.add_to(&mut config)?);
+    loaded.add_to(&mut config)?;
     if config.destinations.is_empty() {
         bail!("no destinations configured: add a [[destinations]] table to the config file, or one at runtime with `pgoutbox destinations add` (see README)");
     }
@@ -72,7 +71,6 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     }
     Ok(Prepared {
         config,
-        sinks,
         pool,
         pool_settings,
         version,
@@ -106,7 +104,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
         info!("exporting the relay's spans over OTLP");
     }
     let result = if args.once {
-        let relay = Relay::with_sinks(prepared.pool, &prepared.config, prepared.sinks);
+        let relay = Relay::new(prepared.pool, &prepared.config)?;
         run_once(&relay).await
     } else {
         relay_until_stopped(cli, prepared, metrics).await
@@ -215,13 +213,12 @@ impl Generation {
     ) -> anyhow::Result<Self> {
         let Prepared {
             config,
-            sinks,
             pool,
             pool_settings,
             version,
             key,
         } = prepared;
-        let relay = Arc::new(Relay::with_sinks(pool, &config, sinks));
+        let relay = Arc::new(Relay::new(pool, &config)?);
         info!(
             table = %config.table,
             destinations = config.destinations.len(),

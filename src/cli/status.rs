@@ -29,7 +29,7 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
     // Untried events count for the destinations that will take them: those added at runtime too.
     let key = pgoutbox::definitions::Key::from_env()?;
     let added = match pgoutbox::definitions::load(&store, key.as_ref()).await {
-        Ok(loaded) => loaded.add_to(&mut config).map(drop),
+        Ok(loaded) => loaded.add_to(&mut config),
         Err(e) => Err(e),
     };
     if let Err(e) = added {

@@ -297,7 +297,7 @@ pub async fn load(store: &Store, key: Option<&Key>) -> Result<Loaded, Definition
     let version = stored::version(store).await?;
     let mut destinations = Vec::new();
     for definition in stored::all(store).await? {
-        let built = checked(&whole(store, key, &definition)?).map_err(|e| match e {
+        let built = check(&whole(store, key, &definition)?).map_err(|e| match e {
             DefinitionError::Invalid { field, message } => DefinitionError::Invalid {
                 field: format!("destination {:?}: {field}", definition.name),
                 message,
@@ -312,36 +312,34 @@ pub async fn load(store: &Store, key: Option<&Key>) -> Result<Loaded, Definition
     })
 }
 
-/// What [`load`] read: the version, and each destination with its sink, by name.
+/// What [`load`] read: the version, and each destination, checked (its sink was built and
+/// dropped: the relay builds it again when the destination has work).
 pub struct Loaded {
     /// The version of the definitions read.
     pub version: i64,
-    /// Each destination and its sink.
-    pub destinations: Vec<(DestinationConfig, Arc<dyn Sink>)>,
+    /// Each destination.
+    pub destinations: Vec<DestinationConfig>,
 }
 
 impl Loaded {
-    /// Adds these destinations after `config`'s own (a name that is the file's too is an error);
-    /// their sinks, in the same order.
-    pub fn add_to(self, config: &mut Config) -> Result<Vec<Arc<dyn Sink>>, DefinitionError> {
+    /// Adds these destinations after `config`'s own (a name that is the file's too is an error).
+    pub fn add_to(self, config: &mut Config) -> Result<(), DefinitionError> {
         let file: HashSet<&str> = config
             .destinations
             .iter()
             .map(|d| d.name.as_str())
             .collect();
-        if let Some((both, _)) = self
+        if let Some(both) = self
             .destinations
             .iter()
-            .find(|(d, _)| file.contains(d.name.as_str()))
+            .find(|d| file.contains(d.name.as_str()))
         {
             return Err(DefinitionError::Both(both.name.clone()));
         }
-        let mut sinks = Vec::with_capacity(self.destinations.len());
-        for (destination, sink) in self.destinations {
-            config.destinations.push(Arc::new(destination));
-            sinks.push(sink);
-        }
-        Ok(sinks)
+        config
+            .destinations
+            .extend(self.destinations.into_iter().map(Arc::new));
+        Ok(())
     }
 }
 

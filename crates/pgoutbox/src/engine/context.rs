@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::lane::{Destination, Lanes};
+use super::lane::Lanes;
 use crate::config::Config;
 use crate::model::metric;
 use crate::route::Router;
@@ -52,13 +52,12 @@ pub(super) struct Context {
 }
 
 impl Context {
-    /// The context of a relay of `config` around `destinations`, on `store`.
-    pub(super) fn new(store: Store, config: &Config, destinations: Vec<Destination>) -> Self {
+    /// The context of a relay of `config` around `lanes`, on `store`.
+    pub(super) fn new(store: Store, config: &Config, lanes: Lanes) -> Self {
         // A relay-wide counter that may never move still shows up at zero, so dashboards and
         // alerts see it. A destination's series appear once it has something to report: a scrape
         // stays small with thousands of destinations.
         metrics::counter!(metric::DB_ERRORS_TOTAL).absolute(0);
-        let lanes = Lanes::new(destinations, &config.destinations, &store);
         let blocking = lanes.blocking();
         let ordered = lanes.ordered();
         let settings = &config.relay;

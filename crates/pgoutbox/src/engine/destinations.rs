@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::context::Context;
+use super::lane::SINK_IDLE;
 use super::publish;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
@@ -90,10 +91,17 @@ pub(super) async fn sync(ctx: &Context) -> Result<()> {
     Ok(())
 }
 
+/// How often the lanes' idle sinks are looked for ([`super::lane::SINK_IDLE`]): a look takes
+/// every lane's lock, which at a hundred thousand destinations is worth doing less than each
+/// second.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
 /// Every [`SYNC_INTERVAL`] until shutdown: the shared state, the breakers to store, the
-/// summaries due, held batches to release, and the probes due.
+/// summaries due, held batches to release, and the probes due; every [`SWEEP_EVERY`], the idle
+/// sinks to drop.
 pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: CancellationToken) {
     let mut summaries = vec![SummaryClock::new(); ctx.lanes.len()];
+    let mut swept = Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -101,6 +109,13 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
         }
         ctx.settler.store_breakers(&ctx.lanes.gates()).await;
         log_summaries(ctx, &mut summaries);
+        if swept.elapsed() >= SWEEP_EVERY {
+            swept = Instant::now();
+            let dropped = ctx.lanes.iter().filter(|l| l.drop_idle(SINK_IDLE)).count();
+            if dropped > 0 {
+                debug!(dropped, "sinks of destinations idle for {} s dropped; each is built again when it has work", SINK_IDLE.as_secs());
+            }
+        }
         if let Err(e) = sync(ctx).await {
             warn!(error = %crate::error_chain(&e), "cannot read the destinations' state; will try again");
             continue;
@@ -162,7 +177,7 @@ async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
         return Ok(());
     };
     // A fresh connection: whatever the sink kept may be the failed one.
-    lane.sink.reconnect();
+    lane.reconnect();
     let mut unit = ctx.store.begin().await?;
     let row = held::claim_probe(&ctx.store, &mut unit, &lane.name).await?;
     let event = match row.map(|row| (row.id, row.event)) {

@@ -6,8 +6,14 @@
 //! and what a lane has not finished when the others have is handed over to the deliveries table
 //! as that pair's state, where the retry scheduler picks it up for the lane. So a destination that is
 //! slow, paused, failing or ordered never sets another's pace.
+//!
+//! A lane of a configured destination builds its sink from the definition when it first has
+//! work, and drops it once it has been idle for [`SINK_IDLE`] ([`SinkSlot`]): of ten thousand
+//! customers' endpoints most are idle at any time, and an idle one costs its definition and its
+//! gate, not a client.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::config::{DestinationConfig, OnDead, Ordering, SinkConfig};
 use crate::model::event::OutboxEvent;
@@ -28,6 +34,31 @@ pub struct Destination {
     pub retry: RetryPolicy,
 }
 
+/// How long a lane's sink built from its definition stays after its last use.
+pub(super) const SINK_IDLE: Duration = Duration::from_secs(300);
+
+/// A lane's sink.
+pub(super) enum SinkSlot {
+    /// Built by the caller (embedding, tests): kept for the relay's life.
+    Given(Arc<dyn Sink>),
+    /// Built from the destination's definition when needed, and when it was last handed out.
+    Lazy(Mutex<Option<(Arc<dyn Sink>, Instant)>>),
+}
+
+impl SinkSlot {
+    /// A slot that builds its sink when first asked.
+    pub(super) fn lazy() -> Self {
+        Self::Lazy(Mutex::new(None))
+    }
+}
+
+/// Whether a sink built from its definition, last handed out `since` ago and held by `holders`
+/// (the slot's own reference included), is dropped now: idle for `idle`, and no publish holds it
+/// (one that did would meet a second client of the same destination).
+fn drops(since: Duration, holders: usize, idle: Duration) -> bool {
+    since >= idle && holders == 1
+}
+
 /// How long a sink's health check answers readiness before it is run again.
 const HEALTH_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -36,7 +67,7 @@ pub(super) struct Lane {
     /// The destination's name.
     pub(super) name: String,
     /// Its sink.
-    pub(super) sink: Arc<dyn Sink>,
+    sink: SinkSlot,
     /// Its retry policy.
     pub(super) retry: RetryPolicy,
     /// Its configuration (routing, ordering, breaker), shared with the relay's [`crate::config::Config`].
@@ -54,21 +85,25 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    /// The lane of `destination`, configured by `config` (a caller-built sink may have none:
-    /// then every default applies); its rate limit takes tokens through `store`.
+    /// The lane of destination `name` with `sink`, which takes `concurrency` requests at once,
+    /// configured by `config` (a caller-built sink may have none: then every default applies); its
+    /// rate limit takes tokens through `store`.
     fn new(
-        destination: Destination,
+        name: String,
+        sink: SinkSlot,
+        concurrency: Option<usize>,
+        retry: RetryPolicy,
         config: Option<&Arc<DestinationConfig>>,
         store: &Store,
     ) -> Self {
         let config = config.cloned().unwrap_or_else(|| {
             Arc::new(DestinationConfig {
-                name: destination.name.clone(),
+                name: name.clone(),
                 subscription: Default::default(),
                 transform: None,
                 rate_limit: None,
                 backfill: None,
-                retry: destination.retry.clone(),
+                retry: retry.clone(),
                 ordering: Ordering::None,
                 on_dead: OnDead::Block,
                 breaker: Default::default(),
@@ -76,23 +111,80 @@ impl Lane {
                 runtime: false,
             })
         });
-        let gate = Gate::new(
-            &destination.name,
-            config.breaker.clone(),
-            destination.sink.concurrency(),
-        );
+        let gate = Gate::new(&name, config.breaker.clone(), concurrency);
         let rate = config
             .rate_limit
-            .map(|limit| Limiter::new(&destination.name, limit, store.clone()));
+            .map(|limit| Limiter::new(&name, limit, store.clone()));
         Self {
             rate,
-            name: destination.name,
-            sink: destination.sink,
-            retry: destination.retry,
+            name,
+            sink,
+            retry,
             config,
             gate,
             reported: std::sync::Mutex::new((BreakerState::Closed, false)),
             health: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The lane's sink, built from its definition if it has none now. Building does no I/O and
+    /// was checked when the definition was loaded; it fails only when something it reads from
+    /// disk (a TLS file) went away since, and the error says so.
+    pub(super) fn sink(&self) -> Result<Arc<dyn Sink>, String> {
+        let slot = match &self.sink {
+            SinkSlot::Given(sink) => return Ok(Arc::clone(sink)),
+            SinkSlot::Lazy(slot) => slot,
+        };
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((sink, used)) = slot.as_mut() {
+            *used = Instant::now();
+            return Ok(Arc::clone(sink));
+        }
+        let sink = crate::sinks::build(&self.config)
+            .map_err(|e| format!("cannot build the destination's sink again: {}", e.message))?;
+        *slot = Some((Arc::clone(&sink), Instant::now()));
+        Ok(sink)
+    }
+
+    /// Makes the sink's next request connect afresh: a sink not built now will anyway.
+    pub(super) fn reconnect(&self) {
+        match &self.sink {
+            SinkSlot::Given(sink) => sink.reconnect(),
+            SinkSlot::Lazy(slot) => {
+                if let Some((sink, _)) =
+                    slot.lock().unwrap_or_else(PoisonError::into_inner).as_ref()
+                {
+                    sink.reconnect();
+                }
+            }
+        }
+    }
+
+    /// Drops the sink built from the definition if it has been idle for `idle` ([`drops`]);
+    /// `true` when it did.
+    pub(super) fn drop_idle(&self, idle: Duration) -> bool {
+        let SinkSlot::Lazy(slot) = &self.sink else {
+            return false;
+        };
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let idle_now = slot
+            .as_ref()
+            .is_some_and(|(sink, used)| drops(used.elapsed(), Arc::strong_count(sink), idle));
+        if idle_now {
+            *slot = None;
+        }
+        idle_now
+    }
+
+    /// Whether the lane holds a sink now.
+    #[cfg(test)]
+    fn has_sink(&self) -> bool {
+        match &self.sink {
+            SinkSlot::Given(_) => true,
+            SinkSlot::Lazy(slot) => slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some(),
         }
     }
 
@@ -123,7 +215,11 @@ impl Lane {
                 return result.clone();
             }
         }
-        let result = match tokio::time::timeout(limit, self.sink.healthcheck()).await {
+        let sink = match self.sink() {
+            Ok(sink) => sink,
+            Err(e) => return Some(e),
+        };
+        let result = match tokio::time::timeout(limit, sink.healthcheck()).await {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
             Err(_) => Some(format!("no answer within {} s", limit.as_secs())),
@@ -146,22 +242,60 @@ pub(super) struct Lanes {
 }
 
 impl Lanes {
-    /// The lanes of `destinations`, the i-th taking the routing, ordering and breaker of
-    /// `configs`' i-th, if any.
+    /// The lanes of `destinations`, sinks built by the caller, the i-th taking the routing,
+    /// ordering and breaker of `configs`' i-th, if any.
     pub(super) fn new(
         destinations: Vec<Destination>,
         configs: &[Arc<DestinationConfig>],
         store: &Store,
     ) -> Self {
-        let lanes: Vec<Lane> = destinations
+        let lanes = destinations
             .into_iter()
             .enumerate()
-            .map(|(d, destination)| Lane::new(destination, configs.get(d), store))
+            .map(|(d, destination)| {
+                let concurrency = destination.sink.concurrency();
+                Lane::new(
+                    destination.name,
+                    SinkSlot::Given(destination.sink),
+                    concurrency,
+                    destination.retry,
+                    configs.get(d),
+                    store,
+                )
+            })
             .collect();
+        Self::of(lanes)
+    }
+
+    /// The lanes of `configs`, each building its sink from its definition when it has work; the
+    /// i-th takes `concurrency[i]` requests at once (what [`crate::sinks::concurrencies`] read).
+    pub(super) fn lazy(
+        configs: &[Arc<DestinationConfig>],
+        concurrency: &[Option<usize>],
+        store: &Store,
+    ) -> Self {
+        let lanes = configs
+            .iter()
+            .zip(concurrency)
+            .map(|(config, &concurrency)| {
+                Lane::new(
+                    config.name.clone(),
+                    SinkSlot::lazy(),
+                    concurrency,
+                    config.retry.clone(),
+                    Some(config),
+                    store,
+                )
+            })
+            .collect();
+        Self::of(lanes)
+    }
+
+    fn of(lanes: Vec<Lane>) -> Self {
         let by_name = lanes
             .iter()
             .enumerate()
-            .map(|(d, lane)| (lane.name.clone(), d))
+            .map(|(d, lane): (usize, &Lane)| (lane.name.clone(), d))
             .collect();
         Self { lanes, by_name }
     }
@@ -228,5 +362,54 @@ impl crate::settle::Lanes for Lanes {
 
     fn gates(&self) -> Vec<&Gate> {
         self.lanes.iter().map(|l| &l.gate).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_sink_is_dropped_unless_a_publish_holds_it() {
+        let idle = Duration::from_secs(300);
+        // (since its last use, holders) → dropped
+        let cases = [
+            ((Duration::from_secs(299), 1), false),
+            ((Duration::from_secs(300), 1), true),
+            ((Duration::from_secs(3_600), 1), true),
+            // A publish still holds it: a second client would be built beside it.
+            ((Duration::from_secs(3_600), 2), false),
+        ];
+        for ((since, holders), expected) in cases {
+            assert_eq!(drops(since, holders, idle), expected, "{since:?} {holders}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lane_builds_its_sink_on_first_work_and_drops_it_when_idle() {
+        let config = crate::config::Config::parse(
+            "[[destinations]]\nname = \"a\"\ntype = \"null\"\n",
+            |_| None,
+        )
+        .expect("config");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("lazy pool");
+        let store = Store::new(pool, config.table.clone());
+        let lanes = Lanes::lazy(&config.destinations, &[None], &store);
+        let lane = &lanes[0];
+        assert!(!lane.has_sink(), "no sink before the lane has work");
+        let sink = lane.sink().expect("built");
+        assert!(lane.has_sink());
+        assert!(
+            Arc::ptr_eq(&sink, &lane.sink().expect("kept")),
+            "built once"
+        );
+        assert!(!lane.drop_idle(Duration::ZERO), "a publish holds it");
+        drop(sink);
+        assert!(!lane.drop_idle(Duration::from_secs(3_600)), "not idle yet");
+        assert!(lane.drop_idle(Duration::ZERO));
+        assert!(!lane.has_sink());
+        assert!(lane.sink().is_ok(), "built again for the next work");
     }
 }

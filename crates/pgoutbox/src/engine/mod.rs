@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::claimer::Claimers;
 use self::context::Context;
+use self::lane::Lanes;
 use crate::config::{Config, ConfigError};
 use crate::error::Result;
 use crate::route::Router;
@@ -62,10 +63,15 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Builds the relay and its sinks (once each) from the configuration; a destination whose
-    /// type or settings are wrong is a configuration error naming it.
+    /// Builds the relay from the configuration; a destination whose type or settings are wrong
+    /// is a configuration error naming it. Each destination's sink is built when it first has
+    /// work, and dropped when it has been idle for a while: with thousands of destinations an
+    /// idle one costs its definition, not a client.
     pub fn new(pool: PgPool, config: &Config) -> std::result::Result<Self, ConfigError> {
-        Ok(Self::with_sinks(pool, config, sinks::build_all(config)?))
+        let concurrency = sinks::concurrencies(config)?;
+        let store = Store::new(pool, config.table.clone());
+        let lanes = Lanes::lazy(&config.destinations, &concurrency, &store);
+        Ok(Self::of(store, config, lanes))
     }
 
     /// Builds the relay around the sinks [`sinks::build_all`] made for `config`, one per
@@ -92,7 +98,12 @@ impl Relay {
         destinations: Vec<Destination>,
     ) -> Self {
         let store = Store::new(pool, config.table.clone());
-        let ctx = Arc::new(Context::new(store, config, destinations));
+        let lanes = Lanes::new(destinations, &config.destinations, &store);
+        Self::of(store, config, lanes)
+    }
+
+    fn of(store: Store, config: &Config, lanes: Lanes) -> Self {
+        let ctx = Arc::new(Context::new(store, config, lanes));
         Self {
             claimers: Arc::new(Claimers::new(Arc::clone(&ctx))),
             ctx,

@@ -402,7 +402,19 @@ impl Run {
         let share = Share::new(&lane.gate, &self.budgets[d], &self.slots, indexes);
         let started = Instant::now();
         let wall = std::time::SystemTime::now();
-        let publish = lane.sink.publish_until(events, &share);
+        let sink = match lane.sink() {
+            Ok(sink) => sink,
+            Err(reason) => {
+                // Each event counts an attempt, so that the breaker opens and the reason shows.
+                if let Some(_permit) = share.admit_all().await {
+                    for i in 0..events.len() {
+                        share.record(i, Outcome::retry(reason.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        let publish = sink.publish_until(events, &share);
         if let Err(panic) = std::panic::AssertUnwindSafe(publish).catch_unwind().await {
             let reason = format!("the sink panicked: {}", panic_message(&*panic));
             warn!(destination = %lane.name, error = %reason, "sink panicked; its unfinished events will be retried");

@@ -245,12 +245,7 @@ pub fn build_all(config: &Config) -> std::result::Result<Vec<Arc<dyn Sink>>, Con
         .destinations
         .iter()
         .enumerate()
-        .map(|(i, dest)| {
-            build(dest).map_err(|e| match e.key.as_deref() {
-                Some("type") => ConfigError::at(format!("destinations[{i}].type"), e.message),
-                _ => ConfigError::at(format!("destinations[{i}] ({:?})", dest.name), e.message),
-            })
-        })
+        .map(|(i, dest)| build(dest).map_err(|e| placed(i, dest, e)))
         .collect()
 }
 
@@ -277,9 +272,33 @@ pub fn build(dest: &DestinationConfig) -> std::result::Result<Arc<dyn Sink>, Con
     })
 }
 
+/// Checks every configured destination's type and settings, as [`build_all`] does, building
+/// one sink at a time and dropping it; returns what the relay must know of each before it builds
+/// it again for work: its `concurrency` ([`Sink::concurrency`]).
+pub fn concurrencies(config: &Config) -> std::result::Result<Vec<Option<usize>>, ConfigError> {
+    config
+        .destinations
+        .iter()
+        .enumerate()
+        .map(|(i, dest)| {
+            build(dest)
+                .map(|sink| sink.concurrency())
+                .map_err(|e| placed(i, dest, e))
+        })
+        .collect()
+}
+
 /// Checks every configured destination's type and settings, as [`build_all`] does.
 pub fn check(config: &Config) -> std::result::Result<(), ConfigError> {
-    build_all(config).map(drop)
+    concurrencies(config).map(drop)
+}
+
+/// `e`, an error of the `i`-th destination `dest`, named by its place in the file.
+fn placed(i: usize, dest: &DestinationConfig, e: ConfigError) -> ConfigError {
+    match e.key.as_deref() {
+        Some("type") => ConfigError::at(format!("destinations[{i}].type"), e.message),
+        _ => ConfigError::at(format!("destinations[{i}] ({:?})", dest.name), e.message),
+    }
 }
 
 use tls::install_crypto_provider;
