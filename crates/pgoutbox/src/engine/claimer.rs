@@ -120,6 +120,7 @@ impl Claimers {
             return Ok(Settled::default());
         }
         ctx.progressed();
+        ctx.progress.fresh();
         crate::otlp::batch_span("claim", claim_wall, || {
             vec![
                 KeyValue::new("pgoutbox.events", events.len() as i64),

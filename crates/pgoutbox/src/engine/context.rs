@@ -116,6 +116,9 @@ pub(super) struct Progress {
     started: Instant,
     /// Milliseconds after `started`.
     last: AtomicU64,
+    /// When a claim loop (or the WAL reader) last had fresh events, milliseconds after `started`
+    /// (0: never).
+    fresh: AtomicU64,
     wal_unconfirmed: std::sync::Mutex<Option<Instant>>,
 }
 
@@ -124,6 +127,7 @@ impl Default for Progress {
         Self {
             started: Instant::now(),
             last: AtomicU64::new(0),
+            fresh: AtomicU64::new(0),
             wal_unconfirmed: std::sync::Mutex::new(None),
         }
     }
@@ -134,6 +138,23 @@ impl Progress {
     pub(super) fn mark(&self) {
         let now = self.started.elapsed().as_millis() as u64;
         self.last.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// A claim loop (or the WAL reader) has fresh events just now.
+    pub(super) fn fresh(&self) {
+        let now = (self.started.elapsed().as_millis() as u64).max(1);
+        self.fresh.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Whether a claim loop (or the WAL reader) had fresh events within `within`.
+    pub(super) fn fresh_within(&self, within: Duration) -> bool {
+        let at = self.fresh.load(Ordering::Relaxed);
+        at > 0
+            && self
+                .started
+                .elapsed()
+                .saturating_sub(Duration::from_millis(at))
+                < within
     }
 
     /// WAL source: events read wait since `since` (`None`: nothing waits).

@@ -8,20 +8,23 @@
 //! So the relay's cost follows the work, not the configuration: no loop, poll or connection per
 //! destination, and a destination with a long backlog (a slow one, one down for an hour) takes
 //! its share of each claim, never another's — while its batch runs it is not claimed for again,
-//! and the others are. A batch that hands pairs over, a destination that is back and a replay
+//! and the others are. While the claim loops carry fresh events, a lane that claimed all it could
+//! rests three times as long as its batch took before its next claim ([`backlog_rest`]): on a machine the
+//! database, the relay and the receivers share, a backlog draining flat out would otherwise take
+//! the cores the other destinations' fresh events need. A batch that hands pairs over, a destination that is back and a replay
 //! wake the scheduler at once; otherwise it sleeps until the earliest due pair, polling at most
 //! every [`RETRIES_POLL_INTERVAL`] for pairs other relays made due.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::context::Context;
-use super::pacing::{db_reachable, retry_claim, Pacing};
+use super::pacing::{backlog_rest, db_reachable, retry_claim, Pacing};
 use super::publish::publish_whole;
 use super::watch::Stop;
 use crate::error::Result;
@@ -46,6 +49,10 @@ pub(super) struct Due {
     /// Until the earliest pair that is not due yet, of a lane not busy.
     pub(super) next: Option<Duration>,
 }
+
+/// How recently the claim loops must have had fresh events for a lane with a backlog to rest
+/// between its batches ([`backlog_rest`]).
+const FRESH_WITHIN: Duration = Duration::from_secs(1);
 
 /// Which of the destinations with undelivered pairs (`due`) to claim for now: those due, that
 /// this relay serves (`lane` names their lane) and whose last batch is over (not in `busy`),
@@ -180,11 +187,25 @@ pub(super) async fn retries_loop(ctx: &Arc<Context>, shutdown: CancellationToken
     let what = "retries";
     while !shutdown.is_cancelled() {
         let pause = match scheduler.claim(&busy).await {
-            Ok((claimed, _)) if !claimed.is_empty() => {
+            Ok((claimed, plan)) if !claimed.is_empty() => {
                 db_reachable(what, &mut db_down);
+                let most: HashMap<usize, usize> = plan.claims.into_iter().collect();
                 for (d, pairs) in claimed {
                     let ctx = Arc::clone(ctx);
-                    let task = running.spawn(async move { lane_batch(&ctx, d, pairs).await });
+                    let most = most.get(&d).copied().unwrap_or(usize::MAX);
+                    let task = running.spawn(async move {
+                        let (started, claimed) = (Instant::now(), pairs.events.len());
+                        let report = lane_batch(&ctx, d, pairs).await;
+                        let fresh = ctx.progress.fresh_within(FRESH_WITHIN);
+                        let rest = backlog_rest(claimed, most, started.elapsed(), fresh);
+                        if !rest.is_zero() {
+                            tokio::select! {
+                                _ = tokio::time::sleep(rest) => {}
+                                _ = ctx.stopping.cancelled() => {}
+                            }
+                        }
+                        report
+                    });
                     lane_of.insert(task.id(), d);
                     busy.insert(d);
                 }

@@ -51,6 +51,9 @@ impl WalEngine for Context {
             poison,
             rowless,
         } = batch;
+        if !events.is_empty() {
+            self.progress.fresh();
+        }
         let mut origin = FromWal {
             rowless,
             settled: Some(settled),
