@@ -686,3 +686,65 @@ async fn the_relay_gives_memory_it_freed_back_to_the_system() {
     let _ = relay.wait();
     assert!(found, "no allocator background thread among {names:?}");
 }
+
+/// An HTTP endpoint that answers every request 200 after `delay`, one request per connection;
+/// its URL and the most connections it held at once.
+async fn slow_endpoint(
+    delay: Duration,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/events", listener.local_addr().expect("addr"));
+    let (now, most) = (
+        std::sync::Arc::new(AtomicUsize::new(0)),
+        std::sync::Arc::new(AtomicUsize::new(0)),
+    );
+    let seen = std::sync::Arc::clone(&most);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (now, most) = (std::sync::Arc::clone(&now), std::sync::Arc::clone(&most));
+            tokio::spawn(async move {
+                most.fetch_max(now.fetch_add(1, SeqCst) + 1, SeqCst);
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                tokio::time::sleep(delay).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+                now.fetch_sub(1, SeqCst);
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// Readiness checks its destinations side by side, in their order: one after the other, a file
+/// of 10,000 webhook destinations took seconds to answer, longer than a probe waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_checks_the_destinations_side_by_side() {
+    let db = TestDb::migrated().await;
+    let (url, most) = slow_endpoint(Duration::from_millis(300)).await;
+    let mut text = format!("database_url = \"{}\"\n", db.url);
+    for i in 0..8 {
+        text.push_str(&format!(
+            "[[destinations]]\nname = \"d{i}\"\ntype = \"webhook\"\nurl = \"{url}\"\ntopics = [\"t.{i}\"]\n"
+        ));
+    }
+    let relay = pgoutbox::engine::Relay::new(db.pool.clone(), &parse_config(&text)).expect("relay");
+    let lines = relay.readiness().await.expect("ready");
+    let named: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("destination "))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    let expected: Vec<String> = (0..8).map(|i| format!("d{i}")).collect();
+    assert_eq!(named, expected, "every destination, in order: {lines:?}");
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        most > 1,
+        "the health checks went one after the other ({most} at once)"
+    );
+}
