@@ -21,6 +21,15 @@ fn bench_on(server: &str, args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The variants of `scenario`'s rows among `rows` (the first line, the header, left out).
+fn variants(rows: &[serde_json::Value], scenario: &str) -> Vec<String> {
+    rows[1..]
+        .iter()
+        .filter(|r| r["scenario"] == scenario)
+        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 #[test]
 fn drain_sql_limit_and_baseline_report() {
     let rows = bench(&[
@@ -138,11 +147,7 @@ fn soak_reports_each_interval_and_draws_its_curves() {
         "--plot",
         svg.to_str().expect("utf-8"),
     ]);
-    let variants: Vec<String> = rows[1..]
-        .iter()
-        .filter(|r| r["scenario"] == "soak")
-        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    let variants = variants(&rows, "soak");
     for mode in ["keep", "delete"] {
         assert!(
             variants
@@ -219,11 +224,7 @@ fn the_wal_scenarios_refuse_what_cannot_run_and_report_on_a_logical_server() {
                 producer,
             ],
         );
-        let variants: Vec<String> = rows[1..]
-            .iter()
-            .filter(|r| r["scenario"] == "catchup")
-            .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
-            .collect();
+        let variants = variants(&rows, "catchup");
         for expected in [
             format!("backlog, {producer}"),
             "pg_recvlogical → /dev/null".into(),
@@ -381,10 +382,7 @@ fn routing_and_destinations_report_every_count() {
         "--idle",
         "1s",
     ]);
-    let variants: Vec<String> = rows[1..]
-        .iter()
-        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    let variants = variants(&rows, "destinations");
     for count in ["1", "5"] {
         for what in [
             "start → ready",
@@ -425,10 +423,7 @@ fn fairness_reports_both_runs_and_no_empty_figure() {
         "--duration",
         "2s",
     ]);
-    let variants: Vec<String> = rows[1..]
-        .iter()
-        .map(|r| r["variant"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    let variants = variants(&rows, "fairness");
     for expected in [
         "without: healthy commit→delivery p99",
         "with: healthy commit→delivery p99",

@@ -295,7 +295,7 @@ impl Lanes {
         let by_name = lanes
             .iter()
             .enumerate()
-            .map(|(d, lane): (usize, &Lane)| (lane.name.clone(), d))
+            .map(|(d, lane)| (lane.name.clone(), d))
             .collect();
         Self { lanes, by_name }
     }

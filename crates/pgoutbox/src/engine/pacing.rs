@@ -444,7 +444,6 @@ mod tests {
         }
     }
 
-    /// (batch, concurrency, in flight) → pairs claimed.
     #[test]
     fn a_backlog_rests_between_its_batches_while_fresh_events_flow() {
         let ms = Duration::from_millis;
@@ -465,6 +464,7 @@ mod tests {
         }
     }
 
+    /// (batch, concurrency, in flight) → pairs claimed.
     #[test]
     fn retry_claim_table() {
         let cases = [
