@@ -558,3 +558,108 @@ async fn a_runtime_destination_that_is_down_does_not_make_the_relay_unready() {
         "{asked:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reads_and_checks_again_only_the_definitions_that_changed() {
+    let db = TestDb::migrated().await;
+    let store =
+        pgoutbox::store::Store::new(db.pool.clone(), pgoutbox::OutboxTable::default_table());
+    let catalog = pgoutbox::definitions::Catalog::new(store.clone(), None, Default::default());
+    let by = pgoutbox::definitions::Actor {
+        who: "test",
+        via: "cli",
+    };
+    let hook = |name: &str| {
+        let serde_json::Value::Object(d) = json!({
+            "name": name, "type": "webhook", "url": "http://127.0.0.1:9/hook", "topics": ["t"],
+        }) else {
+            unreachable!()
+        };
+        d
+    };
+    for name in ["a", "b", "c"] {
+        catalog.add(hook(name), by).await.expect("add");
+    }
+    let first = pgoutbox::definitions::load(&store, None)
+        .await
+        .expect("load");
+    let names = |l: &pgoutbox::definitions::Loaded| -> Vec<String> {
+        l.destinations.iter().map(|d| d.name.clone()).collect()
+    };
+    assert_eq!(names(&first), ["a", "b", "c"]);
+
+    // Nothing changed: every definition is the one held.
+    let same = pgoutbox::definitions::reload(&store, None, &first)
+        .await
+        .expect("reload");
+    assert_eq!(same.version, first.version);
+    for (held, read) in first.destinations.iter().zip(&same.destinations) {
+        assert!(Arc::ptr_eq(held, read), "{} read again", held.name);
+    }
+
+    // b changed, c removed, d added: those are read; a is the one held.
+    catalog
+        .update("b", &json!({ "topics": ["u"] }), by)
+        .await
+        .expect("update");
+    catalog.remove("c", false, by).await.expect("remove");
+    catalog.add(hook("d"), by).await.expect("add");
+    let next = pgoutbox::definitions::reload(&store, None, &same)
+        .await
+        .expect("reload");
+    assert_eq!(names(&next), ["a", "b", "d"]);
+    assert!(next.version > same.version);
+    assert!(Arc::ptr_eq(&next.destinations[0], &same.destinations[0]));
+    assert!(!Arc::ptr_eq(&next.destinations[1], &same.destinations[1]));
+    assert_eq!(
+        next.destinations[1].subscription.topics,
+        ["u".to_owned()],
+        "b as changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_change_is_applied_while_the_file_is_being_edited() {
+    let db = TestDb::migrated().await;
+    let (file_rx, added_rx) = (Receiver::start().await, Receiver::start().await);
+    let dir = scratch();
+    let text = format!(
+        "database_url = \"{}\"\n[relay]\npoll_interval = \"50ms\"\n\n[[destinations]]\nname = \"file\"\ntype = \"webhook\"\nurl = \"{}\"\ntopics = [\"audit.*\"]\n",
+        db.url, file_rx.url
+    );
+    let config = write_config(dir.path(), &text);
+    let _relay = relay(dir.path(), &config, None, "one");
+    logged(dir.path(), "one", "relay started", 1).await;
+
+    // The operator is halfway through an edit of the file: a change made at runtime meanwhile is
+    // applied all the same (it reads the changed definitions, not the file).
+    let cli_config = dir.path().join("cli.toml");
+    std::fs::write(&cli_config, &text).expect("the command line's copy");
+    std::fs::write(&config, "[[destinations]\nname = ").expect("edit");
+    let (code, _, err) = cli(
+        &cli_config,
+        None,
+        &[
+            "destinations",
+            "add",
+            "customer-1",
+            "--type",
+            "webhook",
+            "--set",
+            &format!("url={}", added_rx.url),
+            "--topic",
+            "order.*",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    logged(dir.path(), "one", "configuration reloaded", 1).await;
+    let ids = db.insert_plain(10, "order.created").await;
+    receives(&added_rx, &ids, "the added destination gets the events").await;
+    let ids = db.insert_plain(5, "audit.read").await;
+    receives(&file_rx, &ids, "the file's destination still gets its own").await;
+    assert!(
+        !log(dir.path(), "one").contains("not reloaded"),
+        "{}",
+        log(dir.path(), "one")
+    );
+}

@@ -1,6 +1,7 @@
 //! `pgoutbox relay`: the long-running relay, or one pass with `--once`.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ struct Prepared {
     pool_settings: PoolSettings,
     /// The version of the destinations added at runtime that it holds.
     version: i64,
+    /// Those destinations, as read (a change reads again only those that changed).
+    loaded: pgoutbox::definitions::Loaded,
     /// The key their secrets are sealed with, read once from the environment.
     key: Option<pgoutbox::definitions::Key>,
 }
@@ -55,9 +58,7 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         .context("cannot load the destinations added at runtime")?;
     let version = loaded.version;
     loaded.add_to(&mut config)?;
-    if config.destinations.is_empty() {
-        bail!("no destinations configured: add a [[destinations]] table to the config file, or one at runtime with `pgoutbox destinations add` (see README)");
-    }
+    some_destination(&config)?;
     super::check_relay_privileges(&pool, &config).await?;
     if config.source == Source::Wal {
         if once {
@@ -74,7 +75,40 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         pool,
         pool_settings,
         version,
+        loaded,
         key,
+    })
+}
+
+/// A relay needs a destination.
+fn some_destination(config: &pgoutbox::config::Config) -> anyhow::Result<()> {
+    if config.destinations.is_empty() {
+        bail!("no destinations configured: add a [[destinations]] table to the config file, or one at runtime with `pgoutbox destinations add` (see README)");
+    }
+    Ok(())
+}
+
+/// `current` with the destinations added at runtime read again (only those that changed: see
+/// [`pgoutbox::definitions::reload`]), on the same pool. The file is not read again (SIGHUP
+/// does that), and its destinations are the same definitions, which the next relay knows and
+/// does not check again ([`Relay::following`]): applying a change costs what the change does,
+/// not what the configuration holds.
+async fn refresh(current: &Prepared) -> anyhow::Result<Prepared> {
+    let store = pgoutbox::store::Store::new(current.pool.clone(), current.config.table.clone());
+    let loaded = pgoutbox::definitions::reload(&store, current.key.as_ref(), &current.loaded)
+        .await
+        .context("cannot load the destinations added at runtime")?;
+    let mut config = current.config.clone();
+    config.destinations.retain(|d| !d.runtime);
+    loaded.add_to(&mut config)?;
+    some_destination(&config)?;
+    Ok(Prepared {
+        config,
+        pool: current.pool.clone(),
+        pool_settings: current.pool_settings.clone(),
+        version: loaded.version,
+        loaded,
+        key: current.key.clone(),
     })
 }
 
@@ -117,7 +151,8 @@ pub async fn run(cli: &Cli, args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Relays until a signal stops it; SIGHUP swaps in the configuration read again (see
-/// [`prepare`]) once the running relay's in-flight batches have settled.
+/// [`prepare`]), and a change to the destinations added at runtime the one it runs with those
+/// read again ([`refresh`]), once the running relay's in-flight batches have settled.
 async fn relay_until_stopped(
     cli: &Cli,
     mut prepared: Prepared,
@@ -125,7 +160,16 @@ async fn relay_until_stopped(
 ) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(watch_signals(shutdown.clone(), reload_tx.clone()));
+    // Set by SIGHUP: the next reload reads the file again. A change to the destinations added at
+    // runtime alone reads those that changed.
+    let file_wanted = Arc::new(AtomicBool::new(false));
+    tokio::spawn(watch_signals(
+        shutdown.clone(),
+        reload_tx.clone(),
+        Arc::clone(&file_wanted),
+    ));
+    // The relay running, which the next one takes over from.
+    let mut previous: Option<Arc<Relay>> = None;
     loop {
         let generation = shutdown.child_token();
         let pool = prepared.pool.clone();
@@ -136,33 +180,48 @@ async fn relay_until_stopped(
             reload_tx.clone(),
             generation.clone(),
         ));
-        let running = Generation::start(prepared, metrics.clone(), generation.clone())?;
+        let running = Generation::start(
+            &prepared,
+            previous.as_deref(),
+            metrics.clone(),
+            generation.clone(),
+        )?;
+        previous = Some(Arc::clone(&running.relay));
         let mut relay = tokio::spawn(running.run());
         let ended = loop {
             tokio::select! {
                 ended = &mut relay => break Ended::Stopped(ended),
                 Some(()) = reload_rx.recv() => {
-                    match prepare(cli, false).await {
+                    let file = file_wanted.swap(false, AtomicOrdering::SeqCst);
+                    let next = if file {
+                        prepare(cli, false).await
+                    } else {
+                        refresh(&prepared).await
+                    };
+                    match next {
                         Ok(next) => {
                             info!(destinations = next.config.destinations.len(), version = next.version, "configuration reloaded: in-flight batches finish under the old one, then the new one relays");
                             generation.cancel();
-                            break Ended::Reloaded(relay.await, Box::new(next));
+                            break Ended::Reloaded(relay.await, Box::new(next), file);
                         }
                         Err(e) => error!(error = %format!("{e:#}"), "configuration not reloaded: the relay goes on with the one it has"),
                     }
                 }
             }
         };
-        // The definitions' watcher holds a connection of the pool: it ends first.
+        // The definitions' watcher holds a connection of the pool: it ends first. A change to the
+        // runtime destinations keeps the pool.
         generation.cancel();
-        pool.close().await;
+        if !matches!(ended, Ended::Reloaded(_, _, false)) {
+            pool.close().await;
+        }
         match ended {
             Ended::Stopped(result) => {
                 return result
                     .context("the relay task ended abnormally")
                     .and_then(|r| r)
             }
-            Ended::Reloaded(result, next) => {
+            Ended::Reloaded(result, next, _) => {
                 result.context("the relay task ended abnormally")??;
                 prepared = *next;
             }
@@ -174,10 +233,12 @@ async fn relay_until_stopped(
 enum Ended {
     /// Shut down (a signal) or failed.
     Stopped(Result<anyhow::Result<ExitCode>, tokio::task::JoinError>),
-    /// Stopped for a reload: the next configuration, ready.
+    /// Stopped for a reload: the next configuration, ready, and whether the file was read again
+    /// (on a new pool).
     Reloaded(
         Result<anyhow::Result<ExitCode>, tokio::task::JoinError>,
         Box<Prepared>,
+        bool,
     ),
 }
 
@@ -205,9 +266,11 @@ struct Generation {
 }
 
 impl Generation {
-    /// Builds the relay of `prepared` and starts serving its endpoint.
+    /// Builds the relay of `prepared`, taking over from `previous` if any, and starts serving
+    /// its endpoint.
     fn start(
-        prepared: Prepared,
+        prepared: &Prepared,
+        previous: Option<&Relay>,
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
         stop: CancellationToken,
     ) -> anyhow::Result<Self> {
@@ -217,8 +280,12 @@ impl Generation {
             pool_settings,
             version,
             key,
+            ..
         } = prepared;
-        let relay = Arc::new(Relay::new(pool, &config)?);
+        let relay = Arc::new(match previous {
+            Some(previous) => Relay::following(pool.clone(), config, previous)?,
+            None => Relay::new(pool.clone(), config)?,
+        });
         info!(
             table = %config.table,
             destinations = config.destinations.len(),
@@ -230,7 +297,9 @@ impl Generation {
             "relay started"
         );
         let server = match (config.observability.listen, metrics) {
-            (Some(addr), Some(handle)) => Some(serve(&config, addr, handle, &relay, &stop, key)?),
+            (Some(addr), Some(handle)) => {
+                Some(serve(config, addr, handle, &relay, &stop, key.clone())?)
+            }
             (Some(addr), None) => {
                 warn!(%addr, "observability.listen was added by a reload: restart the relay to serve it");
                 None
@@ -238,7 +307,7 @@ impl Generation {
             _ => None,
         };
         Ok(Self {
-            config,
+            config: config.clone(),
             relay,
             server,
             stop,
@@ -440,7 +509,11 @@ async fn watch_definitions(
 
 /// First SIGINT/SIGTERM: stop claiming and let in-flight batches settle. Second: exit at once
 /// (still safe: unsettled events are claimed again, at least once). SIGHUP: ask for a reload.
-async fn watch_signals(shutdown: CancellationToken, reload: tokio::sync::mpsc::Sender<()>) {
+async fn watch_signals(
+    shutdown: CancellationToken,
+    reload: tokio::sync::mpsc::Sender<()>,
+    file_wanted: Arc<AtomicBool>,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -456,7 +529,9 @@ async fn watch_signals(shutdown: CancellationToken, reload: tokio::sync::mpsc::S
             _ = int.recv() => break,
             _ = hup.recv() => {
                 info!("SIGHUP: reloading the configuration");
-                // One reload waiting is enough: a second SIGHUP meanwhile reads the same file.
+                // One reload waiting is enough: a second SIGHUP meanwhile reads the same file,
+                // and one a change asked for reads the file too.
+                file_wanted.store(true, AtomicOrdering::SeqCst);
                 let _ = reload.try_send(());
             }
         }

@@ -276,14 +276,24 @@ pub fn build(dest: &DestinationConfig) -> std::result::Result<Arc<dyn Sink>, Con
 /// one sink at a time and dropping it; returns what the relay must know of each before it builds
 /// it again for work: its `concurrency` ([`Sink::concurrency`]).
 pub fn concurrencies(config: &Config) -> std::result::Result<Vec<Option<usize>>, ConfigError> {
+    concurrencies_known(config, |_| None)
+}
+
+/// [`concurrencies`], taking those `known` gives (a destination a relay already runs, checked
+/// then) instead of building their sinks again.
+pub fn concurrencies_known(
+    config: &Config,
+    known: impl Fn(&Arc<DestinationConfig>) -> Option<Option<usize>>,
+) -> std::result::Result<Vec<Option<usize>>, ConfigError> {
     config
         .destinations
         .iter()
         .enumerate()
-        .map(|(i, dest)| {
-            build(dest)
+        .map(|(i, dest)| match known(dest) {
+            Some(concurrency) => Ok(concurrency),
+            None => build(dest)
                 .map(|sink| sink.concurrency())
-                .map_err(|e| placed(i, dest, e))
+                .map_err(|e| placed(i, dest, e)),
         })
         .collect()
 }

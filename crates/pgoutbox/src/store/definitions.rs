@@ -13,11 +13,24 @@ use crate::table::OutboxTable;
 /// DefinitionsVersion. What every relay reads each second (one row).
 const DEFINITIONS_VERSION: &str = "SELECT version FROM {qname:definitions_version}";
 
-/// DefinitionsAll. Every definition, with its sealed secrets: what a relay loads (the primary key's
-/// order: the same order in every relay).
+/// DefinitionsAll. Every definition, with its sealed secrets and its stamp: what a relay loads
+/// (the primary key's order: the same order in every relay).
 const DEFINITIONS_ALL: &str = "
-SELECT name, definition::text AS definition, secrets, secret_keys, created_at, updated_at
+SELECT name, definition::text AS definition, secrets, secret_keys, created_at, updated_at,
+       xmin::text::bigint AS stamp
 FROM {qname:definitions} ORDER BY name";
+
+/// DefinitionsStamps. Each definition's name and stamp, the transaction that last wrote its row
+/// (`xmin`, which every insert and update changes): what a relay compares with the stamps it
+/// holds to read again only the definitions that changed.
+const DEFINITIONS_STAMPS: &str =
+    "SELECT name, xmin::text::bigint AS stamp FROM {qname:definitions} ORDER BY name";
+
+/// DefinitionsNamed. The definitions named in `$1`, with their sealed secrets and stamps.
+const DEFINITIONS_NAMED: &str = "
+SELECT name, definition::text AS definition, secrets, secret_keys, created_at, updated_at,
+       xmin::text::bigint AS stamp
+FROM {qname:definitions} WHERE name = ANY($1) ORDER BY name";
 
 /// DefinitionsPage. A page of definitions after `$2` by name, those whose name or definition
 /// contain `$3` (NULL: every one), at most `$1`: the primary key's order, so a page at 100,000
@@ -84,6 +97,8 @@ const DESTINATION_STATE_DELETE: &str = "DELETE FROM {qname:destinations} WHERE n
 pub(super) struct Sql {
     version: String,
     all: String,
+    stamps: String,
+    named: String,
     page: String,
     get: String,
     insert: String,
@@ -102,6 +117,8 @@ impl Sql {
         Self {
             version: r(DEFINITIONS_VERSION),
             all: r(DEFINITIONS_ALL),
+            stamps: r(DEFINITIONS_STAMPS),
+            named: r(DEFINITIONS_NAMED),
             page: r(DEFINITIONS_PAGE),
             get: r(DEFINITION_GET),
             insert: r(DEFINITION_INSERT),
@@ -144,6 +161,10 @@ pub struct StoredDefinition {
     pub created_at: DateTime<Utc>,
     /// When it was last changed.
     pub updated_at: DateTime<Utc>,
+    /// The transaction that last wrote it (read by a relay's loads only; 0 elsewhere).
+    #[serde(skip)]
+    #[sqlx(default)]
+    pub stamp: i64,
 }
 
 /// A definition as written: its plain part and its sealed secrets.
@@ -181,6 +202,21 @@ pub async fn version(store: &Store) -> Result<i64> {
 /// DefinitionsAll: every definition, with its sealed secrets.
 pub async fn all(store: &Store) -> Result<Vec<StoredDefinition>> {
     Ok(sqlx::query_as(&store.sql.definitions.all)
+        .fetch_all(store.pool())
+        .await?)
+}
+
+/// DefinitionsStamps: each definition's name and stamp, by name.
+pub async fn stamps(store: &Store) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(&store.sql.definitions.stamps)
+        .fetch_all(store.pool())
+        .await?)
+}
+
+/// DefinitionsNamed: the definitions of `names` (those that still exist), by name.
+pub async fn named(store: &Store, names: &[String]) -> Result<Vec<StoredDefinition>> {
+    Ok(sqlx::query_as(&store.sql.definitions.named)
+        .bind(names)
         .fetch_all(store.pool())
         .await?)
 }
