@@ -4,7 +4,8 @@
 //! `/readyz` answers 200, then, idle for `--idle`, its CPU and its PostgreSQL backends' (from
 //! /proc), the transactions it commits per second (`pg_stat_database`), the connections it
 //! holds, its resident memory and the size of a `/metrics` scrape; then `--events` events spread
-//! evenly over the topics, inserted at once, and the time until none is pending; then a second
+//! evenly over the topics, inserted at once, and the time until none is pending, with the
+//! relay's resident memory at that moment, 3 s later, and at its peak (VmHWM); then a second
 //! relay beside it, and `--changes` changes to a destination managed at runtime (added, then its
 //! URL changed), each timed from its commit until both relays run with it (their log says so).
 //! Every figure is also given as a ratio to the first count's.
@@ -50,6 +51,8 @@ struct Figures {
     connections: usize,
     rss_idle_mib: f64,
     rss_after_mib: f64,
+    rss_settled_mib: f64,
+    rss_peak_mib: f64,
     scrape_kib: f64,
     drain: f64,
     applied_p50: Duration,
@@ -83,14 +86,16 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
 
 impl Figures {
     /// Each figure: what it is, its value and its unit.
-    fn named(&self) -> [(&'static str, f64, &'static str); 10] {
+    fn named(&self) -> [(&'static str, f64, &'static str); 12] {
         [
             ("start → ready", self.ready.as_secs_f64(), "s"),
             ("idle CPU (relay + backends)", self.idle_cpu, "% of a core"),
             ("idle transactions", self.idle_xacts, "/s"),
             ("connections held", self.connections as f64, ""),
             ("RSS idle", self.rss_idle_mib, "MiB"),
-            ("RSS after the drain", self.rss_after_mib, "MiB"),
+            ("RSS at the drain's end", self.rss_after_mib, "MiB"),
+            ("RSS 3 s after the drain", self.rss_settled_mib, "MiB"),
+            ("RSS peak", self.rss_peak_mib, "MiB"),
             ("/metrics scrape", self.scrape_kib, "KiB"),
             ("drain", self.drain, "ev/s"),
             (
@@ -179,6 +184,12 @@ async fn measure(
         anyhow::bail!("the relay with {count} destinations stopped during the drain ({why})");
     }
     let rss_after_mib = relay.rss_kib() as f64 / 1024.0;
+    // What the relay keeps once the drain's connections and buffers are given back (an idle
+    // connection past what a client keeps closes when it comes back; the allocator returns
+    // freed pages within a second or so).
+    tokio::time::sleep(AFTER_SETTLE).await;
+    let rss_settled_mib = relay.rss_kib() as f64 / 1024.0;
+    let rss_peak_mib = relay.peak_rss_kib() as f64 / 1024.0;
     let applied = if args.changes > 0 {
         let mut second = RelayProcess::spawn(scratch, &spec)?;
         while !second.ready().await {
@@ -198,12 +209,17 @@ async fn measure(
         connections: pids_after.len(),
         rss_idle_mib,
         rss_after_mib,
+        rss_settled_mib,
+        rss_peak_mib,
         scrape_kib,
         drain,
         applied_p50: applied.get(applied.len() / 2).copied().unwrap_or_default(),
         applied_max: applied.last().copied().unwrap_or_default(),
     })
 }
+
+/// How long after the drain the settled RSS is read.
+const AFTER_SETTLE: Duration = Duration::from_secs(3);
 
 /// How long after a change's commit to wait for both relays to run with it.
 const APPLIED_WITHIN: Duration = Duration::from_secs(60);
