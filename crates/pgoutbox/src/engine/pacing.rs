@@ -208,10 +208,18 @@ pub(super) fn next_window(window: u64, base: u64, found_heads: bool) -> u64 {
 
 /// How many due pairs the retry scheduler claims for a lane: as many as it can start soon — four rounds of
 /// its free places under `concurrency` — and at most a batch. Claiming more only leases pairs that
-/// would wait for the lane and then be released.
-pub(super) fn retry_claim(batch: usize, concurrency: usize, in_flight: usize) -> usize {
+/// would wait for the lane and then be released. While the claim loops carry fresh events
+/// (`fresh`), one round: a backlog then goes in smaller steps, each resting after it
+/// ([`backlog_rest`]), so a fresh event meets a short batch of it, not a long one.
+pub(super) fn retry_claim(
+    batch: usize,
+    concurrency: usize,
+    in_flight: usize,
+    fresh: bool,
+) -> usize {
     let free = concurrency.saturating_sub(in_flight).max(1);
-    free.saturating_mul(4).min(batch).max(1)
+    let rounds = if fresh { 1 } else { 4 };
+    free.saturating_mul(rounds).min(batch).max(1)
 }
 
 /// The longest a lane with a backlog rests between its batches of pairs ([`backlog_rest`]).
@@ -464,18 +472,25 @@ mod tests {
         }
     }
 
-    /// (batch, concurrency, in flight) → pairs claimed.
+    /// (batch, concurrency, in flight, fresh) → pairs claimed.
     #[test]
     fn retry_claim_table() {
         let cases = [
-            ((500, 10, 0), 40),
-            ((500, 10, 10), 4),
-            ((500, 64, 0), 256),
-            ((500, usize::MAX, 0), 500),
-            ((20, 64, 3), 20),
+            ((500, 10, 0, false), 40),
+            ((500, 10, 10, false), 4),
+            ((500, 64, 0, false), 256),
+            ((500, usize::MAX, 0, false), 500),
+            ((20, 64, 3, false), 20),
+            ((500, 64, 0, true), 64),
+            ((500, 10, 10, true), 1),
+            ((500, usize::MAX, 0, true), 500),
         ];
-        for ((batch, concurrency, in_flight), expected) in cases {
-            assert_eq!(retry_claim(batch, concurrency, in_flight), expected);
+        for ((batch, concurrency, in_flight, fresh), expected) in cases {
+            assert_eq!(
+                retry_claim(batch, concurrency, in_flight, fresh),
+                expected,
+                "{batch} {concurrency} {in_flight} {fresh}"
+            );
         }
     }
 }

@@ -8,12 +8,13 @@
 //! So the relay's cost follows the work, not the configuration: no loop, poll or connection per
 //! destination, and a destination with a long backlog (a slow one, one down for an hour) takes
 //! its share of each claim, never another's — while its batch runs it is not claimed for again,
-//! and the others are. While the claim loops carry fresh events, a lane that claimed all it could
-//! rests three times as long as its batch took before its next claim ([`backlog_rest`]): on a machine the
-//! database, the relay and the receivers share, a backlog draining flat out would otherwise take
-//! the cores the other destinations' fresh events need. A batch that hands pairs over, a destination that is back and a replay
-//! wake the scheduler at once; otherwise it sleeps until the earliest due pair, polling at most
-//! every [`RETRIES_POLL_INTERVAL`] for pairs other relays made due.
+//! and the others are. While the claim loops carry fresh events, a lane claims one round of its
+//! free places ([`retry_claim`]), and one that claimed all it could rests three times as long as
+//! its batch took before its next claim ([`backlog_rest`]): on a machine the database, the relay
+//! and the receivers share, a backlog draining flat out would otherwise take the cores the other
+//! destinations' fresh events need. A batch that hands pairs over, a destination that is back and
+//! a replay wake the scheduler at once; otherwise it sleeps until the earliest due pair, polling
+//! at most every [`RETRIES_POLL_INTERVAL`] for pairs other relays made due.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -127,13 +128,14 @@ impl Scheduler {
         let ctx = &self.ctx;
         let due = due::due(&ctx.store).await?;
         let batch = ctx.config.relay.batch_size;
+        let fresh = ctx.progress.fresh_within(FRESH_WITHIN);
         let plan = plan(
             &due,
             |name| ctx.lanes.named(name).map(|(d, _)| d),
             busy,
             |d| {
                 let gate = &ctx.lanes[d].gate;
-                retry_claim(batch, gate.concurrency(), gate.in_flight())
+                retry_claim(batch, gate.concurrency(), gate.in_flight(), fresh)
             },
         );
         if plan.claims.is_empty() {
