@@ -7,7 +7,6 @@
 //! that is back. An answer closes the breaker and releases the held events; a failure counts no
 //! attempt and schedules the next probe, later each time.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,6 @@ use crate::model::outcome::Outcome;
 use crate::settle::{judge, Attempt, Lanes as _, Verdict};
 use crate::sinks::gate::BreakerState;
 use crate::sources::poll::claim_probe_pair;
-use crate::store::destinations::DestinationState;
 use crate::store::outbox::Guard;
 use crate::store::{destinations, held};
 
@@ -66,13 +64,13 @@ pub(super) async fn sync(ctx: &Context) -> Result<()> {
     let since = ctx.synced.since();
     let (stored, read_at) = destinations::read_changed(&ctx.store, since).await?;
     ctx.synced.read(since, read_at);
-    let stored: HashMap<&str, &DestinationState> =
-        stored.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut freed = false;
-    for lane in ctx.lanes.iter() {
-        if let Some(s) = stored.get(lane.name.as_str()) {
+    for s in &stored {
+        if let Some((_, lane)) = ctx.lanes.named(&s.name) {
             freed |= lane.gate.adopt(s);
         }
+    }
+    for lane in ctx.lanes.iter().filter(|l| !l.gate.is_quiet()) {
         // A destination's gauges appear once it is paused or its breaker leaves `closed`, and
         // follow it from then on: a scrape stays small with thousands of healthy destinations.
         let state = lane.gate.state();
@@ -107,7 +105,7 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(SYNC_INTERVAL) => {}
         }
-        ctx.settler.store_breakers(&ctx.lanes.gates()).await;
+        ctx.settler.store_breakers(&ctx.lanes.tripped_gates()).await;
         log_summaries(ctx, &mut summaries);
         if swept.elapsed() >= SWEEP_EVERY {
             swept = Instant::now();
@@ -125,6 +123,9 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
             warn!(error = %crate::error_chain(&e), "cannot release held batches; will try again");
         }
         for (d, lane) in ctx.lanes.iter().enumerate() {
+            if lane.gate.is_quiet() {
+                continue;
+            }
             let (state, paused) = lane.gate.state();
             if paused || state == BreakerState::Closed {
                 continue;
@@ -132,6 +133,11 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
             if let Err(e) = probe(ctx, d).await {
                 warn!(destination = %lane.name, error = %crate::error_chain(&e), "probe failed on a database error; will try again");
             }
+        }
+        // A destination used since its last look is looked at again next time; one with
+        // nothing to report is skipped until it is used.
+        for lane in ctx.lanes.iter().filter(|l| !l.gate.is_quiet()) {
+            lane.hush();
         }
     }
 }
@@ -142,6 +148,9 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
 /// attempt is also in the attempt history.
 fn log_summaries(ctx: &Context, clocks: &mut [SummaryClock]) {
     for (lane, clock) in ctx.lanes.iter().zip(clocks.iter_mut()) {
+        if lane.gate.is_quiet() {
+            continue;
+        }
         if clock
             .logged
             .is_some_and(|at| at.elapsed() < SUMMARY_INTERVAL)

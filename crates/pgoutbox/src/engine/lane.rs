@@ -200,6 +200,18 @@ impl Lane {
         changed
     }
 
+    /// Marks the lane's gate quiet if it has nothing to report, its gauges included (see
+    /// [`Gate::hush`]): the destinations loop skips it until it is used again.
+    pub(super) fn hush(&self) {
+        let reported = *self
+            .reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if reported == (BreakerState::Closed, false) {
+            self.gate.hush();
+        }
+    }
+
     /// Whether this destination keeps the order of `event`'s key.
     pub(super) fn keeps_order_of(&self, event: &OutboxEvent) -> bool {
         self.config.ordering == Ordering::Key && event.key.is_some()
@@ -316,10 +328,19 @@ impl Lanes {
         Some((d, &self.lanes[d]))
     }
 
-    /// Whether each lane's events go out now (not paused, breaker closed): each gate read once,
-    /// not once per event (its lock is taken by every answer).
-    pub(super) fn open(&self) -> Vec<bool> {
-        self.lanes.iter().map(|l| l.gate.is_open()).collect()
+    /// Whether each of `lanes` (a batch's) takes events now (not paused, breaker closed): each
+    /// gate read once, not once per event, so that every event of a batch sees its destination
+    /// the same; and only the gates the batch goes to, not every destination's.
+    pub(super) fn open_of(
+        &self,
+        lanes: impl IntoIterator<Item = usize>,
+    ) -> std::collections::HashMap<usize, bool> {
+        let mut open = std::collections::HashMap::new();
+        for lane in lanes {
+            open.entry(lane)
+                .or_insert_with(|| self.lanes[lane].gate.is_open());
+        }
+        open
     }
 
     /// The destinations whose dead events hold back their key (ordered, `on_dead = "block"`).
@@ -360,8 +381,12 @@ impl crate::settle::Lanes for Lanes {
         self.lanes[lane].keeps_order_of(event)
     }
 
-    fn gates(&self) -> Vec<&Gate> {
-        self.lanes.iter().map(|l| &l.gate).collect()
+    fn tripped_gates(&self) -> Vec<&Gate> {
+        self.lanes
+            .iter()
+            .map(|l| &l.gate)
+            .filter(|g| g.has_tripped())
+            .collect()
     }
 }
 

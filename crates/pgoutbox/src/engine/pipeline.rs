@@ -153,10 +153,16 @@ pub(super) async fn items(
     targets: Targets,
     replay: Option<Uuid>,
 ) -> Result<Items> {
-    let open = ctx.lanes.open();
     let mut items = match targets {
-        Targets::Routed => ctx.router.items(events, |lane| open[lane]),
-        Targets::Lane(d) => Items::pairs(events.iter().map(|_| d), |lane| open[lane]),
+        Targets::Routed => {
+            let routes = ctx.router.route_all(events);
+            let open = ctx.lanes.open_of(routes.iter().flatten().copied());
+            Items::route(routes, |lane| open.get(&lane).copied().unwrap_or(false))
+        }
+        Targets::Lane(d) => {
+            let open = ctx.lanes[d].gate.is_open();
+            Items::pairs(events.iter().map(|_| d), |_| open)
+        }
     };
     let key_of = |item: &Item| -> Option<(usize, &str)> {
         let lane = item.lane?;

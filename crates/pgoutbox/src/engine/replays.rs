@@ -265,6 +265,6 @@ async fn send_replayed(
     let items = pipeline::items(ctx, &events, Targets::Lane(d), Some(replay)).await?;
     let published = publish_whole(ctx, events, items).await;
     let attempts = published.attempts.list;
-    ctx.settler.store_breakers(&ctx.lanes.gates()).await;
+    ctx.settler.store_breakers(&ctx.lanes.tripped_gates()).await;
     Ok(attempts.iter().map(|(_, a)| a.delivered()).collect())
 }

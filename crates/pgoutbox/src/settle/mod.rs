@@ -31,8 +31,8 @@ pub trait Lanes: Sync {
     /// Whether it keeps the order of `event`'s key.
     fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool;
 
-    /// Every lane's gate (the settler stores the breakers their answers opened).
-    fn gates(&self) -> Vec<&Gate> {
+    /// The gates whose answers opened a breaker not stored yet (the settler stores them).
+    fn tripped_gates(&self) -> Vec<&Gate> {
         Vec::new()
     }
 }

@@ -126,7 +126,7 @@ impl Settler {
         let written = write::apply(&self.store, guard, plan, rows).await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
         record(batch.events, plan);
-        self.store_breakers(&lanes.gates()).await;
+        self.store_breakers(&lanes.tripped_gates()).await;
         fenced_warning(
             written.fenced,
             "lease lost before settle: another relay re-claimed these events",
@@ -200,7 +200,7 @@ impl Settler {
         for plan in [&rows, &pairs] {
             record(events, plan);
         }
-        self.store_breakers(&lanes.gates()).await;
+        self.store_breakers(&lanes.tripped_gates()).await;
         fenced_warning(
             fenced,
             "lease lost before settle: another relay re-claimed these events",
@@ -232,7 +232,7 @@ impl Settler {
         }
         let written = write::apply_pairs(&self.store, token, &plan, &untouched).await?;
         record(events, &plan);
-        self.store_breakers(&lanes.gates()).await;
+        self.store_breakers(&lanes.tripped_gates()).await;
         fenced_warning(
             written.fenced,
             "delivery lease lost before settle: another relay re-claimed these pairs",

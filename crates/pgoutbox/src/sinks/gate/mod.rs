@@ -17,6 +17,7 @@
 //! requests, not a whole batch.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -161,6 +162,14 @@ pub struct Gate {
     local: Mutex<Local>,
     /// Woken whenever a request may have become startable (or never will).
     changed: Notify,
+    /// Set by every use of the gate (under its lock), cleared by [`Gate::hush`]: the relay's
+    /// once-a-second looks at its destinations (breakers to store, failures to sum up, state to
+    /// report, probes) skip a gate that is quiet, so that their cost follows the destinations in
+    /// use, not the configured ones.
+    stirred: AtomicBool,
+    /// Whether a breaker this relay opened waits to be stored ([`Gate::take_tripped`]), readable
+    /// without the lock: every settle looks.
+    tripped: AtomicBool,
 }
 
 /// One request in flight; dropping it makes room for the next.
@@ -191,11 +200,47 @@ impl Gate {
             concurrency: concurrency.unwrap_or(usize::MAX).max(1),
             local: Mutex::new(Local::default()),
             changed: Notify::new(),
+            stirred: AtomicBool::new(true),
+            tripped: AtomicBool::new(false),
         }
     }
 
+    /// The gate's state, locked; the gate is stirred (set under the lock, so that [`Gate::hush`]
+    /// never clears what a use set after it looked).
     fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        let l = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        self.stirred.store(true, AtomicOrdering::Relaxed);
+        l
+    }
+
+    /// The gate's state, locked to be read: the gate is not stirred.
+    fn peek(&self) -> std::sync::MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether nothing has used the gate since [`Gate::hush`] found it closed, running and with
+    /// nothing to report: the relay's looks at its destinations may skip it.
+    pub fn is_quiet(&self) -> bool {
+        !self.stirred.load(AtomicOrdering::Relaxed)
+    }
+
+    /// Marks the gate quiet if it is closed, running, and has no breaker to store nor answers
+    /// to sum up; returns whether it is quiet now.
+    pub fn hush(&self) -> bool {
+        let l = self.peek();
+        let quiet = l.breaker == BreakerState::Closed
+            && !l.paused
+            && l.tripped.is_none()
+            && l.summary == Summary::default();
+        if quiet {
+            self.stirred.store(false, AtomicOrdering::Relaxed);
+        }
+        quiet
+    }
+
+    /// Whether a breaker this relay opened waits to be stored.
+    pub fn has_tripped(&self) -> bool {
+        self.tripped.load(AtomicOrdering::Relaxed)
     }
 
     /// The destination's name.
@@ -210,19 +255,19 @@ impl Gate {
 
     /// Whether its events go out now (not paused, breaker closed).
     pub fn is_open(&self) -> bool {
-        let l = self.local();
+        let l = self.peek();
         !l.paused && l.breaker == BreakerState::Closed
     }
 
     /// The breaker state and whether paused, as this relay last saw them.
     pub fn state(&self) -> (BreakerState, bool) {
-        let l = self.local();
+        let l = self.peek();
         (l.breaker, l.paused)
     }
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> usize {
-        self.local().in_flight
+        self.peek().in_flight
     }
 
     /// The most requests that may be in flight at once.
@@ -378,6 +423,7 @@ impl Gate {
                                 l.failures_in_a_row = 0;
                                 l.proven = false;
                                 l.tripped = Some(reason.clone());
+                                self.tripped.store(true, AtomicOrdering::Relaxed);
                                 Counted::Tripped
                             } else {
                                 Counted::Attempt
@@ -404,7 +450,12 @@ impl Gate {
 
     /// The reason of a breaker this relay opened since the last call, to be stored.
     pub fn take_tripped(&self) -> Option<String> {
-        self.local().tripped.take()
+        if !self.has_tripped() {
+            return None;
+        }
+        let mut l = self.local();
+        self.tripped.store(false, AtomicOrdering::Relaxed);
+        l.tripped.take()
     }
 
     /// The failures and deliveries counted since the last call.

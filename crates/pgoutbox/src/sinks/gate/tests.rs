@@ -208,3 +208,45 @@ fn the_summary_counts_since_the_last_one() {
     assert_eq!(s.last_error.as_deref(), Some("HTTP 502"));
     assert_eq!(g.take_summary(), Summary::default());
 }
+
+#[test]
+fn a_gate_is_quiet_once_hushed_with_nothing_to_report_until_it_is_used() {
+    let g = gate(1, None);
+    assert!(!g.is_quiet(), "a new gate is looked at once");
+    assert!(g.hush() && g.is_quiet());
+    assert!(g.is_open() && g.state() == (BreakerState::Closed, false));
+    assert_eq!(g.in_flight(), 0);
+    assert!(g.is_quiet(), "reading its state does not stir it");
+
+    // An answer stirs it; it stays looked at while its summary waits to be taken.
+    assert_eq!(g.answered(&Outcome::Delivered), Counted::Attempt);
+    assert!(!g.is_quiet());
+    assert!(!g.hush(), "its summary is not taken yet");
+    assert_eq!(g.take_summary().delivered, 1);
+    assert!(g.hush());
+
+    // A breaker it opened: stored first, and an open breaker is never quiet (probes).
+    assert!(!g.has_tripped());
+    assert_eq!(g.answered(&Outcome::retry("HTTP 503")), Counted::Tripped);
+    assert!(g.has_tripped() && !g.is_quiet());
+    g.take_summary();
+    assert!(!g.hush(), "a breaker to store");
+    assert_eq!(g.take_tripped().as_deref(), Some("HTTP 503"));
+    assert!(!g.has_tripped());
+    assert!(!g.hush(), "open");
+    g.close();
+    assert!(g.hush());
+
+    // Another relay's state adopted (a pause) stirs it too.
+    let paused = crate::store::destinations::DestinationState {
+        name: "d".into(),
+        paused_at: Some(Utc::now()),
+        breaker: "closed".into(),
+        breaker_since: Utc::now(),
+        last_error: None,
+        failed_probes: 0,
+        probe_at: None,
+    };
+    g.adopt(&paused);
+    assert!(!g.is_quiet() && !g.hush(), "paused");
+}
