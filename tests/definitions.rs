@@ -36,6 +36,29 @@ fn cli(config: &Path, key: Option<&str>, args: &[&str]) -> (i32, String, String)
     )
 }
 
+/// `pgoutbox destinations add customer-1`: a webhook to `url` taking `order.*`, with `more`.
+fn add_customer(
+    config: &Path,
+    key: Option<&str>,
+    url: &str,
+    more: &[&str],
+) -> (i32, String, String) {
+    let url = format!("url={url}");
+    let mut args = vec![
+        "destinations",
+        "add",
+        "customer-1",
+        "--type",
+        "webhook",
+        "--set",
+        &url,
+        "--topic",
+        "order.*",
+    ];
+    args.extend_from_slice(more);
+    cli(config, key, &args)
+}
+
 /// A relay process, killed when dropped: a failed assertion leaves none behind.
 struct Relay(Child);
 
@@ -168,22 +191,11 @@ async fn destinations_added_changed_and_removed_at_runtime_reach_every_running_r
     assert_eq!(version(&db).await, before, "nothing stored");
 
     // Added with a sealed secret: both relays send to it, signed; the secret is never shown.
-    let (code, _, err) = cli(
+    let (code, _, err) = add_customer(
         &config,
         Some(&key),
-        &[
-            "destinations",
-            "add",
-            "customer-1",
-            "--type",
-            "webhook",
-            "--set",
-            &format!("url={}", added_rx.url),
-            "--topic",
-            "order.*",
-            "--secret",
-            &format!("secret={SECRET}"),
-        ],
+        &added_rx.url,
+        &["--secret", &format!("secret={SECRET}")],
     );
     assert_eq!(code, 0, "{err}");
     for tag in ["one", "two"] {
@@ -636,21 +648,7 @@ async fn a_runtime_change_is_applied_while_the_file_is_being_edited() {
     let cli_config = dir.path().join("cli.toml");
     std::fs::write(&cli_config, &text).expect("the command line's copy");
     std::fs::write(&config, "[[destinations]\nname = ").expect("edit");
-    let (code, _, err) = cli(
-        &cli_config,
-        None,
-        &[
-            "destinations",
-            "add",
-            "customer-1",
-            "--type",
-            "webhook",
-            "--set",
-            &format!("url={}", added_rx.url),
-            "--topic",
-            "order.*",
-        ],
-    );
+    let (code, _, err) = add_customer(&cli_config, None, &added_rx.url, &[]);
     assert_eq!(code, 0, "{err}");
     logged(dir.path(), "one", "configuration reloaded", 1).await;
     let ids = db.insert_plain(10, "order.created").await;
