@@ -31,9 +31,8 @@ struct Prepared {
     config: pgoutbox::config::Config,
     pool: sqlx::PgPool,
     pool_settings: PoolSettings,
-    /// The version of the destinations added at runtime that it holds.
-    version: i64,
-    /// Those destinations, as read (a change reads again only those that changed).
+    /// The destinations added at runtime that it holds, and their version, as read (a change
+    /// reads again only those that changed).
     loaded: pgoutbox::definitions::Loaded,
     /// The key their secrets are sealed with, read once from the environment.
     key: Option<pgoutbox::definitions::Key>,
@@ -56,7 +55,6 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
     let loaded = pgoutbox::definitions::load(&store, key.as_ref())
         .await
         .context("cannot load the destinations added at runtime")?;
-    let version = loaded.version;
     loaded.add_to(&mut config)?;
     some_destination(&config)?;
     super::check_relay_privileges(&pool, &config).await?;
@@ -74,7 +72,6 @@ async fn prepare(cli: &Cli, once: bool) -> anyhow::Result<Prepared> {
         config,
         pool,
         pool_settings,
-        version,
         loaded,
         key,
     })
@@ -106,7 +103,6 @@ async fn refresh(current: &Prepared) -> anyhow::Result<Prepared> {
         config,
         pool: current.pool.clone(),
         pool_settings: current.pool_settings.clone(),
-        version: loaded.version,
         loaded,
         key: current.key.clone(),
     })
@@ -176,7 +172,7 @@ async fn relay_until_stopped(
         let store = pgoutbox::store::Store::new(pool.clone(), prepared.config.table.clone());
         tokio::spawn(watch_definitions(
             store,
-            prepared.version,
+            prepared.loaded.version,
             reload_tx.clone(),
             generation.clone(),
         ));
@@ -200,7 +196,7 @@ async fn relay_until_stopped(
                     };
                     match next {
                         Ok(next) => {
-                            info!(destinations = next.config.destinations.len(), version = next.version, "configuration reloaded: in-flight batches finish under the old one, then the new one relays");
+                            info!(destinations = next.config.destinations.len(), version = next.loaded.version, "configuration reloaded: in-flight batches finish under the old one, then the new one relays");
                             generation.cancel();
                             break Ended::Reloaded(relay.await, Box::new(next), file);
                         }
@@ -278,9 +274,8 @@ impl Generation {
             config,
             pool,
             pool_settings,
-            version,
+            loaded,
             key,
-            ..
         } = prepared;
         let relay = Arc::new(match previous {
             Some(previous) => Relay::following(pool.clone(), config, previous)?,
@@ -293,7 +288,7 @@ impl Generation {
             source = ?config.source,
             claim = ?config.relay.claim,
             pool = pool_settings.max_connections,
-            version,
+            version = loaded.version,
             "relay started"
         );
         let server = match (config.observability.listen, metrics) {

@@ -127,16 +127,13 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
                 continue;
             }
             let (state, paused) = lane.gate.state();
-            if paused || state == BreakerState::Closed {
-                continue;
+            if !paused && state != BreakerState::Closed {
+                if let Err(e) = probe(ctx, d).await {
+                    warn!(destination = %lane.name, error = %crate::error_chain(&e), "probe failed on a database error; will try again");
+                }
             }
-            if let Err(e) = probe(ctx, d).await {
-                warn!(destination = %lane.name, error = %crate::error_chain(&e), "probe failed on a database error; will try again");
-            }
-        }
-        // A destination used since its last look is looked at again next time; one with
-        // nothing to report is skipped until it is used.
-        for lane in ctx.lanes.iter().filter(|l| !l.gate.is_quiet()) {
+            // Looked at in full this time: one with nothing to report is skipped until it is
+            // used again.
             lane.hush();
         }
     }

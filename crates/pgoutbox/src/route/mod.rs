@@ -65,12 +65,6 @@ impl Router {
         self.takes(d, event) && filter.is_none_or(|f| f.eval(event))
     }
 
-    /// The items of `events`: one per destination that takes an event (one unroutable item for
-    /// an event none takes), each sent unless `open(lane)` says its destination is held.
-    pub fn items(&self, events: &[OutboxEvent], open: impl Fn(usize) -> bool) -> Items {
-        Items::route(self.route_all(events), open)
-    }
-
     /// The destinations each event goes to, in configuration order; empty when none takes it.
     pub fn route_all(&self, events: &[OutboxEvent]) -> Vec<Vec<usize>> {
         if !self.filters() {
