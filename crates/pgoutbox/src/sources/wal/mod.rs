@@ -361,7 +361,16 @@ async fn session<E: WalEngine>(
                     }
                     // Backpressure: the stream waits while the processor is behind.
                     tokio::select! {
-                        sent = items_tx.send(item) => if sent.is_err() { break End::Shutdown },
+                        // The processor gone: a batch could not be settled (a shutdown also
+                        // says so by its token). Ending the session as a shutdown would end the
+                        // WAL source for good while the relay runs on.
+                        sent = items_tx.send(item) => if sent.is_err() {
+                            break if shutdown.is_cancelled() {
+                                End::Shutdown
+                            } else {
+                                End::Failed("a batch could not be settled".into())
+                            };
+                        },
                         _ = shutdown.cancelled() => break End::Shutdown,
                     }
                 }
