@@ -37,7 +37,7 @@ async fn events_land_in_jetstream_and_redeliveries_are_deduplicated() {
     // The sink is built by the test so it can read the duplicate count off the PubAcks.
     let dest = &config.destinations[0];
     let settings: NatsConfig =
-        pgoutbox::config::sink_settings(&dest.sink.settings).expect("settings");
+        pgoutbox::config::sink_settings(&dest.sink.settings.to_table()).expect("settings");
     let sink = Arc::new(NatsSink::new(&dest.name, settings).expect("sink"));
     let relay = Relay::with_destinations(
         db.pool.clone(),

@@ -118,7 +118,44 @@ pub struct SinkConfig {
     /// The `type` key: a name from the sink registry.
     pub kind: String,
     /// The sink's own keys.
-    pub settings: toml::Table,
+    pub settings: Settings,
+}
+
+/// A sink's own keys, as the configuration gave them. Kept as a boxed slice, not a map: a relay
+/// holds one per destination for its whole life and reads it only to build the sink, and a map of
+/// two keys costs six times the memory (one tree node of eleven slots).
+#[derive(Clone, Default, PartialEq)]
+pub struct Settings(Box<[(Box<str>, toml::Value)]>);
+
+impl Settings {
+    /// The value of `key`, if set.
+    pub fn get(&self, key: &str) -> Option<&toml::Value> {
+        self.0.iter().find(|(k, _)| &**k == key).map(|(_, v)| v)
+    }
+
+    /// The keys set, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(k, _)| &**k)
+    }
+
+    /// The settings as a table, to deserialize or show.
+    pub fn to_table(&self) -> toml::Table {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+}
+
+impl From<toml::Table> for Settings {
+    fn from(table: toml::Table) -> Self {
+        Self(
+            table
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v))
+                .collect(),
+        )
+    }
 }
 
 impl SinkConfig {
@@ -126,7 +163,7 @@ impl SinkConfig {
     pub fn bare(kind: &str) -> Self {
         Self {
             kind: kind.to_owned(),
-            settings: toml::Table::new(),
+            settings: Settings::default(),
         }
     }
 }
@@ -233,7 +270,7 @@ pub(crate) fn parse_destination(
     // (`crate::sinks::build_all`), so that configuration stays plain data.
     let sink = SinkConfig {
         kind: common.kind.clone(),
-        settings: table,
+        settings: table.into(),
     };
 
     for glob in &common.topics {

@@ -33,7 +33,9 @@ use destination::parse_destination;
 use duration::parse_duration_key;
 
 pub use database::{DatabaseHosts, ServerRole, SessionAttrs};
-pub use destination::{sink_settings, DestinationConfig, NoSettings, OnDead, Ordering, SinkConfig};
+pub use destination::{
+    sink_settings, DestinationConfig, NoSettings, OnDead, Ordering, Settings, SinkConfig,
+};
 pub use duration::{duration_str, opt_duration_str, parse_duration};
 pub use error::ConfigError;
 pub use flat::Flat;
@@ -409,7 +411,8 @@ max_attempts = 10
             url: Secret,
             secret: Secret,
         }
-        let settings: Hook = sink_settings(&c.destinations[0].sink.settings).expect("webhook");
+        let settings: Hook =
+            sink_settings(&c.destinations[0].sink.settings.to_table()).expect("webhook");
         assert_eq!(
             settings.secret.expose(),
             "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"

@@ -51,7 +51,7 @@ impl SummaryClock {
 
 /// Registers every configured destination's row, with whether its dead events block.
 pub(super) async fn register(ctx: &Context) -> Result<()> {
-    let names: Vec<&str> = ctx.lanes.iter().map(|l| l.name.as_str()).collect();
+    let names: Vec<&str> = ctx.lanes.iter().map(|l| l.name()).collect();
     let blocks: Vec<bool> = ctx.lanes.iter().map(|l| l.config.dead_blocks()).collect();
     destinations::register(&ctx.store, &names, &blocks).await
 }
@@ -76,9 +76,9 @@ pub(super) async fn sync(ctx: &Context) -> Result<()> {
         let state = lane.gate.state();
         if lane.report_state(state) {
             let (breaker, paused) = state;
-            metrics::gauge!(metric::DESTINATION_STATE, "destination" => lane.name.clone())
+            metrics::gauge!(metric::DESTINATION_STATE, "destination" => lane.name().to_owned())
                 .set(breaker.gauge());
-            metrics::gauge!(metric::DESTINATION_PAUSED, "destination" => lane.name.clone())
+            metrics::gauge!(metric::DESTINATION_PAUSED, "destination" => lane.name().to_owned())
                 .set(if paused { 1.0 } else { 0.0 });
         }
     }
@@ -129,7 +129,7 @@ pub(super) async fn destinations_loop(ctx: &Arc<Context>, shutdown: Cancellation
             let (state, paused) = lane.gate.state();
             if !paused && state != BreakerState::Closed {
                 if let Err(e) = probe(ctx, d).await {
-                    warn!(destination = %lane.name, error = %crate::error_chain(&e), "probe failed on a database error; will try again");
+                    warn!(destination = %lane.name(), error = %crate::error_chain(&e), "probe failed on a database error; will try again");
                 }
             }
             // Looked at in full this time: one with nothing to report is skipped until it is
@@ -162,7 +162,7 @@ fn log_summaries(ctx: &Context, clocks: &mut [SummaryClock]) {
         }
         clock.logged = Some(clock.taken);
         warn!(
-            destination = %lane.name,
+            destination = %lane.name(),
             failed = summary.failed,
             delivered = summary.delivered,
             last_error = summary.last_error.as_deref().unwrap_or("-"),
@@ -178,14 +178,14 @@ fn log_summaries(ctx: &Context, clocks: &mut [SummaryClock]) {
 async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
     let lane = &ctx.lanes[d];
     let hold_for = ctx.config.relay.publish_timeout * 2;
-    let Some(failed_probes) = destinations::take_probe(&ctx.store, &lane.name, hold_for).await?
+    let Some(failed_probes) = destinations::take_probe(&ctx.store, lane.name(), hold_for).await?
     else {
         return Ok(());
     };
     // A fresh connection: whatever the sink kept may be the failed one.
     lane.reconnect();
     let mut unit = ctx.store.begin().await?;
-    let row = held::claim_probe(&ctx.store, &mut unit, &lane.name).await?;
+    let row = held::claim_probe(&ctx.store, &mut unit, lane.name()).await?;
     let event = match row.map(|row| (row.id, row.event)) {
         Some((_, Ok(event))) => event,
         Some((id, Err(reason))) => {
@@ -207,10 +207,10 @@ async fn probe(ctx: &Arc<Context>, d: usize) -> Result<()> {
 async fn probe_pair(ctx: &Arc<Context>, d: usize, failed_probes: i32) -> Result<()> {
     let lane = &ctx.lanes[d];
     let lease = ctx.claim.lease;
-    let mut claimed = claim_probe_pair(&ctx.store, &lane.name, lease).await?;
+    let mut claimed = claim_probe_pair(&ctx.store, lane.name(), lease).await?;
     if claimed.events.is_empty() && claimed.poison.is_empty() {
-        held::unbundle(&ctx.store, Some((&lane.name, 1)), None).await?;
-        claimed = claim_probe_pair(&ctx.store, &lane.name, lease).await?;
+        held::unbundle(&ctx.store, Some((lane.name(), 1)), None).await?;
+        claimed = claim_probe_pair(&ctx.store, lane.name(), lease).await?;
     }
     let guard = Guard::Lease(claimed.token);
     if let Some((id, name, reason)) = claimed.poison.into_iter().next() {
@@ -240,19 +240,19 @@ async fn sent(
     let lane = &ctx.lanes[d];
     let (verdict, reason) = match probe_once(ctx, d, &event).await {
         Probed::Answered(v) => {
-            ctx.settler.one(&event, &lane.name, v, guard).await?;
+            ctx.settler.one(&event, lane.name(), v, guard).await?;
             return probe_answered(ctx, d).await;
         }
         Probed::Failed { reason, expired } => (expired, Some(reason)),
         Probed::Silent => (None, None),
     };
     match (verdict, guard) {
-        (Some(dead), guard) => ctx.settler.one(&event, &lane.name, dead, guard).await?,
+        (Some(dead), guard) => ctx.settler.one(&event, lane.name(), dead, guard).await?,
         (None, Guard::Transaction(unit)) => unit.rollback().await?,
         // Back to held, no attempt counted.
         (None, guard) => {
             let held = Verdict::Held(None);
-            ctx.settler.one(&event, &lane.name, held, guard).await?
+            ctx.settler.one(&event, lane.name(), held, guard).await?
         }
     }
     probe_failed(ctx, d, failed_probes, reason).await
@@ -305,17 +305,17 @@ async fn probe_once(ctx: &Arc<Context>, d: usize, event: &OutboxEvent) -> Probed
 async fn probe_skipped(ctx: &Context, d: usize, failed_probes: i32) -> Result<()> {
     let lane = &ctx.lanes[d];
     let delay = lane.gate.probe_delay(failed_probes);
-    destinations::probe_failed(&ctx.store, &lane.name, None, delay).await
+    destinations::probe_failed(&ctx.store, lane.name(), None, delay).await
 }
 
 /// The destination answered its probe: the breaker closes and its held events are due again.
 async fn probe_answered(ctx: &Context, d: usize) -> Result<()> {
     let lane = &ctx.lanes[d];
     lane.gate.close();
-    destinations::close(&ctx.store, &lane.name).await?;
+    destinations::close(&ctx.store, lane.name()).await?;
     let released = held::unpark_followers(&ctx.store).await?;
     ctx.retries_due.notify_one();
-    info!(destination = %lane.name, released, "probe answered: circuit breaker closed, held events are due again");
+    info!(destination = %lane.name(), released, "probe answered: circuit breaker closed, held events are due again");
     Ok(())
 }
 
@@ -330,6 +330,6 @@ async fn probe_failed(
     let lane = &ctx.lanes[d];
     let reason = failed.unwrap_or_else(|| "no answer within publish_timeout".to_owned());
     let delay = lane.gate.probe_delay(failed_probes + 1);
-    info!(destination = %lane.name, error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
-    destinations::probe_failed(&ctx.store, &lane.name, Some(&reason), delay).await
+    info!(destination = %lane.name(), error = %reason, next_probe_in_ms = delay.as_millis() as u64, "probe failed: circuit breaker stays open");
+    destinations::probe_failed(&ctx.store, lane.name(), Some(&reason), delay).await
 }

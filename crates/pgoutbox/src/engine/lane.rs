@@ -62,26 +62,28 @@ fn drops(since: Duration, holders: usize, idle: Duration) -> bool {
 /// How long a sink's health check answers readiness before it is run again.
 const HEALTH_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// One destination's lane.
+/// The sink's last health check for readiness: when, and its error if it failed. Held while a
+/// check runs, so that concurrent `/readyz` calls share one.
+type Health = tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>;
+
+/// One destination's lane. A relay holds one per destination, most of them idle: what only some
+/// lanes use (a rate limit, a readiness check) is boxed, and the name and retry policy are the
+/// configuration's, not copies.
 pub(super) struct Lane {
-    /// The destination's name.
-    pub(super) name: String,
     /// Its sink.
     sink: SinkSlot,
-    /// Its retry policy.
-    pub(super) retry: RetryPolicy,
-    /// Its configuration (routing, ordering, breaker), shared with the relay's [`crate::config::Config`].
+    /// Its configuration (name, routing, retry, ordering, breaker), shared with the relay's
+    /// [`crate::config::Config`].
     pub(super) config: Arc<DestinationConfig>,
     /// Its gate: pause, breaker, requests in flight.
     pub(super) gate: Gate,
     /// Its `rate_limit`, when it has one: tokens from the destination's shared bucket.
-    pub(super) rate: Option<Limiter>,
+    pub(super) rate: Option<Box<Limiter>>,
     /// The (breaker, paused) state last set on its gauges; none is set while it is the first
     /// (closed, running).
     reported: std::sync::Mutex<(BreakerState, bool)>,
-    /// The sink's last health check for readiness: when, and its error if it failed. Held while
-    /// a check runs, so that concurrent `/readyz` calls share one.
-    health: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
+    /// Made by the first readiness check that reads this destination.
+    health: std::sync::OnceLock<Box<Health>>,
 }
 
 impl Lane {
@@ -96,9 +98,16 @@ impl Lane {
         config: Option<&Arc<DestinationConfig>>,
         store: &Store,
     ) -> Self {
-        let config = config.cloned().unwrap_or_else(|| {
-            Arc::new(DestinationConfig {
-                name: name.clone(),
+        let config = match config {
+            // A caller-built sink may have been given its own name or retry policy.
+            Some(config) if config.name == name && config.retry == retry => Arc::clone(config),
+            Some(config) => Arc::new(DestinationConfig {
+                name,
+                retry,
+                ..DestinationConfig::clone(config)
+            }),
+            None => Arc::new(DestinationConfig {
+                name,
                 subscription: Default::default(),
                 transform: None,
                 rate_limit: None,
@@ -109,22 +118,30 @@ impl Lane {
                 breaker: Default::default(),
                 sink: SinkConfig::bare("custom"),
                 runtime: false,
-            })
-        });
-        let gate = Gate::new(&name, config.breaker.clone(), concurrency);
+            }),
+        };
+        let gate = Gate::new(&config.name, config.breaker.clone(), concurrency);
         let rate = config
             .rate_limit
-            .map(|limit| Limiter::new(&name, limit, store.clone()));
+            .map(|limit| Box::new(Limiter::new(&config.name, limit, store.clone())));
         Self {
             rate,
-            name,
             sink,
-            retry,
             config,
             gate,
             reported: std::sync::Mutex::new((BreakerState::Closed, false)),
-            health: tokio::sync::Mutex::new(None),
+            health: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The destination's name.
+    pub(super) fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Its retry policy.
+    pub(super) fn retry(&self) -> &RetryPolicy {
+        &self.config.retry
     }
 
     /// The lane's sink, built from its definition if it has none now. Building does no I/O and
@@ -221,7 +238,7 @@ impl Lane {
     /// caller cannot make the relay send requests to destinations at its own rate), within
     /// `limit`.
     pub(super) async fn health(&self, limit: std::time::Duration) -> Option<String> {
-        let mut last = self.health.lock().await;
+        let mut last = self.health.get_or_init(Box::default).lock().await;
         if let Some((at, result)) = last.as_ref() {
             if at.elapsed() < HEALTH_TTL {
                 return result.clone();
@@ -307,7 +324,7 @@ impl Lanes {
         let by_name = lanes
             .iter()
             .enumerate()
-            .map(|(d, lane)| (lane.name.clone(), d))
+            .map(|(d, lane)| (lane.name().to_owned(), d))
             .collect();
         Self { lanes, by_name }
     }
@@ -348,7 +365,7 @@ impl Lanes {
         self.lanes
             .iter()
             .filter(|l| l.config.dead_blocks())
-            .map(|l| l.name.clone())
+            .map(|l| l.name().to_owned())
             .collect()
     }
 
@@ -370,11 +387,11 @@ impl std::ops::Index<usize> for Lanes {
 
 impl crate::settle::Lanes for Lanes {
     fn name(&self, lane: usize) -> &str {
-        &self.lanes[lane].name
+        self.lanes[lane].name()
     }
 
     fn policy(&self, lane: usize) -> &RetryPolicy {
-        &self.lanes[lane].retry
+        self.lanes[lane].retry()
     }
 
     fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool {

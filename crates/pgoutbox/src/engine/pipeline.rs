@@ -182,7 +182,7 @@ pub(super) async fn items(
     }
     let names: Vec<&str> = keyed
         .iter()
-        .map(|(lane, _)| ctx.lanes[*lane].name.as_str())
+        .map(|(lane, _)| ctx.lanes[*lane].name())
         .collect();
     let keys: Vec<&str> = keyed.iter().map(|(_, key)| *key).collect();
     let asked = KeysWaiting {
@@ -200,7 +200,7 @@ pub(super) async fn items(
         .filter(|(lane, key)| {
             waiting
                 .iter()
-                .any(|(d, k)| d == &ctx.lanes[*lane].name && k == key)
+                .any(|(d, k)| d == ctx.lanes[*lane].name() && k == key)
         })
         .collect();
     items.keep_behind(&waiting, key_of);

@@ -417,18 +417,23 @@ impl Run {
         let publish = sink.publish_until(events, &share);
         if let Err(panic) = std::panic::AssertUnwindSafe(publish).catch_unwind().await {
             let reason = format!("the sink panicked: {}", panic_message(&*panic));
-            warn!(destination = %lane.name, error = %reason, "sink panicked; its unfinished events will be retried");
+            warn!(destination = %lane.name(), error = %reason, "sink panicked; its unfinished events will be retried");
             for (i, &item) in indexes.iter().enumerate() {
                 if self.slots[item].started() {
                     share.record(i, Outcome::retry(reason.clone()));
                 }
             }
         }
-        metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => lane.name.clone())
+        metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => lane.name().to_owned())
             .record(started.elapsed().as_secs_f64());
         if crate::otlp::enabled() {
             for &i in indexes {
-                crate::otlp::publish_span(self.event(i), &lane.name, self.slots[i].outcome(), wall);
+                crate::otlp::publish_span(
+                    self.event(i),
+                    lane.name(),
+                    self.slots[i].outcome(),
+                    wall,
+                );
             }
         }
     }

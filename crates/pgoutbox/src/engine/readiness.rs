@@ -122,7 +122,7 @@ impl Context {
             .lanes
             .iter()
             .filter(|lane| match only {
-                Some(name) => name == lane.name,
+                Some(name) => name == lane.name(),
                 None => !lane.config.runtime,
             })
             .collect();
@@ -145,7 +145,7 @@ impl Context {
                     }
                     (None, None) => format!("ok (breaker {breaker})"),
                 };
-                lines.push(format!("destination {}: {line}\n", lane.name));
+                lines.push(format!("destination {}: {line}\n", lane.name()));
             }
         }
         if ready {

@@ -97,7 +97,7 @@ pub(super) async fn create_backfills(ctx: &Context) -> crate::error::Result<()> 
         let since =
             chrono::Utc::now() - chrono::Duration::from_std(back).unwrap_or(chrono::Duration::MAX);
         let new = NewReplay {
-            destination: lane.name.clone(),
+            destination: lane.name().to_owned(),
             selection: Selection {
                 since: Some(since),
                 ..Selection::default()
@@ -107,7 +107,7 @@ pub(super) async fn create_backfills(ctx: &Context) -> crate::error::Result<()> 
             ..NewReplay::default()
         };
         if let Some(id) = replays::create(&ctx.store, &new).await? {
-            info!(destination = %lane.name, replay = %id, since = %since, "backfilling a new destination");
+            info!(destination = %lane.name(), replay = %id, since = %since, "backfilling a new destination");
         }
     }
     Ok(())
@@ -115,7 +115,7 @@ pub(super) async fn create_backfills(ctx: &Context) -> crate::error::Result<()> 
 
 /// Feeds the running replays of this relay's destinations until `shutdown`.
 pub(super) async fn replays_loop(ctx: &Arc<Context>, shutdown: CancellationToken) {
-    let names: Vec<String> = ctx.lanes.iter().map(|l| l.name.clone()).collect();
+    let names: Vec<String> = ctx.lanes.iter().map(|l| l.name().to_owned()).collect();
     let mut fed: HashMap<Uuid, Fed> = HashMap::new();
     while !shutdown.is_cancelled() {
         let began = std::time::Instant::now();
@@ -242,7 +242,7 @@ async fn feed(ctx: &Arc<Context>, replay: &Replay, f: &Fed) -> crate::error::Res
     let walked = (read.len() as i64) < limit;
     step.advance(&read, chosen.len() as u64, walked).await?;
     let lane = &ctx.lanes[f.lane];
-    metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name.clone())
+    metrics::counter!(metric::REPLAYED_TOTAL, "destination" => lane.name().to_owned())
         .increment(chosen.len() as u64);
     if queued > 0 {
         ctx.retries_due.notify_one();

@@ -266,7 +266,7 @@ fn ended_batch(
         Ok(report) => report,
         Err(e) => {
             metrics::counter!(metric::DB_ERRORS_TOTAL).increment(1);
-            warn!(destination = %ctx.lanes[d].name, error = %crate::error_chain(&e), "settle of retries failed; their lease expires and they are retried");
+            warn!(destination = %ctx.lanes[d].name(), error = %crate::error_chain(&e), "settle of retries failed; their lease expires and they are retried");
             BatchReport::default()
         }
     }

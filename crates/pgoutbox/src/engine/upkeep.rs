@@ -46,19 +46,19 @@ async fn upkeep(ctx: &Context) {
     }
     // Held events of a destination that stays unavailable still reach their max_age.
     for lane in ctx.lanes.iter() {
-        let Some(max_age) = lane.retry.max_age else {
+        let Some(max_age) = lane.retry().max_age else {
             continue;
         };
-        let rows = held::expire_held(&ctx.store, &lane.name, max_age).await;
-        expired(&lane.name, rows, "held events");
-        let expiring = Some((lane.name.as_str(), i64::MAX));
+        let rows = held::expire_held(&ctx.store, lane.name(), max_age).await;
+        expired(lane.name(), rows, "held events");
+        let expiring = Some((lane.name(), i64::MAX));
         if let Err(e) = held::unbundle(&ctx.store, expiring, Some(max_age)).await {
             warn!(error = %crate::error_chain(&e), "expiring held batches failed; will try again");
         }
-        let pairs = deliveries::expire_held(&ctx.store, &lane.name, max_age).await;
-        expired(&lane.name, pairs, "held deliveries");
+        let pairs = deliveries::expire_held(&ctx.store, lane.name(), max_age).await;
+        expired(lane.name(), pairs, "held deliveries");
     }
-    let configured: Vec<String> = ctx.lanes.iter().map(|l| l.name.clone()).collect();
+    let configured: Vec<String> = ctx.lanes.iter().map(|l| l.name().to_owned()).collect();
     match deliveries::expire_gone(&ctx.store, &configured, GONE_AFTER).await {
         Ok(n) if n > 0 => warn!(
             pairs = n,

@@ -265,7 +265,7 @@ pub fn build(dest: &DestinationConfig) -> std::result::Result<Arc<dyn Sink>, Con
         ));
     };
     install_crypto_provider();
-    (kind.build)(&dest.name, &dest.sink.settings).map_err(|m| ConfigError {
+    (kind.build)(&dest.name, &dest.sink.settings.to_table()).map_err(|m| ConfigError {
         file: None,
         key: None,
         message: m,

@@ -86,7 +86,7 @@ fn destination_settings(d: &crate::config::DestinationConfig) -> serde_json::Val
             "probe_interval_seconds": d.breaker.probe_interval.as_secs_f64(),
             "max_probe_interval_seconds": d.breaker.max_probe_interval.as_secs_f64(),
         },
-        "sink": super::masked_settings(&d.sink.settings),
+        "sink": super::masked_settings(&d.sink.settings.to_table()),
     })
 }
 
@@ -113,7 +113,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
             let mut view = DestinationView {
                 name: d.name.clone(),
                 kind: d.sink.kind.clone(),
-                target: redacted_target(&d.sink.settings),
+                target: redacted_target(&d.sink.settings.to_table()),
                 settings: destination_settings(d),
                 breaker: "closed".into(),
                 rate_per_second: last
