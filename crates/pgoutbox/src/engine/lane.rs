@@ -163,6 +163,20 @@ impl Lane {
         Ok(sink)
     }
 
+    /// The lane's sink if it has one now, else one built for a single use and not kept: a
+    /// readiness check of ten thousand idle destinations does not leave ten thousand sinks
+    /// behind until they are dropped as idle.
+    fn sink_for_a_check(&self) -> Result<Arc<dyn Sink>, String> {
+        let SinkSlot::Lazy(slot) = &self.sink else {
+            return self.sink();
+        };
+        if let Some((sink, _)) = slot.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            return Ok(Arc::clone(sink));
+        }
+        crate::sinks::build(&self.config)
+            .map_err(|e| format!("cannot build the destination's sink again: {}", e.message))
+    }
+
     /// Makes the sink's next request connect afresh: a sink not built now will anyway.
     pub(super) fn reconnect(&self) {
         match &self.sink {
@@ -244,7 +258,7 @@ impl Lane {
                 return result.clone();
             }
         }
-        let sink = match self.sink() {
+        let sink = match self.sink_for_a_check() {
             Ok(sink) => sink,
             Err(e) => return Some(e),
         };
@@ -453,5 +467,28 @@ mod tests {
         assert!(lane.drop_idle(Duration::ZERO));
         assert!(!lane.has_sink());
         assert!(lane.sink().is_ok(), "built again for the next work");
+    }
+
+    #[tokio::test]
+    async fn a_health_check_leaves_no_sink_behind_and_uses_the_one_there_is() {
+        let config = crate::config::Config::parse(
+            "[[destinations]]\nname = \"a\"\ntype = \"null\"\n",
+            |_| None,
+        )
+        .expect("config");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("lazy pool");
+        let store = Store::new(pool, config.table.clone());
+        let lanes = Lanes::lazy(&config.destinations, &[None], &store);
+        let lane = &lanes[0];
+        assert_eq!(lane.health(Duration::from_secs(1)).await, None);
+        assert!(!lane.has_sink(), "the checked sink is not kept");
+        let sink = lane.sink().expect("built");
+        let checked = lane.sink_for_a_check().expect("there is one");
+        assert!(
+            Arc::ptr_eq(&sink, &checked),
+            "the lane's own sink is checked"
+        );
     }
 }
