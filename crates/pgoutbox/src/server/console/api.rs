@@ -103,8 +103,12 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
     let states = crate::store::destinations::read(c.relay.store()).await?;
     let last = c.samples.last();
     let mut totals = Counts::default();
-    for b in backlog.values() {
+    // Summed per destination once: at 100,000 destinations, scanning the backlog for each was
+    // ten billion comparisons.
+    let mut per_destination: std::collections::HashMap<&str, Counts> = Default::default();
+    for ((name, _), b) in &backlog {
         totals.add(b);
+        per_destination.entry(name.as_str()).or_default().add(b);
     }
     let destinations = config
         .destinations
@@ -121,10 +125,8 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Ap
                     .map(|s| s.per_destination.get(&d.name).copied().unwrap_or(0.0)),
                 ..DestinationView::default()
             };
-            for ((name, _), b) in &backlog {
-                if name == &d.name {
-                    view.counts.add(b);
-                }
+            if let Some(counts) = per_destination.remove(d.name.as_str()) {
+                view.counts = counts;
             }
             if let Some(s) = states.iter().find(|s| s.name == d.name) {
                 view.paused = s.paused_at.is_some();
