@@ -1,9 +1,11 @@
 //! `bench destinations`: what one relay costs as its destinations grow. N webhook destinations,
 //! each on its own topic (`t.<i>`), all pointing at the bench's local receiver, as a SaaS's
-//! customers' endpoints would. For each count, in a fresh outbox: the relay's start until
+//! customers' endpoints would: all but the first managed at runtime (in the database, as
+//! `destinations add` writes them), or all in the configuration file with `--in-file`. For each
+//! count, in a fresh outbox: the relay's start until
 //! `/readyz` answers 200, then, idle for `--idle`, its CPU and its PostgreSQL backends' (from
 //! /proc), the transactions it commits per second (`pg_stat_database`), the connections it
-//! holds, its resident memory and the size of a `/metrics` scrape; then `--events` events spread
+//! holds, its resident memory and the size of a `/metrics` scrape (again after the drain); then `--events` events spread
 //! evenly over the topics, inserted at once, and the time until none is pending, with the
 //! relay's resident memory at that moment, 3 s later, and at its peak (VmHWM); then a second
 //! relay beside it, and `--changes` changes to a destination managed at runtime (added, then its
@@ -37,6 +39,12 @@ pub struct Args {
     /// others change its URL); 0: none.
     #[arg(long, default_value_t = 20)]
     changes: usize,
+    /// Define the destinations in the configuration file, not at runtime (in the database, as
+    /// `pgoutbox destinations add` does, the default): each one is then also checked by
+    /// `/readyz` and has series of its own in `/metrics`.
+    #[arg(long)]
+    in_file: bool,
+
     /// How long the relay may take to become ready.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     ready_within: Duration,
@@ -54,6 +62,7 @@ struct Figures {
     rss_settled_mib: f64,
     rss_peak_mib: f64,
     scrape_kib: f64,
+    scrape_after_kib: f64,
     drain: f64,
     applied_p50: Duration,
     applied_max: Duration,
@@ -86,7 +95,7 @@ pub async fn run(scratch: &Scratch, out: &Output, args: &Args) -> anyhow::Result
 
 impl Figures {
     /// Each figure: what it is, its value and its unit.
-    fn named(&self) -> [(&'static str, f64, &'static str); 12] {
+    fn named(&self) -> [(&'static str, f64, &'static str); 13] {
         [
             ("start → ready", self.ready.as_secs_f64(), "s"),
             ("idle CPU (relay + backends)", self.idle_cpu, "% of a core"),
@@ -96,7 +105,12 @@ impl Figures {
             ("RSS at the drain's end", self.rss_after_mib, "MiB"),
             ("RSS 3 s after the drain", self.rss_settled_mib, "MiB"),
             ("RSS peak", self.rss_peak_mib, "MiB"),
-            ("/metrics scrape", self.scrape_kib, "KiB"),
+            ("/metrics scrape, idle", self.scrape_kib, "KiB"),
+            (
+                "/metrics scrape after the drain",
+                self.scrape_after_kib,
+                "KiB",
+            ),
             ("drain", self.drain, "ev/s"),
             (
                 "change → applied by 2 relays, p50",
@@ -146,7 +160,13 @@ async fn measure(
     count: usize,
 ) -> anyhow::Result<Figures> {
     scratch.fresh_outbox().await?;
-    let extra = more_destinations(count, url);
+    // `d0`, which the relay spec names, is in the file either way.
+    let extra = if args.in_file {
+        more_destinations(count, url)
+    } else {
+        sql::load::runtime_destinations(&scratch.pool, count as i64, url).await?;
+        String::new()
+    };
     let mut spec = RelaySpec::new(url);
     spec.destination_name = "d0";
     spec.destination_keys = "topics = [\"t.0\"]\n";
@@ -190,6 +210,8 @@ async fn measure(
     tokio::time::sleep(AFTER_SETTLE).await;
     let rss_settled_mib = relay.rss_kib() as f64 / 1024.0;
     let rss_peak_mib = relay.peak_rss_kib() as f64 / 1024.0;
+    // Every destination has had events by now: the series a scrape holds when all are in use.
+    let scrape_after_kib = relay.metrics().await.len() as f64 / 1024.0;
     let applied = if args.changes > 0 {
         let mut second = RelayProcess::spawn(scratch, &spec)?;
         while !second.ready().await {
@@ -212,6 +234,7 @@ async fn measure(
         rss_settled_mib,
         rss_peak_mib,
         scrape_kib,
+        scrape_after_kib,
         drain,
         applied_p50: applied.get(applied.len() / 2).copied().unwrap_or_default(),
         applied_max: applied.last().copied().unwrap_or_default(),

@@ -245,6 +245,30 @@ pub async fn insert_spread(pool: &PgPool, events: i64, topics: i64) -> sqlx::Res
     Ok(())
 }
 
+/// BenchRuntimeDestinations. The destinations `d1` … `d<$1 - 1>` managed at runtime, each a
+/// webhook to `$2` on topic `t.<i>`, as `pgoutbox destinations add` writes them (no secrets),
+/// replacing any there were; then the version moves, as every change moves it.
+pub async fn runtime_destinations(pool: &PgPool, count: i64, url: &str) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("DELETE FROM outbox_definitions")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbox_definitions (name, definition)
+         SELECT 'd' || g, jsonb_build_object('name', 'd' || g, 'type', 'webhook', 'url', $2::text,
+                                             'topics', jsonb_build_array('t.' || g))
+         FROM generate_series(1, $1 - 1) g",
+    )
+    .bind(count)
+    .bind(url)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE outbox_definitions_version SET version = version + 1")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
 /// `count` due pairs of the destination `destination` in the default outbox's deliveries table,
 /// as a destination that was down and is back leaves them (`bench fairness`); then ANALYZE.
 pub async fn due_pairs(pool: &PgPool, destination: &str, count: i64) -> sqlx::Result<()> {
