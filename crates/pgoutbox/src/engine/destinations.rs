@@ -240,19 +240,27 @@ async fn sent(
     let lane = &ctx.lanes[d];
     let (verdict, reason) = match probe_once(ctx, d, &event).await {
         Probed::Answered(v) => {
-            ctx.settler.one(&event, lane.name(), v, guard).await?;
+            ctx.settler
+                .one(&event, lane.name(), v, guard, &ctx.lanes)
+                .await?;
             return probe_answered(ctx, d).await;
         }
         Probed::Failed { reason, expired } => (expired, Some(reason)),
         Probed::Silent => (None, None),
     };
     match (verdict, guard) {
-        (Some(dead), guard) => ctx.settler.one(&event, lane.name(), dead, guard).await?,
+        (Some(dead), guard) => {
+            ctx.settler
+                .one(&event, lane.name(), dead, guard, &ctx.lanes)
+                .await?
+        }
         (None, Guard::Transaction(unit)) => unit.rollback().await?,
         // Back to held, no attempt counted.
         (None, guard) => {
             let held = Verdict::Held(None);
-            ctx.settler.one(&event, lane.name(), held, guard).await?
+            ctx.settler
+                .one(&event, lane.name(), held, guard, &ctx.lanes)
+                .await?
         }
     }
     probe_failed(ctx, d, failed_probes, reason).await

@@ -139,6 +139,16 @@ impl Lane {
         &self.config.name
     }
 
+    /// The `destination` label of its series ([`crate::model::metric::RUNTIME_DESTINATIONS`]
+    /// for a destination managed at runtime).
+    pub(super) fn series(&self) -> &str {
+        if self.config.runtime {
+            crate::model::metric::RUNTIME_DESTINATIONS
+        } else {
+            self.name()
+        }
+    }
+
     /// Its retry policy.
     pub(super) fn retry(&self) -> &RetryPolicy {
         &self.config.retry
@@ -408,6 +418,11 @@ impl crate::settle::Lanes for Lanes {
         self.lanes[lane].retry()
     }
 
+    fn series<'a>(&'a self, destination: &'a str) -> &'a str {
+        self.named(destination)
+            .map_or(destination, |(_, lane)| lane.series())
+    }
+
     fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool {
         self.lanes[lane].keeps_order_of(event)
     }
@@ -467,6 +482,33 @@ mod tests {
         assert!(lane.drop_idle(Duration::ZERO));
         assert!(!lane.has_sink());
         assert!(lane.sink().is_ok(), "built again for the next work");
+    }
+
+    #[tokio::test]
+    async fn a_destination_managed_at_runtime_is_labelled_with_the_others_of_its_kind() {
+        let config = crate::config::Config::parse(
+            "[[destinations]]\nname = \"a\"\ntype = \"null\"\n",
+            |_| None,
+        )
+        .expect("config");
+        let customer = Arc::new(DestinationConfig {
+            name: "customer-1".into(),
+            runtime: true,
+            ..DestinationConfig::clone(&config.destinations[0])
+        });
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("lazy pool");
+        let store = Store::new(pool, config.table.clone());
+        let all = [Arc::clone(&config.destinations[0]), customer];
+        let lanes = Lanes::lazy(&all, &[None, None], &store);
+        use crate::settle::Lanes as _;
+        assert_eq!(lanes.series("a"), "a");
+        assert_eq!(
+            lanes.series("customer-1"),
+            crate::model::metric::RUNTIME_DESTINATIONS
+        );
+        assert_eq!(lanes.series("(unrouted)"), "(unrouted)", "no such lane");
     }
 
     #[tokio::test]

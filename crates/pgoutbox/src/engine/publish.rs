@@ -424,7 +424,7 @@ impl Run {
                 }
             }
         }
-        metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => lane.name().to_owned())
+        metrics::histogram!(metric::PUBLISH_SECONDS, "destination" => lane.series().to_owned())
             .record(started.elapsed().as_secs_f64());
         if crate::otlp::enabled() {
             for &i in indexes {

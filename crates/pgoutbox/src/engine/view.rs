@@ -34,6 +34,13 @@ impl RelayView {
         self.0.lanes.named(name).is_some()
     }
 
+    /// The `destination` label of `destination`'s series (the destinations managed at runtime
+    /// share one, [`crate::model::metric::RUNTIME_DESTINATIONS`]).
+    pub fn series<'a>(&'a self, destination: &'a str) -> &'a str {
+        use crate::settle::Lanes as _;
+        self.0.lanes.series(destination)
+    }
+
     /// The configured destinations whose topics take `topic` (filters aside), in order.
     pub fn destinations_of_topic(&self, topic: &str) -> Vec<String> {
         self.0

@@ -10,6 +10,25 @@ pub const PUBLISHED_TOTAL: &str = "pgoutbox_events_published_total";
 pub const FAILED_TOTAL: &str = "pgoutbox_events_failed_total";
 /// Events dead-lettered, by destination and topic.
 pub const DEAD_LETTERED_TOTAL: &str = "pgoutbox_events_dead_lettered_total";
+/// The `destination` label of the destinations managed at runtime, counted together: their names
+/// are data (a customer's endpoint each), and a series per name would grow every scrape with
+/// their number. Each one's own figures are in the console and `pgoutbox destinations show`.
+pub const RUNTIME_DESTINATIONS: &str = "(runtime)";
+
+/// The `topic` label of the series of the destinations managed at runtime: their topics are
+/// counted together too, since a customer's endpoint may have topics of its own.
+pub const ALL_TOPICS: &str = "(all)";
+
+/// The `topic` label of `topic`'s events in the series labelled `series` (a destination's, or
+/// [`RUNTIME_DESTINATIONS`]).
+pub fn series_topic<'a>(series: &str, topic: &'a str) -> &'a str {
+    if series == RUNTIME_DESTINATIONS {
+        ALL_TOPICS
+    } else {
+        topic
+    }
+}
+
 /// Time a destination took to publish its share of a batch.
 pub const PUBLISH_SECONDS: &str = "pgoutbox_publish_duration_seconds";
 /// From the event's commit (its `created_at`) to its delivery.

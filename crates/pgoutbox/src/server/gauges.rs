@@ -172,7 +172,7 @@ pub async fn refresh_gauges(
     let mut last = (Instant::now(), crate::model::metric::delivered_so_far());
     loop {
         match backlog(&relay).await {
-            Ok(mut merged) => {
+            Ok(merged) => {
                 let delivered = crate::model::metric::delivered_so_far();
                 let elapsed = last.0.elapsed().as_secs_f64().max(1e-3);
                 let per_destination: std::collections::BTreeMap<String, f64> = delivered
@@ -196,11 +196,19 @@ pub async fn refresh_gauges(
                 }
                 samples.push(sample);
                 last = (Instant::now(), delivered);
+                // The destinations managed at runtime are counted together, their topics too.
+                let mut series: std::collections::HashMap<(String, String), Backlog> =
+                    Default::default();
+                for ((destination, topic), b) in merged {
+                    let label = relay.series(&destination);
+                    let key = (label.to_owned(), series_topic(label, &topic).to_owned());
+                    *series.entry(key).or_default() += b;
+                }
                 // Series that emptied go back to zero rather than keep their last value.
                 for key in known.iter() {
-                    merged.entry(key.clone()).or_default();
+                    series.entry(key.clone()).or_default();
                 }
-                for ((destination, topic), b) in &merged {
+                for ((destination, topic), b) in &series {
                     let labels = [
                         ("destination", destination.clone()),
                         ("topic", topic.clone()),
@@ -210,7 +218,7 @@ pub async fn refresh_gauges(
                     metrics::gauge!(DEAD, &labels).set(b.dead as f64);
                     metrics::gauge!(OLDEST_PENDING_AGE_SECONDS, &labels).set(b.lag);
                 }
-                known.extend(merged.into_keys());
+                known.extend(series.into_keys());
             }
             Err(e) => {
                 metrics::counter!(DB_ERRORS_TOTAL).increment(1);

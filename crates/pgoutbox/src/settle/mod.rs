@@ -28,6 +28,12 @@ pub trait Lanes: Sync {
     /// Its retry policy.
     fn policy(&self, lane: usize) -> &RetryPolicy;
 
+    /// The `destination` label of the series of the destination named `destination`: its name,
+    /// or [`crate::model::metric::RUNTIME_DESTINATIONS`] for one managed at runtime.
+    fn series<'a>(&'a self, destination: &'a str) -> &'a str {
+        destination
+    }
+
     /// Whether it keeps the order of `event`'s key.
     fn keeps_order_of(&self, lane: usize, event: &OutboxEvent) -> bool;
 

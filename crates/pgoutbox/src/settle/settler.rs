@@ -125,7 +125,7 @@ impl Settler {
         };
         let written = write::apply(&self.store, guard, plan, rows).await?;
         metrics::histogram!(metric::SETTLE_SECONDS).record(started.elapsed().as_secs_f64());
-        record(batch.events, plan);
+        record(batch.events, plan, lanes);
         self.store_breakers(&lanes.tripped_gates()).await;
         fenced_warning(
             written.fenced,
@@ -198,7 +198,7 @@ impl Settler {
             fenced += written.fenced;
         }
         for plan in [&rows, &pairs] {
-            record(events, plan);
+            record(events, plan, lanes);
         }
         self.store_breakers(&lanes.tripped_gates()).await;
         fenced_warning(
@@ -231,7 +231,7 @@ impl Settler {
             warn!(event_id = %id, destination = %name, error = %reason, "dead-lettering a delivery that cannot be read as an event");
         }
         let written = write::apply_pairs(&self.store, token, &plan, &untouched).await?;
-        record(events, &plan);
+        record(events, &plan, lanes);
         self.store_breakers(&lanes.tripped_gates()).await;
         fenced_warning(
             written.fenced,
@@ -258,13 +258,14 @@ impl Settler {
         destination: &str,
         v: Verdict,
         guard: Guard,
+        lanes: &dyn Lanes,
     ) -> Result<()> {
         // A probe that failed puts its event back as it was: nothing to count.
         let answered = !matches!(v, Verdict::Held(_));
         let plan = SettlePlan::of_one(event, destination, v);
         self.write_alone(&plan, guard).await?;
         if answered {
-            record(std::slice::from_ref(event), &plan);
+            record(std::slice::from_ref(event), &plan, lanes);
         }
         Ok(())
     }
@@ -406,13 +407,15 @@ impl<K: PartialEq> Tally<K> {
 }
 
 /// Counts a settled batch's outcomes per (destination, topic): one metric update per group, not
-/// per event, to keep the hot path cheap.
-fn record(events: &[OutboxEvent], plan: &SettlePlan) {
+/// per event, to keep the hot path cheap. Each destination's series are labelled as `lanes` says
+/// (the destinations managed at runtime together).
+fn record(events: &[OutboxEvent], plan: &SettlePlan, lanes: &dyn Lanes) {
     let by_id = ById::new(events);
     let now = chrono::Utc::now();
     for (destination, ids) in plan.delivered.iter().chain(&plan.pairs_delivered) {
         let mut per_topic = Tally(Vec::new());
-        let latency = metrics::histogram!(metric::COMMIT_TO_PUBLISH_SECONDS, "destination" => destination.clone());
+        let series = lanes.series(destination);
+        let latency = metrics::histogram!(metric::COMMIT_TO_PUBLISH_SECONDS, "destination" => series.to_owned());
         let mut walk = 0;
         for id in ids {
             if let Some(e) = by_id.find(&mut walk, id) {
@@ -424,19 +427,19 @@ fn record(events: &[OutboxEvent], plan: &SettlePlan) {
         }
         metric::count_delivered(destination, ids.len() as u64);
         for (topic, n) in per_topic.0 {
-            metrics::counter!(metric::PUBLISHED_TOTAL, "destination" => destination.clone(), "topic" => topic.to_owned())
+            metrics::counter!(metric::PUBLISHED_TOTAL, "destination" => series.to_owned(), "topic" => metric::series_topic(series, topic).to_owned())
                 .increment(n);
         }
     }
     let mut held = Tally(Vec::new());
     for h in &plan.held {
-        held.add(h.destination.as_str(), 1);
+        held.add(lanes.series(&h.destination), 1);
     }
     for p in plan.pairs.iter().filter(|p| p.state == PairState::Held) {
-        held.add(p.destination.as_str(), 1);
+        held.add(lanes.series(&p.destination), 1);
     }
     for b in &plan.bundles {
-        held.add(b.destination.as_str(), b.count as u64);
+        held.add(lanes.series(&b.destination), b.count as u64);
     }
     for (destination, n) in held.0 {
         metrics::counter!(metric::HELD_TOTAL, "destination" => destination.to_owned()).increment(n);
@@ -446,7 +449,8 @@ fn record(events: &[OutboxEvent], plan: &SettlePlan) {
     for f in &plan.failed {
         if let Some(e) = by_id.find(&mut walk, &f.id) {
             let destination = f.destination.as_deref().unwrap_or("(unrouted)");
-            failures.add((destination, e.topic.as_str(), f.dead), 1);
+            let series = lanes.series(destination);
+            failures.add((series, metric::series_topic(series, &e.topic), f.dead), 1);
         }
     }
     let mut walk = 0;
@@ -455,7 +459,8 @@ fn record(events: &[OutboxEvent], plan: &SettlePlan) {
             continue;
         };
         if let Some(e) = by_id.find(&mut walk, &p.event_id) {
-            failures.add((p.destination.as_str(), e.topic.as_str(), dead), 1);
+            let series = lanes.series(&p.destination);
+            failures.add((series, metric::series_topic(series, &e.topic), dead), 1);
         }
     }
     for ((destination, topic, dead), n) in failures.0 {
@@ -472,6 +477,7 @@ fn record(events: &[OutboxEvent], plan: &SettlePlan) {
 mod tests {
     use super::*;
     use crate::model::event::testing::event;
+    use crate::model::retry::RetryPolicy;
 
     /// Ids looked up in one walk (as positions in a batch of 100 events) → what is found.
     #[test]
@@ -500,6 +506,51 @@ mod tests {
             "not in the batch"
         );
         assert!(ById::new(&[]).find(&mut 0, &events[0].id).is_none());
+    }
+
+    #[test]
+    fn the_destinations_managed_at_runtime_are_counted_in_one_series() {
+        struct Customers(RetryPolicy);
+        impl Lanes for Customers {
+            fn name(&self, _: usize) -> &str {
+                "billing"
+            }
+            fn policy(&self, _: usize) -> &RetryPolicy {
+                &self.0
+            }
+            fn keeps_order_of(&self, _: usize, _: &OutboxEvent) -> bool {
+                false
+            }
+            fn series<'a>(&'a self, destination: &'a str) -> &'a str {
+                match destination.starts_with("customer-") {
+                    true => metric::RUNTIME_DESTINATIONS,
+                    false => destination,
+                }
+            }
+        }
+        let events: Vec<OutboxEvent> = (0..3).map(|_| event("t", None, &[])).collect();
+        let mut plan = SettlePlan::default();
+        for (destination, e) in ["customer-1", "customer-2", "billing"].iter().zip(&events) {
+            plan.delivered.insert((*destination).to_owned(), vec![e.id]);
+        }
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            record(&events, &plan, &Customers(RetryPolicy::default()))
+        });
+        let scrape = handle.render();
+        assert!(!scrape.contains("customer-"), "{scrape}");
+        assert!(
+            scrape.contains(
+                r#"pgoutbox_events_published_total{destination="(runtime)",topic="(all)"} 2"#
+            ),
+            "{scrape}"
+        );
+        assert!(
+            scrape
+                .contains(r#"pgoutbox_events_published_total{destination="billing",topic="t"} 1"#),
+            "{scrape}"
+        );
     }
 
     #[test]
