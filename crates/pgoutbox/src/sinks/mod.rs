@@ -21,6 +21,7 @@ pub mod broker;
 #[cfg(feature = "eventbridge")]
 pub mod eventbridge;
 pub mod gate;
+pub mod hosts;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(feature = "kinesis")]

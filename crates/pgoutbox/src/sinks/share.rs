@@ -149,6 +149,11 @@ impl<'a> Share<'a> {
         }
     }
 
+    /// When the engine stops waiting for this share.
+    pub fn deadline(&self) -> Instant {
+        self.budget.deadline()
+    }
+
     fn slot(&self, i: usize) -> Option<&'a Slot> {
         self.at.get(i).and_then(|&g| self.slots.get(g))
     }

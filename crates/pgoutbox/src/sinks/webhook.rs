@@ -151,6 +151,8 @@ impl Reply {
 pub struct WebhookSink {
     client: reqwest::Client,
     url: reqwest::Url,
+    /// The places of the URL's host, shared with every destination of that host.
+    host: super::hosts::Room,
     key: Option<Vec<u8>>,
     shape: Shape,
     concurrency: usize,
@@ -280,6 +282,7 @@ impl WebhookSink {
         };
         Ok(Self {
             client,
+            host: super::hosts::room(&url),
             url,
             key,
             shape: Shape::new(cfg.body, cfg.cloudevents_source.clone())?,
@@ -430,25 +433,36 @@ impl Sink for WebhookSink {
             .await
     }
 
-    /// One request per event, each admitted by the share (the destination's `concurrency` for
-    /// the whole process, its breaker, the budget) and recorded as it ends. A request is only
-    /// admitted when it should end before the deadline (by the recent latency), so a slow receiver
-    /// gets fewer events per batch rather than requests the relay stops waiting for.
+    /// One request per event, each given a place among its host's ([`super::hosts`]), then
+    /// admitted by the share (the destination's `concurrency` for the whole process, its breaker,
+    /// the budget) and recorded as it ends. A request is only admitted when it should end before
+    /// the deadline (by the recent latency), so a slow receiver gets fewer events per batch rather
+    /// than requests the relay stops waiting for.
     async fn publish_until(&self, events: &[&OutboxEvent], share: &Share<'_>) {
         let mut running = futures::stream::FuturesUnordered::new();
         for (i, &event) in events.iter().enumerate() {
-            // Wait for the next admission while the requests already out go on.
-            let permit = {
-                let admit = share.admit(i, self.latency.estimate());
+            // Wait for the next place and admission while the requests already out go on. The
+            // place comes first: an event counts as started only once admitted, so a wait for
+            // the host is never the destination's failure.
+            let admitted = {
+                let admit = async {
+                    let place = Arc::clone(&self.host).acquire_owned();
+                    let place = tokio::time::timeout_at(share.deadline(), place)
+                        .await
+                        .ok()?
+                        .ok()?;
+                    let permit = share.admit(i, self.latency.estimate()).await?;
+                    Some((place, permit))
+                };
                 tokio::pin!(admit);
                 loop {
                     tokio::select! {
-                        permit = &mut admit => break permit,
+                        admitted = &mut admit => break admitted,
                         Some(()) = running.next() => {}
                     }
                 }
             };
-            let Some(permit) = permit else {
+            let Some((place, permit)) = admitted else {
                 break;
             };
             running.push(async move {
@@ -459,8 +473,9 @@ impl Sink for WebhookSink {
                     Reply::Answered(outcome) => share.record(i, outcome),
                     Reply::TimedOut(outcome) => share.record_timeout(i, outcome),
                 }
-                // The answer is counted before the request's place is given back.
+                // The answer is counted before the request's places are given back.
                 drop(permit);
+                drop(place);
             });
         }
         while running.next().await.is_some() {}
