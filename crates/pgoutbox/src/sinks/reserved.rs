@@ -11,7 +11,10 @@ use std::sync::{Mutex, OnceLock};
 pub(crate) struct Reserved {
     /// The sink type, for the warning.
     sink: &'static str,
-    /// Reserved names, lowercase.
+    /// Reserved names every destination of the sink type has, lowercase: kept once, not copied
+    /// into each of ten thousand webhook sinks.
+    fixed: &'static [&'static str],
+    /// Reserved names of this destination, lowercase.
     names: Vec<String>,
     /// Reserved prefixes, lowercase.
     prefixes: &'static [&'static str],
@@ -26,6 +29,7 @@ impl Reserved {
     ) -> Self {
         Self {
             sink,
+            fixed: &[],
             names: names
                 .into_iter()
                 .map(|n| n.as_ref().to_ascii_lowercase())
@@ -34,10 +38,17 @@ impl Reserved {
         }
     }
 
+    /// These names too, which every destination of the sink type reserves (lowercase).
+    pub fn and_fixed(self, fixed: &'static [&'static str]) -> Self {
+        Self { fixed, ..self }
+    }
+
     /// Whether `name` is reserved.
     pub fn contains(&self, name: &str) -> bool {
         let lower = name.to_ascii_lowercase();
-        self.names.contains(&lower) || self.prefixes.iter().any(|p| lower.starts_with(p))
+        self.fixed.contains(&lower.as_str())
+            || self.names.contains(&lower)
+            || self.prefixes.iter().any(|p| lower.starts_with(p))
     }
 
     /// Whether an event header `name` may be sent; when not, warns (once per sink type and name).
@@ -68,7 +79,9 @@ mod tests {
 
     #[test]
     fn names_and_prefixes_are_reserved_case_insensitively() {
-        let reserved = Reserved::new("nats", ["X-Configured"], &["nats-", "pgoutbox-"]);
+        let reserved = Reserved::new("nats", ["X-Configured"], &["nats-", "pgoutbox-"])
+            .and_fixed(&["webhook-id"]);
+        assert!(reserved.contains("Webhook-ID"));
         for name in [
             "Nats-Msg-Id",
             "nats-rollup",
