@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::context::Context;
-use super::lane::SINK_IDLE;
+use super::lane::{Lane, SINK_IDLE};
 use super::publish;
 use crate::error::Result;
 use crate::model::event::OutboxEvent;
@@ -49,11 +49,21 @@ impl SummaryClock {
     }
 }
 
-/// Registers every configured destination's row, with whether its dead events block.
+/// Registers the row of each destination not registered yet, with whether its dead events
+/// block: at a relay's start every one; when it took over from another relay (a change applied),
+/// only those whose definition changed, and not 100,000 rows again for one change.
 pub(super) async fn register(ctx: &Context) -> Result<()> {
-    let names: Vec<&str> = ctx.lanes.iter().map(|l| l.name()).collect();
-    let blocks: Vec<bool> = ctx.lanes.iter().map(|l| l.config.dead_blocks()).collect();
-    destinations::register(&ctx.store, &names, &blocks).await
+    let new: Vec<&Lane> = ctx.lanes.iter().filter(|l| !l.is_registered()).collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = new.iter().map(|l| l.name()).collect();
+    let blocks: Vec<bool> = new.iter().map(|l| l.config.dead_blocks()).collect();
+    destinations::register(&ctx.store, &names, &blocks).await?;
+    for lane in new {
+        lane.registered();
+    }
+    Ok(())
 }
 
 /// Reads the shared state of the destinations changed since the last sync (every one now and

@@ -82,6 +82,9 @@ pub(super) struct Lane {
     /// The (breaker, paused) state last set on its gauges; none is set while it is the first
     /// (closed, running).
     reported: std::sync::Mutex<(BreakerState, bool)>,
+    /// Whether its row of the destinations table is known to be there, as its definition has it
+    /// (registered by this relay, or by the relay it took over from with the same definition).
+    registered: std::sync::atomic::AtomicBool,
     /// Made by the first readiness check that reads this destination.
     health: std::sync::OnceLock<Box<Health>>,
 }
@@ -130,6 +133,7 @@ impl Lane {
             config,
             gate,
             reported: std::sync::Mutex::new((BreakerState::Closed, false)),
+            registered: std::sync::atomic::AtomicBool::new(false),
             health: std::sync::OnceLock::new(),
         }
     }
@@ -147,6 +151,17 @@ impl Lane {
         } else {
             self.name()
         }
+    }
+
+    /// Whether its row of the destinations table is known to be registered.
+    pub(super) fn is_registered(&self) -> bool {
+        self.registered.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Its row of the destinations table is registered as its definition has it.
+    pub(super) fn registered(&self) {
+        self.registered
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Its retry policy.
