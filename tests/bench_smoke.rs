@@ -388,7 +388,8 @@ fn routing_and_destinations_report_every_count() {
             "start → ready",
             "connections held",
             "drain",
-            "/metrics scrape",
+            "/metrics scrape, idle",
+            "/metrics scrape after the drain",
         ] {
             let expected = format!("{count}: {what}");
             assert!(
