@@ -431,10 +431,24 @@ async fn sigkill_between_publish_and_confirm_delivers_again() {
     );
     signal(&first, libc::SIGKILL);
     let _ = first.wait();
-    assert!(
-        !confirmed_past(&db, &committed).await,
-        "the slot was not confirmed past the unanswered events"
-    );
+    if confirmed_past(&db, &committed).await {
+        // On a busy machine the destination can go a second without an answer before the kill:
+        // the batch then settles without it and hands its events over as pairs (in flight), and
+        // only that makes confirming the slot past them safe.
+        let handed_over: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT event_id) FROM outbox_deliveries WHERE event_id::text = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_one(&db.pool)
+        .await
+        .expect("pairs");
+        assert_eq!(
+            handed_over as usize,
+            ids.len(),
+            "the slot was confirmed past unanswered events that were not handed over: {}",
+            relay_log(dir.path(), "first")
+        );
+    }
 
     let mut second = spawn_relay(dir.path(), &config, "second");
     let later = write(&db, 2, 1, "order.created").await;
