@@ -471,8 +471,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_lane_builds_its_sink_on_first_work_and_drops_it_when_idle() {
+    /// The configuration of one `null` destination `a`, and a store whose pool never connects.
+    fn null_destination() -> (crate::config::Config, Store) {
         let config = crate::config::Config::parse(
             "[[destinations]]\nname = \"a\"\ntype = \"null\"\n",
             |_| None,
@@ -482,6 +482,12 @@ mod tests {
             .connect_lazy("postgres://nobody@127.0.0.1:1/none")
             .expect("lazy pool");
         let store = Store::new(pool, config.table.clone());
+        (config, store)
+    }
+
+    #[tokio::test]
+    async fn a_lane_builds_its_sink_on_first_work_and_drops_it_when_idle() {
+        let (config, store) = null_destination();
         let lanes = Lanes::lazy(&config.destinations, &[None], &store);
         let lane = &lanes[0];
         assert!(!lane.has_sink(), "no sink before the lane has work");
@@ -501,20 +507,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_destination_managed_at_runtime_is_labelled_with_the_others_of_its_kind() {
-        let config = crate::config::Config::parse(
-            "[[destinations]]\nname = \"a\"\ntype = \"null\"\n",
-            |_| None,
-        )
-        .expect("config");
+        let (config, store) = null_destination();
         let customer = Arc::new(DestinationConfig {
             name: "customer-1".into(),
             runtime: true,
             ..DestinationConfig::clone(&config.destinations[0])
         });
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
-            .expect("lazy pool");
-        let store = Store::new(pool, config.table.clone());
         let all = [Arc::clone(&config.destinations[0]), customer];
         let lanes = Lanes::lazy(&all, &[None, None], &store);
         use crate::settle::Lanes as _;
@@ -528,15 +526,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_health_check_leaves_no_sink_behind_and_uses_the_one_there_is() {
-        let config = crate::config::Config::parse(
-            "[[destinations]]\nname = \"a\"\ntype = \"null\"\n",
-            |_| None,
-        )
-        .expect("config");
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
-            .expect("lazy pool");
-        let store = Store::new(pool, config.table.clone());
+        let (config, store) = null_destination();
         let lanes = Lanes::lazy(&config.destinations, &[None], &store);
         let lane = &lanes[0];
         assert_eq!(lane.health(Duration::from_secs(1)).await, None);

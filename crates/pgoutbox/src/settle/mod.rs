@@ -42,3 +42,33 @@ pub trait Lanes: Sync {
         Vec::new()
     }
 }
+
+/// What the settle tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Lanes;
+    use crate::model::event::OutboxEvent;
+    use crate::model::retry::RetryPolicy;
+
+    /// One lane, `billing`, with the given retry policy; a destination named `customer-…` is
+    /// one managed at runtime.
+    pub(crate) struct OneLane(pub RetryPolicy);
+
+    impl Lanes for OneLane {
+        fn name(&self, _: usize) -> &str {
+            "billing"
+        }
+        fn policy(&self, _: usize) -> &RetryPolicy {
+            &self.0
+        }
+        fn keeps_order_of(&self, _: usize, _: &OutboxEvent) -> bool {
+            false
+        }
+        fn series<'a>(&'a self, destination: &'a str) -> &'a str {
+            match destination.starts_with("customer-") {
+                true => crate::model::metric::RUNTIME_DESTINATIONS,
+                false => destination,
+            }
+        }
+    }
+}

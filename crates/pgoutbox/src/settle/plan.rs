@@ -433,19 +433,7 @@ mod tests {
         }
     }
 
-    struct OneLane(RetryPolicy);
-
-    impl Lanes for OneLane {
-        fn name(&self, _: usize) -> &str {
-            "billing"
-        }
-        fn policy(&self, _: usize) -> &RetryPolicy {
-            &self.0
-        }
-        fn keeps_order_of(&self, _: usize, _: &OutboxEvent) -> bool {
-            false
-        }
-    }
+    use crate::settle::testing::OneLane;
 
     #[test]
     fn outcomes_become_one_plan() {

@@ -478,6 +478,7 @@ mod tests {
     use super::*;
     use crate::model::event::testing::event;
     use crate::model::retry::RetryPolicy;
+    use crate::settle::testing::OneLane;
 
     /// Ids looked up in one walk (as positions in a batch of 100 events) → what is found.
     #[test]
@@ -510,24 +511,6 @@ mod tests {
 
     #[test]
     fn the_destinations_managed_at_runtime_are_counted_in_one_series() {
-        struct Customers(RetryPolicy);
-        impl Lanes for Customers {
-            fn name(&self, _: usize) -> &str {
-                "billing"
-            }
-            fn policy(&self, _: usize) -> &RetryPolicy {
-                &self.0
-            }
-            fn keeps_order_of(&self, _: usize, _: &OutboxEvent) -> bool {
-                false
-            }
-            fn series<'a>(&'a self, destination: &'a str) -> &'a str {
-                match destination.starts_with("customer-") {
-                    true => metric::RUNTIME_DESTINATIONS,
-                    false => destination,
-                }
-            }
-        }
         let events: Vec<OutboxEvent> = (0..3).map(|_| event("t", None, &[])).collect();
         let mut plan = SettlePlan::default();
         for (destination, e) in ["customer-1", "customer-2", "billing"].iter().zip(&events) {
@@ -536,7 +519,7 @@ mod tests {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
-            record(&events, &plan, &Customers(RetryPolicy::default()))
+            record(&events, &plan, &OneLane(RetryPolicy::default()))
         });
         let scrape = handle.render();
         assert!(!scrape.contains("customer-"), "{scrape}");
