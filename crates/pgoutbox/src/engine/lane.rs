@@ -169,9 +169,7 @@ impl Lane {
         &self.config.retry
     }
 
-    /// The lane's sink, built from its definition if it has none now. Building does no I/O and
-    /// was checked when the definition was loaded; it fails only when something it reads from
-    /// disk (a TLS file) went away since, and the error says so.
+    /// The lane's sink, built from its definition if it has none now ([`Lane::build`]).
     pub(super) fn sink(&self) -> Result<Arc<dyn Sink>, String> {
         let slot = match &self.sink {
             SinkSlot::Given(sink) => return Ok(Arc::clone(sink)),
@@ -182,8 +180,7 @@ impl Lane {
             *used = Instant::now();
             return Ok(Arc::clone(sink));
         }
-        let sink = crate::sinks::build(&self.config)
-            .map_err(|e| format!("cannot build the destination's sink again: {}", e.message))?;
+        let sink = self.build()?;
         *slot = Some((Arc::clone(&sink), Instant::now()));
         Ok(sink)
     }
@@ -198,6 +195,13 @@ impl Lane {
         if let Some((sink, _)) = slot.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
             return Ok(Arc::clone(sink));
         }
+        self.build()
+    }
+
+    /// A sink built from the definition. Building does no I/O and was checked when the
+    /// definition was loaded; it fails only when something it reads from disk (a TLS file) went
+    /// away since, and the error says so.
+    fn build(&self) -> Result<Arc<dyn Sink>, String> {
         crate::sinks::build(&self.config)
             .map_err(|e| format!("cannot build the destination's sink again: {}", e.message))
     }

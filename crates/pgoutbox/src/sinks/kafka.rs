@@ -248,7 +248,7 @@ impl KafkaSink {
         Ok(Self {
             shape: common.shape()?,
             cfg,
-            reserved: Reserved::new("kafka", ["id", "topic"], &[]),
+            reserved: Reserved::new("kafka", &["id", "topic"], &[]),
             client_config,
             producer: Kept::new(),
             reconnects: Reconnects::new(destination),

@@ -182,7 +182,7 @@ impl MqttSink {
             cfg,
             timeout: common.timeout,
             options,
-            reserved: Reserved::new("mqtt", [] as [&str; 0], &["pgoutbox-"]),
+            reserved: Reserved::new("mqtt", &[], &["pgoutbox-"]),
             session: Kept::new(),
             reconnects: Arc::new(Reconnects::new(destination)),
         })

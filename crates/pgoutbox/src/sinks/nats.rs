@@ -244,7 +244,7 @@ impl NatsSink {
             credentials,
             auth,
             tls,
-            reserved: Reserved::new("nats", [] as [&str; 0], RESERVED_PREFIXES),
+            reserved: Reserved::new("nats", &[], RESERVED_PREFIXES),
             conn: Kept::new(),
             reconnects: Reconnects::new(destination),
             duplicates: AtomicU64::new(0),

@@ -21,26 +21,29 @@ pub(crate) struct Reserved {
 }
 
 impl Reserved {
-    /// The names and prefixes `sink` reserves.
+    /// The names (lowercase) and prefixes every destination of `sink`'s type reserves.
     pub fn new(
         sink: &'static str,
-        names: impl IntoIterator<Item = impl AsRef<str>>,
+        fixed: &'static [&'static str],
         prefixes: &'static [&'static str],
     ) -> Self {
         Self {
             sink,
-            fixed: &[],
-            names: names
-                .into_iter()
-                .map(|n| n.as_ref().to_ascii_lowercase())
-                .collect(),
+            fixed,
+            names: Vec::new(),
             prefixes,
         }
     }
 
-    /// These names too, which every destination of the sink type reserves (lowercase).
-    pub fn and_fixed(self, fixed: &'static [&'static str]) -> Self {
-        Self { fixed, ..self }
+    /// These names too, which this destination's configuration sets.
+    pub fn and_configured(self, names: impl IntoIterator<Item = impl AsRef<str>>) -> Self {
+        Self {
+            names: names
+                .into_iter()
+                .map(|n| n.as_ref().to_ascii_lowercase())
+                .collect(),
+            ..self
+        }
     }
 
     /// Whether `name` is reserved.
@@ -79,8 +82,8 @@ mod tests {
 
     #[test]
     fn names_and_prefixes_are_reserved_case_insensitively() {
-        let reserved = Reserved::new("nats", ["X-Configured"], &["nats-", "pgoutbox-"])
-            .and_fixed(&["webhook-id"]);
+        let reserved = Reserved::new("nats", &["webhook-id"], &["nats-", "pgoutbox-"])
+            .and_configured(["X-Configured"]);
         assert!(reserved.contains("Webhook-ID"));
         for name in [
             "Nats-Msg-Id",

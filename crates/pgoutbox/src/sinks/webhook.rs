@@ -261,13 +261,8 @@ impl WebhookSink {
         }
         permanent_statuses.sort_unstable();
         permanent_statuses.dedup();
-        // The protocol's names are every webhook's: kept once, not copied into each sink.
-        let reserved = Reserved::new(
-            "webhook",
-            static_headers.keys().map(HeaderName::as_str),
-            &[],
-        )
-        .and_fixed(PROTOCOL_HEADERS);
+        let reserved = Reserved::new("webhook", PROTOCOL_HEADERS, &[])
+            .and_configured(static_headers.keys().map(HeaderName::as_str));
         let tls = cfg
             .tls
             .load_for(url.scheme() == "https", "a URL that is not https://")?;

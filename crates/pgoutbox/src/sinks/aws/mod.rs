@@ -255,7 +255,7 @@ pub(crate) const HEADERS_ATTRIBUTE: &str = "pgoutbox-headers";
 
 /// Header names SQS and SNS keep for themselves, and the ones the sink sets.
 pub(crate) fn reserved(sink: &'static str) -> Reserved {
-    Reserved::new(sink, [] as [&str; 0], &["pgoutbox-", "aws.", "amazon."])
+    Reserved::new(sink, &[], &["pgoutbox-", "aws.", "amazon."])
 }
 
 /// Whether SQS and SNS take `name` as a message attribute's name.
